@@ -1,0 +1,21 @@
+# The Waiting Room image: web (gunicorn), worker and beat all run from it (see docker-compose.yml).
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    WR_VAR_DIR=/app/var
+
+WORKDIR /app
+COPY requirements.txt .
+RUN pip install -r requirements.txt
+
+COPY . .
+# Static files are collected at build time and served by whitenoise; the key is for this step only.
+RUN SECRET_KEY=collectstatic-only python manage.py collectstatic --noinput -v 0 \
+    && useradd --system --home /app waitingroom \
+    && mkdir -p /app/var && chown -R waitingroom /app/var
+
+USER waitingroom
+EXPOSE 8000
+CMD ["gunicorn", "waitingroom_site.wsgi", "--bind", "0.0.0.0:8000", "--workers", "3", "--worker-class", "sync"]

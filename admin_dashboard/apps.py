@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class AdminDashboardConfig(AppConfig):
+    name = "admin_dashboard"
+    verbose_name = "Staff dashboard"

@@ -1,0 +1,457 @@
+"""HTTP and Redis benchmark for the queue engine (issue 2).
+
+Starts the product the way bin/run does (`python -m waitingroom_site.runstack --setup`: gunicorn, Celery
+worker and beat), drives it with wrk on 127.0.0.1, and in the same run serves the framework-free
+reference (bench/reference_app.py under uvicorn) to compare status throughput against. Then, on a
+dedicated redis-server, measures Redis bytes per waiting ticket at 100,000 tickets and the admission
+script's time for 1,000 admits.
+
+    .venv/bin/python bench/http_bench.py [--duration 15] [--connections 64] [--asgi-compare]
+
+Needs wrk (Debian package `wrk`). Prints every figure and writes bench/out/http_bench.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench" / "out"
+QUEUE = "bench"
+sys.path.insert(0, str(ROOT))
+
+from waitingroom_site import devredis  # noqa: E402
+
+JOIN_LUA = r"""
+local counter = 0
+local seed = tostring({}):sub(8)
+math.randomseed(os.time() + tonumber(seed, 16) % 100000)
+local function hex16() return string.format("%04x", math.random(0, 65535)) end
+request = function()
+  counter = counter + 1
+  local id = ""
+  for _ = 1, 8 do id = id .. hex16() end
+  return wrk.format("POST", "/api/v1/queues/QUEUE/join",
+    {["Content-Type"] = "application/json", ["X-Visitor-Id"] = id}, "{}")
+end
+"""
+
+STATUS_LUA = r"""
+tickets = dofile("TICKETS_FILE")
+local i = math.random(1, #tickets)
+request = function()
+  i = i % #tickets + 1
+  return wrk.format("GET", "STATUS_PATH", {["Authorization"] = "Bearer " .. tickets[i]})
+end
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_healthy(url: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def _ms(value: str) -> float:
+    number, unit = float(re.match(r"[\d.]+", value).group()), re.search(r"[a-z]+$", value).group()  # type: ignore[union-attr]
+    return number * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit]
+
+
+def wrk(url: str, script: str, *, duration: int, connections: int, threads: int) -> dict[str, Any]:
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
+        handle.write(script)
+    result = subprocess.run(
+        ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration}s", "--latency", "-s", handle.name, url],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    os.unlink(handle.name)
+    text = result.stdout
+    percentiles = {p: _ms(v) for p, v in re.findall(r"^\s+(50|75|90|99)%\s+(\S+)", text, re.M)}
+    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    errors = re.search(r"Socket errors: (.*)", text)
+    return {
+        "requests_per_second": float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1)),  # type: ignore[union-attr]
+        "p50_ms": percentiles.get("50"),
+        "p99_ms": percentiles.get("99"),
+        "requests": int(re.search(r"(\d+) requests in", text).group(1)),  # type: ignore[union-attr]
+        "non_2xx": int(non_2xx.group(1)) if non_2xx else 0,
+        "socket_errors": errors.group(1) if errors else "",
+    }
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round with the median throughput (its latencies come with it)."""
+    ordered = sorted(runs, key=lambda r: r["requests_per_second"])
+    return dict(ordered[len(ordered) // 2])
+
+
+def start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def start_uvicorn(app: str, port: int, workers: int, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    uvicorn = str(Path(sys.executable).parent / "uvicorn")
+    return start(
+        [uvicorn, app, "--port", str(port), "--workers", str(workers), "--no-access-log", "--log-level", "warning"],
+        env,
+        log,
+    )
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    mem_kb = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1))  # type: ignore[union-attr]
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_kb / 1024 / 1024, 1),
+        "python": platform.python_version(),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def http_benchmarks(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
+    prefix = f"wrbench{uuid.uuid4().hex[:6]}"
+    var = OUT / "var"
+    shutil.rmtree(var, ignore_errors=True)
+    var.mkdir(parents=True)
+    port, ref_port = free_port(), free_port()
+    ticket_key = secrets.token_hex(32)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DJANGO_")}
+    env.update(
+        DJANGO_SETTINGS_MODULE="waitingroom_site.settings",
+        SECRET_KEY=secrets.token_urlsafe(50),
+        WR_TICKET_SIGNING_KEY=ticket_key,
+        HTTPS="0",
+        ALLOWED_HOSTS="127.0.0.1,localhost",
+        DATABASE_URL=f"sqlite:///{var / 'db.sqlite3'}",
+        REDIS_URL=redis_url,
+        WR_REDIS_PREFIX=prefix,
+        CELERY_KEY_PREFIX=f"{prefix}:celery:",
+        CELERY_TASK_DEFAULT_QUEUE=f"{prefix}-tasks",
+        LOG_LEVEL="WARNING",
+        BENCH_REDIS_URL=redis_url,
+        BENCH_QUEUE=QUEUE,
+        BENCH_REFERENCE_KEY=f"{prefix}:reference",
+    )
+    python = sys.executable
+    stack = start(
+        [
+            python,
+            "-m",
+            "waitingroom_site.runstack",
+            "--setup",
+            "--port",
+            str(port),
+            "--var-dir",
+            str(var),
+            "--web-workers",
+            str(args.web_workers),
+            "--web-threads",
+            str(args.web_threads),
+            "--web-worker-class",
+            args.web_worker_class,
+        ],
+        env,
+        var / "stack.log",
+    )
+    results: dict[str, Any] = {
+        "web_workers": args.web_workers,
+        "web_threads": args.web_threads,
+        "web_worker_class": args.web_worker_class,
+    }
+    processes = [stack]
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_healthy(f"{base}/healthz")
+        subprocess.run(
+            [
+                python,
+                "manage.py",
+                "configure_queue",
+                QUEUE,
+                "--target-url",
+                "https://shop.example/",
+                "--capacity",
+                "1",
+                "--outflow-per-minute",
+                "1",
+                "--burst",
+                "1",
+                "--presence-timeout",
+                "3600",
+                "--abandon-timeout",
+                "7200",
+            ],
+            env=env,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+        # Tickets for the status runs (waiting visitors, as most pollers are).
+        with httpx.Client(base_url=base, timeout=10) as client, ThreadPoolExecutor(16) as pool:
+            tickets = list(
+                pool.map(
+                    lambda _: client.post(
+                        f"/api/v1/queues/{QUEUE}/join", json={}, headers={"X-Visitor-Id": str(uuid.uuid4())}
+                    ).json()["ticket"],
+                    range(args.tickets),
+                )
+            )
+        tickets_file = var / "tickets.lua"
+        tickets_file.write_text("return {" + ",".join(json.dumps(t) for t in tickets) + "}")
+        status_path = f"/api/v1/queues/{QUEUE}/status"
+        status_script = STATUS_LUA.replace("TICKETS_FILE", str(tickets_file)).replace("STATUS_PATH", status_path)
+        run = {"duration": args.duration, "connections": args.connections, "threads": args.wrk_threads}
+
+        # The reference, in the same run, on the same machine, with the same tickets.
+        subprocess.run(["redis-cli", "-u", redis_url, "set", f"{prefix}:reference", "1"], capture_output=True)
+        reference = start_uvicorn("bench.reference_app:app", ref_port, args.reference_workers, env, var / "ref.log")
+        processes.append(reference)
+        ref_base = f"http://127.0.0.1:{ref_port}"
+        wait_healthy(ref_base + "/")
+        wrk(base, status_script, **{**run, "duration": 3})  # warm up every worker
+        wrk(ref_base, status_script, **{**run, "duration": 3})
+
+        # Rounds interleave the two servers, so a noisy moment on the machine hits both alike.
+        rounds: dict[str, list[dict[str, Any]]] = {"status": [], "reference_status": [], "join": []}
+        for _ in range(args.rounds):
+            rounds["status"].append(wrk(base, status_script, **run))
+            rounds["reference_status"].append(wrk(ref_base, status_script, **run))
+            rounds["join"].append(wrk(base, JOIN_LUA.replace("QUEUE", QUEUE), **run))
+        for name, runs in rounds.items():
+            results[name] = median_run(runs)
+            results[name]["rounds_rps"] = [r["requests_per_second"] for r in runs]
+        results["waiting_after_join_runs"] = int(
+            subprocess.run(
+                ["redis-cli", "-u", redis_url, "zcard", f"{prefix}:{{{QUEUE}}}:line"], capture_output=True, text=True
+            ).stdout.strip()
+            or 0
+        )
+        stop(reference)
+        results["status_vs_reference"] = round(
+            results["status"]["requests_per_second"] / results["reference_status"]["requests_per_second"], 3
+        )
+
+        if args.asgi_compare:
+            # Django's own ASGI handler under uvicorn, same workers as the reference, for the WSGI/ASGI choice.
+            asgi_port = free_port()
+            asgi = start_uvicorn(
+                "waitingroom_site.asgi:application", asgi_port, args.reference_workers, env, var / "asgi.log"
+            )
+            processes.append(asgi)
+            asgi_base = f"http://127.0.0.1:{asgi_port}"
+            wait_healthy(asgi_base + "/healthz")
+            wrk(asgi_base, status_script, **{**run, "duration": 3})
+            results["django_asgi_status"] = wrk(asgi_base, status_script, **run)
+            stop(asgi)
+    finally:
+        for process in processes:
+            stop(process)
+        _delete_prefix(redis_url, prefix)
+    return results
+
+
+def _delete_prefix(url: str, prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+    for start_at in range(0, len(keys), 1000):
+        client.delete(*keys[start_at : start_at + 1000])
+    client.close()
+
+
+def redis_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
+    """On a dedicated redis-server: memory per waiting ticket, and the admission script's cost."""
+    directory = Path(tempfile.mkdtemp(prefix="wrbench-redis-"))
+    binary = shutil.which("redis-server") or devredis.server_binary()
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(directory),
+        ],
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        while not devredis.answers(url):
+            time.sleep(0.05)
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "waitingroom_site.settings")
+        os.environ.setdefault("SECRET_KEY", "bench-" + "x" * 50)
+        os.environ["REDIS_URL"] = url
+        import django
+
+        django.setup()
+        from queueing import store, tokens
+
+        client = store.client()
+        version = client.info("server")["redis_version"]
+        policy = {
+            "state": "paused",
+            "capacity": 1_000_000,
+            "capacity_source": "counted",
+            "outflow_per_minute": 60_000,
+            "burst": 1000,
+            "session_ttl": 3600,
+            "claim_ttl": 600,
+            "presence_timeout": 3600,
+            "abandon_timeout": 7200,
+            "max_waiting": 0,
+            "target_url": "/x",
+            "epoch": 1,
+            "pf1": 0.1,
+            "pf2": 0.5,
+            "pf3": 1.0,
+        }
+        store.config_write("mem", policy)
+        base = int(client.info("memory")["used_memory"])
+        join = store.script("join")
+        keys = store.queue_keys("mem").script_keys()
+        now = int(time.time() * 1000)
+        client.config_resetstat()
+        started = time.perf_counter()
+        for batch in range(args.memory_tickets // 1000):
+            pipe = client.pipeline(transaction=False)
+            for i in range(1000):
+                n = batch * 1000 + i
+                join(keys=keys, args=[tokens.visitor_key(f"bench:{n}"), now, 0, ""], client=pipe)
+            pipe.execute()
+        join_seconds = time.perf_counter() - started
+        evalsha = client.info("commandstats").get("cmdstat_evalsha", {})
+        used = int(client.info("memory")["used_memory"])
+        waiting = client.zcard(store.queue_keys("mem").line)
+        per_key = {
+            name: int(client.memory_usage(getattr(store.queue_keys("mem"), name), samples=0) or 0)
+            for name in ("line", "tk", "st", "cfg")
+        }
+
+        # Admission: 1,000 admits in one call of the script.
+        store.config_write("adm", {**policy, "state": "paused"})
+        pipe = client.pipeline(transaction=False)
+        akeys = store.queue_keys("adm").script_keys()
+        for i in range(1000):
+            join(keys=akeys, args=[tokens.visitor_key(f"adm:{i}"), now, 0, ""], client=pipe)
+        pipe.execute()
+        store.config_write("adm", {"state": "open"})
+        client.config_resetstat()
+        t0 = time.perf_counter()
+        reply = store.admit("adm", now_ms=now + 1000, max_admit=1000, scan_limit=4000)
+        admit_wall_ms = (time.perf_counter() - t0) * 1000
+        admit_server_us = client.info("commandstats")["cmdstat_evalsha"]["usec"]
+        assert len(reply.admitted) == 1000, len(reply.admitted)
+        return {
+            "redis_version": version,
+            "tickets": waiting,
+            "bytes_per_waiting_ticket": round((used - base) / waiting, 1),
+            "used_memory_delta_bytes": used - base,
+            "memory_usage_by_key": per_key,
+            "join_script_usec_per_call": round(evalsha.get("usec_per_call", 0), 2),
+            "join_pipelined_per_second": round(args.memory_tickets / join_seconds),
+            "admit_1000_server_ms": round(admit_server_us / 1000, 2),
+            "admit_1000_wall_ms": round(admit_wall_ms, 2),
+        }
+    finally:
+        server.terminate()
+        server.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--wrk-threads", type=int, default=2)
+    parser.add_argument("--web-workers", type=int, default=(os.cpu_count() or 1) + 1)
+    parser.add_argument("--web-threads", type=int, default=1)
+    parser.add_argument("--web-worker-class", default="sync")
+    parser.add_argument("--reference-workers", type=int, default=2)
+    parser.add_argument("--tickets", type=int, default=2000)
+    parser.add_argument("--memory-tickets", type=int, default=100_000)
+    parser.add_argument("--asgi-compare", action="store_true")
+    parser.add_argument("--skip-http", action="store_true")
+    parser.add_argument("--skip-redis", action="store_true")
+    args = parser.parse_args()
+    if not shutil.which("wrk") and not args.skip_http:
+        raise SystemExit("wrk is needed: apt-get install wrk")
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"machine": machine()}
+    if not args.skip_http:
+        redis_url = devredis.resolve()
+        embedded = None
+        if redis_url is None:
+            embedded, redis_url = devredis.start_embedded(OUT / "redis", daemonize=False)
+        try:
+            results["http"] = http_benchmarks(args, redis_url)
+        finally:
+            if embedded is not None:
+                embedded.terminate()
+    if not args.skip_redis:
+        results["redis"] = redis_benchmarks(args)
+    (OUT / "http_bench.json").write_text(json.dumps(results, indent=2))
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from rest_framework_api_key.admin import APIKeyModelAdmin
+
+from . import services, store, tokens
+from .models import PriorityCode, PriorityLevel, Queue, QueueAPIKey, QueueChange, SigningKey
+
+
+class PriorityLevelInline(admin.TabularInline):
+    model = PriorityLevel
+    extra = 0
+    max_num = 4
+
+
+@admin.register(Queue)
+class QueueAdmin(admin.ModelAdmin):
+    list_display = (
+        "slug",
+        "name",
+        "state",
+        "capacity",
+        "outflow_per_minute",
+        "live_waiting",
+        "live_admitted",
+        "live_active",
+    )
+    list_filter = ("state",)
+    search_fields = ("slug", "name")
+    actions = ("pause_queues", "resume_queues")
+    inlines = (PriorityLevelInline,)
+    fieldsets = (
+        (None, {"fields": ("slug", "name", "target_url", "state")}),
+        ("Admission policy", {"fields": Queue.POLICY_FIELDS}),
+    )
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return ("slug",) if obj else ()
+
+    def get_inline_instances(self, request: HttpRequest, obj: Any = None) -> Any:
+        # Default levels are created with the queue; they are edited afterwards.
+        return super().get_inline_instances(request, obj) if obj else []
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        self._snapshots: dict[str, store.QueueSnapshot] = {}
+        return super().get_changelist_instance(request)
+
+    def _snapshot(self, obj: Queue) -> store.QueueSnapshot:
+        snaps: dict[str, store.QueueSnapshot] = getattr(self, "_snapshots", {})
+        if obj.slug not in snaps:
+            snaps[obj.slug] = store.snapshot(obj.slug)
+        return snaps[obj.slug]
+
+    @admin.display(description="waiting")
+    def live_waiting(self, obj: Queue) -> int:
+        return self._snapshot(obj).waiting
+
+    @admin.display(description="admitted")
+    def live_admitted(self, obj: Queue) -> int:
+        return self._snapshot(obj).admitted
+
+    @admin.display(description="active")
+    def live_active(self, obj: Queue) -> int:
+        return self._snapshot(obj).active
+
+    def save_model(self, request: HttpRequest, obj: Queue, form: Any, change: bool) -> None:
+        fields = form.changed_data if change else list(form.cleaned_data)
+        changes = {f: form.cleaned_data[f] for f in fields if f in services.EDITABLE_FIELDS}
+        queue, _ = services.queue_configure(slug=obj.slug, changes=changes, actor=request.user)
+        obj.pk = queue.pk
+        obj.refresh_from_db()
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        super().save_related(request, form, formsets, change)
+        services.queue_config_sync(form.instance)  # placement fractions live in Redis too
+
+    def delete_model(self, request: HttpRequest, obj: Queue) -> None:
+        services.queue_delete(obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+        for queue in queryset:
+            services.queue_delete(queue)
+
+    @admin.action(description="Pause selected queues (keep joining, admit nobody)", permissions=["change"])
+    def pause_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+        for queue in queryset:
+            services.queue_pause(queue, actor=request.user)
+        self.message_user(request, f"Paused {queryset.count()} queue(s).", messages.SUCCESS)
+
+    @admin.action(description="Resume selected queues", permissions=["change"])
+    def resume_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+        for queue in queryset:
+            services.queue_resume(queue, actor=request.user)
+        self.message_user(request, f"Resumed {queryset.count()} queue(s).", messages.SUCCESS)
+
+
+@admin.register(PriorityCode)
+class PriorityCodeAdmin(admin.ModelAdmin):
+    list_display = ("code", "queue", "level", "uses", "max_uses", "expires_at")
+    list_filter = ("queue", "level")
+    search_fields = ("code",)
+    readonly_fields = ("uses",)
+
+
+@admin.register(QueueAPIKey)
+class QueueAPIKeyAdmin(APIKeyModelAdmin):
+    list_display = (*APIKeyModelAdmin.list_display, "queue")  # type: ignore[assignment]
+    list_filter = (*APIKeyModelAdmin.list_filter, "queue")  # type: ignore[assignment]
+
+
+@admin.register(SigningKey)
+class SigningKeyAdmin(admin.ModelAdmin):
+    list_display = ("kid", "created_at", "signs_from", "retires_at")
+    readonly_fields = ("kid", "public_jwk", "created_at", "signs_from", "retires_at")
+    exclude = ("private_key_pem",)
+    actions = ("rotate",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.action(description="Rotate: publish a new signing key (the old ones retire after overlap)")
+    def rotate(self, request: HttpRequest, queryset: QuerySet[SigningKey]) -> None:
+        key = tokens.signing_key_rotate()
+        self.message_user(request, f"New key {key.kid} signs from {key.signs_from:%Y-%m-%d %H:%M:%S %Z}.")
+
+
+@admin.register(QueueChange)
+class QueueChangeAdmin(admin.ModelAdmin):
+    list_display = ("created_at", "queue", "action", "actor_label", "before", "after")
+    list_filter = ("queue", "action")
+    readonly_fields = ("queue", "actor", "actor_label", "action", "before", "after", "created_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

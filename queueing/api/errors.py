@@ -1,0 +1,147 @@
+"""One error shape for the whole API: `{"error": {"code": "...", "message": "...", ...}}`.
+
+Every failure a client can cause is a 4xx with a stable code; Redis being unreachable is a 503 with
+Retry-After. Nothing a client sends should produce a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import redis
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404, HttpRequest, JsonResponse
+from rest_framework import exceptions
+from rest_framework.response import Response
+
+logger = logging.getLogger(__name__)
+
+# Every code the API can return, with its HTTP status (documented in the README and the schema).
+ERROR_CODES: dict[str, int] = {
+    "malformed_json": 400,
+    "invalid_request": 400,
+    "unknown_fields": 400,
+    "invalid_visitor_id": 400,
+    "invalid_priority_code": 400,
+    "invalid_access_token": 400,
+    "invalid_ticket": 401,
+    "authentication_required": 401,
+    "invalid_credentials": 401,
+    "invalid_api_key": 401,
+    "permission_denied": 403,
+    "not_found": 404,
+    "queue_not_found": 404,
+    "ticket_not_found": 404,
+    "method_not_allowed": 405,
+    "not_acceptable": 406,
+    "queue_closed": 409,
+    "session_not_active": 409,
+    "unsupported_media_type": 415,
+    "rate_limited": 429,
+    "queue_full": 503,
+    "service_unavailable": 503,
+    "server_error": 500,
+}
+
+
+class ApiError(exceptions.APIException):
+    """An error with a code from ERROR_CODES; extra keyword arguments go into the error object."""
+
+    def __init__(self, code: str, message: str, *, headers: dict[str, str] | None = None, **extra: Any) -> None:
+        super().__init__(message, code)
+        self.status_code = ERROR_CODES[code]
+        self.code = code
+        self.message = message
+        self.extra = extra
+        self.headers = headers or {}
+
+
+def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, **extra}}
+
+
+def _response(code: str, message: str, headers: dict[str, str] | None = None, **extra: Any) -> Response:
+    return Response(error_body(code, message, **extra), status=ERROR_CODES[code], headers=headers)
+
+
+def _retry_after(seconds: float | None) -> tuple[dict[str, str], dict[str, int]]:
+    wait = max(1, math.ceil(seconds or 1))
+    return {"Retry-After": str(wait)}, {"retry_after_seconds": wait}
+
+
+def service_unavailable() -> tuple[int, dict[str, Any], dict[str, str]]:
+    """What any caller answers when Redis cannot be reached: 503 with a short Retry-After."""
+    headers, extra = _retry_after(5)
+    return 503, error_body("service_unavailable", "The queue is briefly unavailable; retry soon.", **extra), headers
+
+
+def _validation_response(detail: Any) -> Response:
+    if isinstance(detail, dict):
+        unknown = sorted(k for k, v in detail.items() if _codes(v) == {"unknown_field"})
+        if unknown and len(unknown) == len(detail):
+            return _response("unknown_fields", f"Unknown field(s): {', '.join(unknown)}.", fields=unknown)
+        return _response("invalid_request", "The request has invalid fields.", fields=detail)
+    return _response("invalid_request", _first_message(detail))
+
+
+def _codes(detail: Any) -> set[str]:
+    if isinstance(detail, list):
+        return {getattr(item, "code", "") for item in detail}
+    return {getattr(detail, "code", "")}
+
+
+def _first_message(detail: Any) -> str:
+    if isinstance(detail, list) and detail:
+        return _first_message(detail[0])
+    if isinstance(detail, dict) and detail:
+        return _first_message(next(iter(detail.values())))
+    return str(detail)
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, ApiError):
+        return _response(exc.code, exc.message, exc.headers or None, **exc.extra)
+    if isinstance(exc, Http404):
+        return _response("not_found", "Not found.")
+    if isinstance(exc, DjangoPermissionDenied):
+        return _response("permission_denied", "You do not have permission to do this.")
+    if isinstance(exc, exceptions.ParseError):
+        return _response("malformed_json", f"The body is not valid JSON: {exc.detail}")
+    if isinstance(exc, exceptions.ValidationError):
+        return _validation_response(exc.detail)
+    if isinstance(exc, exceptions.UnsupportedMediaType):
+        return _response("unsupported_media_type", "Send the body as application/json.")
+    if isinstance(exc, exceptions.MethodNotAllowed):
+        return _response("method_not_allowed", str(exc.detail))
+    if isinstance(exc, exceptions.NotAcceptable):
+        return _response("not_acceptable", str(exc.detail))
+    if isinstance(exc, exceptions.Throttled):
+        headers, extra = _retry_after(getattr(exc, "wait", None))
+        return _response("rate_limited", "Too many requests; retry later.", headers, **extra)
+    if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
+        challenge = getattr(exc, "auth_header", None)
+        if exc.status_code == 403:  # DRF's answer when no authenticator offers a challenge
+            return _response("permission_denied", str(exc.detail))
+        code = "authentication_required" if isinstance(exc, exceptions.NotAuthenticated) else "invalid_credentials"
+        return _response(code, str(exc.detail), {"WWW-Authenticate": challenge} if challenge else None)
+    if isinstance(exc, exceptions.PermissionDenied):
+        return _response("permission_denied", str(exc.detail))
+    if isinstance(exc, exceptions.NotFound):
+        return _response("not_found", str(exc.detail))
+    if isinstance(exc, redis.RedisError):
+        logger.error("redis unavailable: %s", exc)
+        status, body, headers = service_unavailable()
+        return Response(body, status=status, headers=headers)
+    if isinstance(exc, exceptions.APIException):
+        return Response(error_body(str(exc.default_code), str(exc.detail)), status=exc.status_code)
+    return None
+
+
+def json_not_found(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return JsonResponse(error_body("not_found", "Not found."), status=404)
+
+
+def json_server_error(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(error_body("server_error", "Something went wrong on our side."), status=500)

@@ -1,0 +1,213 @@
+"""Request and response shapes. Requests are strict: unknown fields and wrong JSON types are refused
+(DRF would otherwise read 123 as "123" and "5" as 5), so a client's mistake is a clear 400."""
+
+from __future__ import annotations
+
+import unicodedata
+from typing import Any
+
+from rest_framework import serializers
+
+from .errors import ApiError
+
+
+class StrictCharField(serializers.CharField):
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return str(super().to_internal_value(data))
+
+
+class StrictIntegerField(serializers.IntegerField):
+    default_error_messages = {"invalid": "A whole number is required."}
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return int(super().to_internal_value(data))
+
+
+class StrictFloatField(serializers.FloatField):
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            self.fail("invalid")
+        return float(super().to_internal_value(data))
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses a body that is not an object, or that has fields the operation does not know."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise serializers.ValidationError({"non_field_errors": ["The body must be a JSON object."]}, code="invalid")
+        unknown = set(data) - set(self.fields)
+        if unknown:
+            raise serializers.ValidationError(
+                {name: ["This field is not accepted here."] for name in sorted(unknown)}, code="unknown_field"
+            )
+        return super().to_internal_value(data)
+
+
+def _clean_display_name(value: str) -> str:
+    # Shown to other visitors later (the line around you): no control or format characters.
+    cleaned = "".join(ch for ch in value if unicodedata.category(ch)[0] != "C").strip()
+    return " ".join(cleaned.split())
+
+
+PRIORITY_CODE_MAX = 64
+DISPLAY_NAME_MAX = 40
+
+
+class JoinRequestSerializer(StrictSerializer):
+    """The join body, for the schema. Joins are validated by join_request_validate (same rules, no
+    per-request deep copy of serializer fields: joins come in by the thousand per second)."""
+
+    priority_code = StrictCharField(required=False, max_length=PRIORITY_CODE_MAX, allow_blank=True)
+    display_name = StrictCharField(required=False, max_length=DISPLAY_NAME_MAX, allow_blank=True)
+
+
+def join_request_validate(data: Any) -> dict[str, str]:
+    """The join body's fields, or an ApiError as StrictSerializer would raise it (unknown_fields, invalid_request)."""
+    if not isinstance(data, dict):
+        raise ApiError(
+            "invalid_request",
+            "The body must be a JSON object.",
+            fields={"non_field_errors": ["The body must be a JSON object."]},
+        )
+    unknown = sorted(set(data) - {"priority_code", "display_name"})
+    if unknown:
+        raise ApiError("unknown_fields", f"Unknown field(s): {', '.join(unknown)}.", fields=unknown)
+    problems: dict[str, list[str]] = {}
+    for name, limit in (("priority_code", PRIORITY_CODE_MAX), ("display_name", DISPLAY_NAME_MAX)):
+        value = data.get(name, "")
+        if not isinstance(value, str):
+            problems[name] = ["Not a valid string."]
+        elif len(value) > limit:
+            problems[name] = [f"Ensure this field has no more than {limit} characters."]
+    if problems:
+        raise ApiError("invalid_request", "The request has invalid fields.", fields=problems)
+    return {
+        "priority_code": data.get("priority_code", ""),
+        "display_name": _clean_display_name(data.get("display_name", "")),
+    }
+
+
+class AccessTokenSerializer(StrictSerializer):
+    access_token = StrictCharField(max_length=4096)
+
+
+class RevokeSerializer(StrictSerializer):
+    ticket_id = StrictCharField(max_length=100)
+
+
+class CapacitySerializer(StrictSerializer):
+    in_use = StrictIntegerField(min_value=0, max_value=1_000_000_000)
+
+
+class QueuePatchSerializer(StrictSerializer):
+    capacity = StrictIntegerField(required=False, min_value=1)
+    outflow_per_minute = StrictFloatField(required=False, min_value=0.1)
+    burst = StrictIntegerField(required=False, min_value=1)
+    max_waiting = StrictIntegerField(required=False, min_value=0)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if not attrs:
+            raise serializers.ValidationError("Give at least one of: " + ", ".join(self.fields) + ".")
+        return attrs
+
+
+# --- Responses (documentation for the schema; views build plain dicts) ------------------------------
+
+
+class ErrorDetailSerializer(serializers.Serializer):
+    code = serializers.CharField()
+    message = serializers.CharField()
+
+
+class ErrorSerializer(serializers.Serializer):
+    error = ErrorDetailSerializer()
+
+
+class TicketResponseSerializer(serializers.Serializer):
+    ticket_id = serializers.CharField()
+    status = serializers.ChoiceField(choices=["waiting", "admitted", "active", "completed", "expired"])
+    position = serializers.IntegerField(allow_null=True, help_text="1 = next in line; null unless waiting.")
+    queue_length = serializers.IntegerField(help_text="Visitors waiting in the queue.")
+    estimated_wait_seconds = serializers.IntegerField(
+        allow_null=True, help_text="Null when unknown (the queue is paused) or not waiting."
+    )
+    poll_after_seconds = serializers.FloatField(help_text="Poll again after this long (jittered).")
+    access_token = serializers.CharField(required=False, help_text="When admitted: show it to the site.")
+    redirect_url = serializers.CharField(required=False, help_text="When admitted: go here.")
+    expires_at = serializers.IntegerField(required=False, help_text="When admitted: session end (epoch s).")
+    reason = serializers.ChoiceField(
+        choices=["completed", "left", "abandoned", "expired_claim", "expired_session", "revoked"],
+        required=False,
+        help_text="When completed or expired: why.",
+    )
+    queue_state = serializers.ChoiceField(choices=["open", "paused", "closed"])
+    opens_in_seconds = serializers.IntegerField(
+        required=False, help_text="Before a scheduled start: seconds until admission begins (the pre-queue)."
+    )
+    event_seq = serializers.IntegerField(
+        help_text="The queue's live-event sequence at this answer; websocket events continue from it."
+    )
+
+
+class JoinResponseSerializer(TicketResponseSerializer):
+    ticket = serializers.CharField(help_text="Send as `Authorization: Bearer <ticket>` to poll.")
+    ws_url = serializers.CharField(help_text="Websocket for live updates.")
+
+
+class StatusResponseSerializer(TicketResponseSerializer):
+    ahead = serializers.IntegerField(allow_null=True, help_text="Visitors ahead; null unless waiting.")
+
+
+class NeighbourSerializer(serializers.Serializer):
+    position = serializers.IntegerField()
+    display_name = serializers.CharField(allow_blank=True)
+    you = serializers.BooleanField()
+
+
+class NeighboursResponseSerializer(serializers.Serializer):
+    neighbours = NeighbourSerializer(many=True, help_text="In line order; empty when not waiting.")
+
+
+class VerifyResponseSerializer(serializers.Serializer):
+    valid = serializers.BooleanField()
+    ticket_id = serializers.CharField(required=False)
+    expires_at = serializers.IntegerField(required=False)
+    reason = serializers.ChoiceField(choices=["expired", "superseded", "revoked", "invalid"], required=False)
+
+
+class CapacityResponseSerializer(serializers.Serializer):
+    capacity = serializers.IntegerField()
+    in_use = serializers.IntegerField()
+    capacity_source = serializers.CharField()
+
+
+class QueueSerializer(serializers.Serializer):
+    slug = serializers.CharField()
+    name = serializers.CharField()
+    state = serializers.CharField()
+    capacity = serializers.IntegerField()
+    outflow_per_minute = serializers.FloatField()
+    burst = serializers.IntegerField()
+    max_waiting = serializers.IntegerField()
+
+
+class StatsResponseSerializer(serializers.Serializer):
+    slug = serializers.CharField()
+    state = serializers.CharField()
+    waiting = serializers.IntegerField(help_text="Visitors in line, including those parked as absent.")
+    waiting_away = serializers.IntegerField(help_text="Of those, parked: absent when they reached the head.")
+    admitted = serializers.IntegerField()
+    active = serializers.IntegerField()
+    capacity = serializers.IntegerField()
+    capacity_in_use = serializers.IntegerField()
+    outflow_per_minute_configured = serializers.FloatField()
+    outflow_per_minute_observed = serializers.FloatField()
+    average_wait_seconds = serializers.FloatField(allow_null=True)
+    average_service_seconds = serializers.FloatField(allow_null=True)
+    viewers = serializers.IntegerField(help_text="Websockets watching the queue now (summed over servers).")
+    totals = serializers.DictField(child=serializers.IntegerField())

@@ -1,0 +1,19 @@
+from django.urls import path
+
+from .. import converters  # noqa: F401  (registers the "queue" path converter)
+from . import views
+
+urlpatterns = [
+    path("queues/<queue:slug>/join", views.JoinView.as_view(), name="queue-join"),
+    path("queues/<queue:slug>/status", views.StatusView.as_view(), name="queue-status"),
+    path("queues/<queue:slug>/leave", views.LeaveView.as_view(), name="queue-leave"),
+    path("queues/<queue:slug>/neighbours", views.NeighboursView.as_view(), name="queue-neighbours"),
+    path("queues/<queue:slug>/sessions/verify", views.VerifyView.as_view(), name="session-verify"),
+    path("queues/<queue:slug>/sessions/complete", views.CompleteView.as_view(), name="session-complete"),
+    path("queues/<queue:slug>/sessions/revoke", views.RevokeView.as_view(), name="session-revoke"),
+    path("queues/<queue:slug>/capacity", views.CapacityView.as_view(), name="queue-capacity"),
+    path("queues/<queue:slug>/stats", views.StatsView.as_view(), name="queue-stats"),
+    path("queues/<queue:slug>/pause", views.PauseView.as_view(), name="queue-pause"),
+    path("queues/<queue:slug>/resume", views.ResumeView.as_view(), name="queue-resume"),
+    path("queues/<queue:slug>", views.QueueView.as_view(), name="queue-detail"),
+]

@@ -1,0 +1,477 @@
+"""The HTTP API (SPEC 6): one view per operation. Views parse, call one service or selector, and shape
+the answer; the rules live in services and selectors."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404
+from django.views.decorators.cache import cache_control
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.serializers import Serializer
+from rest_framework.views import APIView
+from rest_framework_simplejwt.authentication import JWTAuthentication
+
+from .. import selectors, services, tokens
+from ..models import Queue
+from ..visitors import InvalidVisitorId, visitor_cookie_set, visitor_identity
+from . import serializers as s
+from .errors import ApiError, error_body, service_unavailable
+from .permissions import CanChangeQueue, HasQueueApiKey, IsStaff
+
+ERRORS = {
+    code: OpenApiResponse(s.ErrorSerializer, description=desc)
+    for code, desc in {
+        400: "Bad request (malformed_json, invalid_request, unknown_fields, ...)",
+        401: "Not authenticated",
+        403: "Not allowed",
+        404: "Unknown queue",
+        409: "Conflict (queue_closed, session_not_active)",
+        429: "rate_limited (with Retry-After)",
+        503: "queue_full or service_unavailable (with Retry-After)",
+    }.items()
+}
+
+
+# Security requirements for the schema (drf-spectacular's hint says list[str]; it takes these objects).
+TICKET_AUTH: Any = [{"ticket": []}]
+API_KEY_AUTH: Any = [{"apiKey": []}]
+STAFF_AUTH: Any = [{"staffJWT": []}, {"cookieAuth": []}]
+
+
+def _errors(*codes: int) -> dict[int, OpenApiResponse]:
+    return {code: ERRORS[code] for code in codes}
+
+
+def _validated(serializer_class: type[Serializer], data: Any) -> dict[str, Any]:
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return dict(serializer.validated_data)
+
+
+def _ticket_claims(authorization: str, slug: str) -> tokens.TicketClaims:
+    scheme, _, credentials = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not credentials.strip():
+        raise ApiError("invalid_ticket", "Send the ticket as 'Authorization: Bearer <ticket>'.")
+    try:
+        return tokens.ticket_decode(credentials.strip(), slug=slug)
+    except tokens.InvalidTicket as exc:
+        raise ApiError("invalid_ticket", str(exc)) from exc
+
+
+def _authorization(request: Request | HttpRequest) -> str:
+    return str(request.META.get("HTTP_AUTHORIZATION", ""))
+
+
+def _ws_url(request: Request | HttpRequest, slug: str, ticket: str) -> str:
+    base = settings.WR_WS_BASE_URL
+    if not base:
+        scheme = "wss" if request.is_secure() else "ws"
+        base = f"{scheme}://{request.get_host()}"
+    return f"{base.rstrip('/')}/ws/queues/{slug}/?ticket={ticket}"
+
+
+def _poll_headers(view: selectors.TicketView) -> dict[str, str]:
+    if not view.is_waiting:
+        return {}
+    return {"Retry-After": str(math.ceil(view.poll_after_seconds))}
+
+
+# --- Visitors -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a visitor endpoint answers, before it is shaped into a DRF or a plain Django response."""
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+    visitor_cookie: str | None = None
+
+    @classmethod
+    def error(cls, exc: ApiError) -> Answer:
+        return cls(exc.status_code, error_body(exc.code, exc.message, **exc.extra), exc.headers)
+
+    def drf(self) -> Response:
+        response = Response(self.body, status=self.status, headers=self.headers)
+        if self.visitor_cookie:
+            visitor_cookie_set(response, self.visitor_cookie)
+        return response
+
+    def plain(self) -> HttpResponse:
+        response = HttpResponse(
+            json.dumps(self.body, separators=(",", ":")), status=self.status, content_type="application/json"
+        )
+        for name, value in self.headers.items():
+            response[name] = value
+        if self.visitor_cookie:
+            visitor_cookie_set(response, self.visitor_cookie)
+        return response
+
+
+def join_answer(request: HttpRequest, slug: str, data: Any, *, user: Any) -> Answer:
+    """A whole join: validate, identify the visitor, one Redis script, sign the ticket.
+
+    Shared by JoinView (signed-in visitors, and the schema) and join_fast (everyone without a session).
+    """
+    try:
+        fields = s.join_request_validate(data)
+        try:
+            identity = visitor_identity(request, user=user)
+        except InvalidVisitorId as exc:
+            raise ApiError("invalid_visitor_id", str(exc)) from exc
+        try:
+            result = services.queue_join(
+                slug=slug,
+                visitor_key=identity.key,
+                priority=services.priority_for_user(slug=slug, user=identity.user),
+                priority_code=fields.get("priority_code", ""),
+                display_name=fields.get("display_name", ""),
+            )
+        except services.QueueNotFound as exc:
+            raise ApiError("queue_not_found", f"There is no queue '{slug}'.") from exc
+        except services.QueueClosed as exc:
+            raise ApiError("queue_closed", "This queue is closed and takes no new visitors.") from exc
+        except services.QueueFull as exc:
+            raise ApiError(
+                "queue_full",
+                "The queue is full; try again later.",
+                headers={"Retry-After": str(exc.retry_after)},
+                retry_after_seconds=exc.retry_after,
+            ) from exc
+        except services.InvalidPriorityCode as exc:
+            raise ApiError("invalid_priority_code", "That priority code is unknown, used up or expired.") from exc
+    except ApiError as exc:
+        return Answer.error(exc)
+
+    view = selectors.ticket_view(slug, result.reply)
+    ticket = tokens.ticket_issue(
+        slug=slug, ticket_id=view.ticket_id, seq=view.seq, priority=view.priority, epoch=view.epoch
+    )
+    body = {"ticket": ticket, **view.payload(ahead=False), "ws_url": _ws_url(request, slug, ticket)}
+    if body["status"] == "active":
+        body["status"] = "admitted"  # to a joiner, a live session is simply "go through"
+    return Answer(201 if result.created else 200, body, _poll_headers(view), identity.new_cookie)
+
+
+class JoinView(APIView):
+    # A signed-in user joins as themselves (CSRF enforced for them); everyone else is anonymous.
+    authentication_classes = [SessionAuthentication]
+    permission_classes: list[Any] = []
+
+    @extend_schema(
+        operation_id="queue_join",
+        summary="Join a queue",
+        description=(
+            "Idempotent per visitor: 201 with a new ticket, 200 with the visitor's live ticket. The visitor is "
+            "the signed-in user, else the visitor cookie, else `X-Visitor-Id` (a random value of at least 128 "
+            "bits, e.g. a UUID4), else a fresh identity set as the cookie."
+        ),
+        request=s.JoinRequestSerializer,
+        parameters=[OpenApiParameter("X-Visitor-Id", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False)],
+        responses={201: s.JoinResponseSerializer, 200: s.JoinResponseSerializer, **_errors(400, 404, 409, 429, 503)},
+        auth=[],
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        return join_answer(request._request, slug, request.data, user=request.user).drf()
+
+
+def join_fast(request: HttpRequest, slug: str) -> HttpResponse:
+    """A join from a visitor without a session (so without a signed-in user): no DRF dispatch."""
+    try:
+        answer = join_answer(request, slug, _json_body(request), user=None)
+    except ApiError as exc:
+        answer = Answer.error(exc)
+    except redis.RedisError:
+        answer = Answer(*service_unavailable())
+    return answer.plain()
+
+
+def _json_body(request: HttpRequest) -> Any:
+    """The request body as JSON, refused as DRF's JSONParser would refuse it (415, 400 malformed_json)."""
+    raw = request.body
+    if not raw:
+        return {}
+    if request.content_type != "application/json":
+        raise ApiError("unsupported_media_type", "Send the body as application/json.")
+    try:
+        return json.loads(raw, parse_constant=_refuse_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError("malformed_json", f"The body is not valid JSON: {exc}") from exc
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def status_answer(authorization: str, slug: str) -> Answer:
+    """A whole status poll: one ticket check and one Redis round trip, no SQL.
+
+    Shared by StatusView (the documented DRF view) and status_fast (what servers run, see fastpath.py).
+    Redis errors propagate (each caller maps them to a 503).
+    """
+    try:
+        claims = _ticket_claims(authorization, slug)
+    except ApiError as exc:
+        return Answer.error(exc)
+    try:
+        view = selectors.ticket_status_get(claims=claims)
+    except selectors.TicketGone:
+        gone = {
+            "ticket_id": claims.ticket_id,
+            "status": "expired",
+            "position": None,
+            "ahead": None,
+            "queue_length": 0,
+            "estimated_wait_seconds": None,
+            "poll_after_seconds": 60.0,
+        }
+        return Answer(200, gone)
+    return Answer(200, view.payload(), _poll_headers(view))
+
+
+class StatusView(APIView):
+    authentication_classes: list[Any] = []
+    permission_classes: list[Any] = []
+
+    @extend_schema(
+        operation_id="ticket_status",
+        summary="A ticket's status (also its heartbeat)",
+        description="Poll again after `poll_after_seconds` (also sent as Retry-After while waiting).",
+        responses={200: s.StatusResponseSerializer, **_errors(401, 429)},
+        auth=TICKET_AUTH,
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        return status_answer(_authorization(request), slug).drf()
+
+
+def status_fast(request: HttpRequest, slug: str) -> HttpResponse:
+    """The status poll without DRF's dispatch (content negotiation, renderers): the hot path."""
+    try:
+        answer = status_answer(_authorization(request), slug)
+    except redis.RedisError:
+        answer = Answer(*service_unavailable())
+    return answer.plain()
+
+
+class NeighboursView(APIView):
+    authentication_classes: list[Any] = []
+    permission_classes: list[Any] = []
+
+    @extend_schema(
+        operation_id="ticket_neighbours",
+        summary="The few visitors around you in line (display names only)",
+        responses={200: s.NeighboursResponseSerializer, **_errors(401)},
+        auth=TICKET_AUTH,
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        claims = _ticket_claims(_authorization(request), slug)
+        rows = selectors.ticket_neighbours_get(claims=claims)
+        return Response(
+            {"neighbours": [{"position": r.position, "display_name": r.display_name, "you": r.is_me} for r in rows]}
+        )
+
+
+class LeaveView(APIView):
+    authentication_classes: list[Any] = []
+    permission_classes: list[Any] = []
+
+    @extend_schema(
+        operation_id="ticket_leave",
+        summary="Give up a ticket",
+        request=None,
+        responses={204: None, **_errors(401)},
+        auth=TICKET_AUTH,
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        claims = _ticket_claims(_authorization(request), slug)
+        services.ticket_leave(slug=slug, claims=claims)
+        return Response(status=204)
+
+
+# --- The protected site ---------------------------------------------------------------------------------
+
+
+class _ProtectedSiteView(APIView):
+    authentication_classes: list[Any] = []
+    permission_classes = [HasQueueApiKey]
+
+
+class VerifyView(_ProtectedSiteView):
+    @extend_schema(
+        operation_id="session_verify",
+        summary="Verify an access token (first use starts the session)",
+        request=s.AccessTokenSerializer,
+        responses={200: s.VerifyResponseSerializer, **_errors(400, 401, 403)},
+        auth=API_KEY_AUTH,
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        data = _validated(s.AccessTokenSerializer, request.data)
+        result = services.session_verify(slug=slug, raw_token=data["access_token"])
+        if result.valid:
+            return Response({"valid": True, "ticket_id": result.ticket_id, "expires_at": result.expires_at})
+        return Response({"valid": False, "reason": result.reason})
+
+
+class CompleteView(_ProtectedSiteView):
+    @extend_schema(
+        operation_id="session_complete",
+        summary="End a session; frees its slot at once",
+        request=s.AccessTokenSerializer,
+        responses={204: None, **_errors(400, 401, 403, 409)},
+        auth=API_KEY_AUTH,
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        data = _validated(s.AccessTokenSerializer, request.data)
+        try:
+            claims = tokens.access_token_decode(data["access_token"], slug=slug)
+        except tokens.InvalidAccessToken as exc:
+            if exc.expired:
+                raise ApiError("session_not_active", "The session has already ended.", reason="expired") from exc
+            raise ApiError("invalid_access_token", str(exc)) from exc
+        result = services.session_complete(slug=slug, claims=claims)
+        if result in ("completed", "already"):
+            return Response(status=204)
+        raise ApiError("session_not_active", f"The session is not live ({result}).", reason=result)
+
+
+class RevokeView(_ProtectedSiteView):
+    @extend_schema(
+        operation_id="session_revoke",
+        summary="Revoke a ticket or session",
+        request=s.RevokeSerializer,
+        responses={204: None, **_errors(400, 401, 403, 404)},
+        auth=API_KEY_AUTH,
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        data = _validated(s.RevokeSerializer, request.data)
+        try:
+            services.session_revoke(slug=slug, ticket_id=data["ticket_id"])
+        except services.TicketNotFound as exc:
+            raise ApiError("ticket_not_found", "This queue has no such ticket.") from exc
+        return Response(status=204)
+
+
+class CapacityView(_ProtectedSiteView):
+    @extend_schema(
+        operation_id="capacity_report",
+        summary="Report the site's own count of sessions in use (absolute)",
+        request=s.CapacitySerializer,
+        responses={200: s.CapacityResponseSerializer, **_errors(400, 401, 403)},
+        auth=API_KEY_AUTH,
+    )
+    def put(self, request: Request, slug: str) -> Response:
+        data = _validated(s.CapacitySerializer, request.data)
+        capacity, in_use, source = services.capacity_report(slug=slug, in_use=data["in_use"])
+        return Response({"capacity": capacity, "in_use": in_use, "capacity_source": source})
+
+
+# --- Staff ------------------------------------------------------------------------------------------------
+
+
+def _queue_payload(queue: Queue) -> dict[str, Any]:
+    return {
+        "slug": queue.slug,
+        "name": queue.name,
+        "state": queue.state,
+        "capacity": queue.capacity,
+        "outflow_per_minute": queue.outflow_per_minute,
+        "burst": queue.burst,
+        "max_waiting": queue.max_waiting,
+    }
+
+
+class _StaffView(APIView):
+    authentication_classes = [JWTAuthentication, SessionAuthentication]
+    permission_classes: list[Any] = [CanChangeQueue]
+
+    def queue(self, slug: str) -> Queue:
+        return get_object_or_404(Queue, slug=slug)
+
+
+class StatsView(_StaffView):
+    permission_classes = [IsStaff]
+
+    @extend_schema(
+        operation_id="queue_stats",
+        summary="Live figures of a queue",
+        responses={200: s.StatsResponseSerializer, **_errors(401, 403, 404)},
+        auth=STAFF_AUTH,
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        self.queue(slug)
+        return Response(selectors.queue_stats_get(slug=slug))
+
+
+class PauseView(_StaffView):
+    @extend_schema(
+        operation_id="queue_pause",
+        summary="Pause admission (joins still accepted)",
+        request=None,
+        responses={200: s.QueueSerializer, **_errors(401, 403, 404)},
+        auth=STAFF_AUTH,
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        queue = services.queue_pause(self.queue(slug), actor=request.user)
+        return Response(_queue_payload(queue))
+
+
+class ResumeView(_StaffView):
+    @extend_schema(
+        operation_id="queue_resume",
+        summary="Resume admission",
+        request=None,
+        responses={200: s.QueueSerializer, **_errors(401, 403, 404)},
+        auth=STAFF_AUTH,
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        queue = services.queue_resume(self.queue(slug), actor=request.user)
+        return Response(_queue_payload(queue))
+
+
+class QueueView(_StaffView):
+    def get_permissions(self) -> list[Any]:
+        return [IsStaff()] if self.request.method == "GET" else [CanChangeQueue()]
+
+    @extend_schema(
+        operation_id="queue_get",
+        summary="A queue's admission policy",
+        responses={200: s.QueueSerializer, **_errors(401, 403, 404)},
+        auth=STAFF_AUTH,
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        return Response(_queue_payload(self.queue(slug)))
+
+    @extend_schema(
+        operation_id="queue_update",
+        summary="Change capacity or outflow (effective on the next tick; audited)",
+        request=s.QueuePatchSerializer,
+        responses={200: s.QueueSerializer, **_errors(400, 401, 403, 404)},
+        auth=STAFF_AUTH,
+    )
+    def patch(self, request: Request, slug: str) -> Response:
+        queue = self.queue(slug)
+        changes = _validated(s.QueuePatchSerializer, request.data)
+        try:
+            queue = services.queue_update(queue, changes=changes, actor=request.user)
+        except ValidationError as exc:
+            raise ApiError("invalid_request", "The change is not valid.", fields=exc.message_dict) from exc
+        return Response(_queue_payload(queue))
+
+
+@cache_control(public=True, max_age=300)
+def jwks_view(request: HttpRequest) -> JsonResponse:
+    """The public keys protected sites verify access tokens with (offline)."""
+    return JsonResponse(tokens.jwks())

@@ -1,0 +1,346 @@
+-- _lib.lua: shared helpers, prepended by store.py to every transition script (not run on its own).
+--
+-- Every script gets the same KEYS, all under the queue's hash tag `{slug}` (store.QueueKeys):
+--   KEYS[1] cfg       HASH  the queue's policy, mirrored from the database
+--   KEYS[2] st        HASH  counters, token bucket, EMAs, sequence numbers, tails, cursors
+--   KEYS[3] line      ZSET  waiting tickets: member = ticket id, score = placement
+--   KEYS[4] tk        HASH  ticket records: field = visitor key, value = msgpack array (below)
+--   KEYS[5] claims    ZSET  admitted tickets, score = claim deadline (ms)
+--   KEYS[6] sessions  ZSET  active tickets, score = session end (ms)
+--   KEYS[7] done      ZSET  visitor keys of finished tickets, score = end time (ms), for retention
+--   KEYS[8] leader    STRING admission leader token "<instance>:<term>" with a TTL
+--   KEYS[9] away      ZSET  waiting tickets found absent at the head, score = last seen (s); their
+--                           line score is kept in the record and restored when they are seen again
+--
+-- A ticket id is "<seq, 10 digits>.<visitor key>": fixed width, so tickets with equal placement scores
+-- sort by sequence number (first come, first served), and the record is found from the id alone.
+-- The current time always comes from Python (ARGV), never from the Redis server.
+
+local K_CFG, K_ST, K_LINE, K_TK = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local K_CLAIMS, K_SESSIONS, K_DONE, K_LEADER, K_AWAY = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+
+local WAITING, ADMITTED, ACTIVE, COMPLETED, EXPIRED, REVOKED = 1, 2, 3, 4, 5, 6
+
+-- Record fields. A waiting ticket stores only the first seven (small: this is per waiting visitor).
+local R_SEQ, R_STATUS, R_PRI, R_JOINED, R_SEEN, R_NAME, R_EST = 1, 2, 3, 4, 5, 6, 7
+local R_FENCE, R_ADMITTED, R_DEADLINE, R_EXPIRES, R_ENDED, R_REASON = 8, 9, 10, 11, 12, 13
+local R_LINE_SCORE = 14  -- a parked ticket's place in the line
+
+local SEQ_DIGITS = 10
+local RATE_TAU_S = 30
+
+-- How this call moved other visitors' places, for the queue_move event: {op, rank, count} with op '-'
+-- (count tickets left the line at that rank) or '+' (count tickets were placed at that rank, pushing
+-- those at and behind it back). Consecutive moves at one rank merge. See moves_reply().
+local MOVES = {}
+
+local function ticket_id(seq, vk)
+  return string.format('%0' .. SEQ_DIGITS .. 'd', seq) .. '.' .. vk
+end
+
+local function vk_of(tid)
+  return string.sub(tid, SEQ_DIGITS + 2)
+end
+
+local function fmt(x)
+  -- Redis truncates Lua numbers to integers in replies and hashes: keep fractions as strings.
+  return string.format('%.17g', x)
+end
+
+local function load(vk)
+  local raw = redis.call('HGET', K_TK, vk)
+  if not raw then return nil end
+  return cmsgpack.unpack(raw)
+end
+
+local function save(vk, rec)
+  redis.call('HSET', K_TK, vk, cmsgpack.pack(rec))
+end
+
+local function hash_table(key)
+  local flat = redis.call('HGETALL', key)
+  local t = {}
+  for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
+  return t
+end
+
+local function num(t, field, default)
+  local v = tonumber(t[field])
+  if v == nil then return default end
+  return v
+end
+
+-- The policy, or nil when the queue's config is not in Redis (never synced, or Redis lost it).
+local function policy()
+  local c = hash_table(K_CFG)
+  if c.state == nil then return nil end
+  return {
+    state = c.state,
+    capacity = num(c, 'capacity', 1),
+    capacity_source = c.capacity_source or 'counted',
+    outflow = num(c, 'outflow_per_minute', 60),
+    burst = num(c, 'burst', 1),
+    session_ttl = num(c, 'session_ttl', 900),
+    claim_ttl = num(c, 'claim_ttl', 120),
+    presence_timeout = num(c, 'presence_timeout', 60),
+    abandon_timeout = num(c, 'abandon_timeout', 600),
+    max_waiting = num(c, 'max_waiting', 0),
+    target_url = c.target_url or '',
+    epoch = num(c, 'epoch', 1),
+    leader_ttl_ms = num(c, 'leader_ttl_ms', 3000),
+    starts_at_ms = num(c, 'starts_at_ms', 0),
+    name = c.name or '',
+    fractions = {[1] = num(c, 'pf1', 0.1), [2] = num(c, 'pf2', 0.5), [3] = num(c, 'pf3', 1)},
+  }
+end
+
+-- Open, and past the scheduled start (before it, visitors wait in a pre-queue and nobody is admitted).
+local function admitting(p, now)
+  return p.state == 'open' and now >= p.starts_at_ms
+end
+
+local function used_slots(p, st)
+  local claims = redis.call('ZCARD', K_CLAIMS)
+  if p.capacity_source == 'reported' then
+    -- The site counts its own active sessions (absolute, seed 001); visitors admitted but not yet
+    -- arrived are ours to count.
+    return num(st, 'reported_in_use', 0) + claims
+  end
+  return claims + redis.call('ZCARD', K_SESSIONS)
+end
+
+-- Token bucket refilled by elapsed time (not a fixed number per tick), so however many runners tick,
+-- admissions never exceed size + rate * time. A clock that goes backwards refills nothing.
+-- The bucket holds at least the leader lease plus one second of outflow: ticks come once a second to
+-- any worker node, and only the lease holder admits, so the holder can go a lease's length without a
+-- tick; a smaller bucket would overflow meanwhile and that outflow would be lost for good.
+local function bucket_size(p)
+  return math.max(p.burst, p.outflow / 60 * (p.leader_ttl_ms / 1000 + 1))
+end
+
+local function bucket_tokens(p, st, now)
+  local tokens = tonumber(st.b_tokens)
+  local ts = tonumber(st.b_ts)
+  if tokens == nil or ts == nil then return p.burst, now end
+  if now > ts then
+    tokens = math.min(bucket_size(p), tokens + (now - ts) * p.outflow / 60000)
+    ts = now
+  end
+  return tokens, ts
+end
+
+-- Whole tokens available; the epsilon absorbs float drift (ten refills of 0.1 make 0.9999999999999999).
+local function whole_tokens(tokens)
+  return math.floor(tokens + 1e-6)
+end
+
+local function bucket_save(tokens, ts)
+  redis.call('HSET', K_ST, 'b_tokens', fmt(tokens), 'b_ts', ts)
+end
+
+-- Continuous-time EMA of admissions per second (time constant RATE_TAU_S). It decays only while
+-- someone was waiting and the queue was open, so a quiet spell does not read as a slow line.
+local function rate_update(st, now, admitted, busy)
+  local ema = num(st, 'ema_rate', 0)
+  local ts = num(st, 'ema_ts', now)
+  if busy and now > ts then ema = ema * math.exp(-(now - ts) / 1000 / RATE_TAU_S) end
+  ema = ema + admitted / RATE_TAU_S
+  redis.call('HSET', K_ST, 'ema_rate', fmt(ema), 'ema_ts', math.max(ts, now))
+end
+
+-- Seed 004: new = old * 0.9 + sample * 0.1.
+local function ema_update(field, sample)
+  local old = tonumber(redis.call('HGET', K_ST, field))
+  local new = sample
+  if old ~= nil then new = old * 0.9 + sample * 0.1 end
+  redis.call('HSET', K_ST, field, fmt(new))
+end
+
+-- What wait estimates and the API need about the queue right now.
+local function figures(p, st)
+  return {
+    p.state, p.capacity, used_slots(p, st), fmt(p.outflow),
+    st.ema_rate or '0', st.ema_ts or '0', st.ema_service_ms or '0',
+    num(st, 'admitted', 0), redis.call('ZCARD', K_LINE), st.evseq or '0', p.presence_timeout,
+    p.target_url, p.epoch, redis.call('ZCARD', K_AWAY), p.claim_ttl, p.starts_at_ms, p.name,
+  }
+end
+
+-- Estimated seconds until a visitor with `ahead` tickets in front is admitted, or -1 when unknown
+-- (paused or closed). The rate blends the configured outflow, capped by capacity / average service
+-- time when the site is capacity-bound, with the observed admission rate (seed 004).
+local function estimate_wait(p, st, ahead, now)
+  if p.state ~= 'open' then return -1 end
+  local until_start = math.max(0, p.starts_at_ms - now) / 1000
+  local rate = p.outflow / 60
+  local service_ms = num(st, 'ema_service_ms', 0)
+  if service_ms > 0 then
+    local capacity_rate = p.capacity / (service_ms / 1000)
+    if capacity_rate < rate then rate = capacity_rate end
+  end
+  local ema_ts = num(st, 'ema_ts', 0)
+  if num(st, 'admitted', 0) >= 10 and ema_ts > 0 then
+    local age_s = math.max(0, now - ema_ts) / 1000
+    local observed = num(st, 'ema_rate', 0) * math.exp(-age_s / RATE_TAU_S)
+    rate = 0.5 * rate + 0.5 * observed
+  end
+  if rate <= 0 then return -1 end
+  return math.ceil(until_start + ahead / rate)
+end
+
+local function moved(op, rank)
+  local last = MOVES[#MOVES]
+  if last and last[1] == op and last[2] == rank then
+    last[3] = last[3] + 1
+  else
+    MOVES[#MOVES + 1] = {op, rank, 1}
+  end
+end
+
+-- Take a ticket out of the line (if it is there), noting the place it left.
+local function line_remove(tid)
+  local rank = redis.call('ZRANK', K_LINE, tid)
+  if rank then
+    redis.call('ZREM', K_LINE, tid)
+    moved('-', rank)
+  end
+end
+
+-- {event sequence, moves}: the sequence grows by one for every call that moved anyone, so a client
+-- that sees a gap knows it missed an event and polls.
+local function moves_reply()
+  if #MOVES == 0 then return {0, {}} end
+  return {redis.call('HINCRBY', K_ST, 'evseq', 1), MOVES}
+end
+
+-- WAITING -> ADMITTED. The caller has removed the ticket from the line and checked the policy.
+local function admit(p, tid, rec, now)
+  local vk = vk_of(tid)
+  local fence = redis.call('HINCRBY', K_ST, 'fence', 1)
+  local deadline = now + p.claim_ttl * 1000
+  local expires = now + p.session_ttl * 1000
+  rec[R_STATUS] = ADMITTED
+  rec[R_FENCE] = fence
+  rec[R_ADMITTED] = now
+  rec[R_DEADLINE] = deadline
+  rec[R_EXPIRES] = expires
+  rec[R_ENDED] = 0
+  rec[R_REASON] = ''
+  save(vk, rec)
+  redis.call('ZADD', K_CLAIMS, deadline, tid)
+  redis.call('HINCRBY', K_ST, 'admitted', 1)
+  ema_update('ema_wait_ms', math.max(0, now - rec[R_JOINED]))
+  return {tid, fence, expires, rec[R_JOINED], rec[R_EST]}
+end
+
+-- Any live ticket -> a final state. Frees its slot if it held one; keeps the record for a while
+-- (the `done` set) so a late poll hears `completed` or `expired` rather than nothing.
+local function finish(tid, rec, status, reason, now)
+  local vk = vk_of(tid)
+  local held = rec[R_STATUS] == ADMITTED or rec[R_STATUS] == ACTIVE
+  if rec[R_STATUS] == WAITING then
+    line_remove(tid)
+    redis.call('ZREM', K_AWAY, tid)
+  elseif held then
+    redis.call('ZREM', K_CLAIMS, tid)
+    redis.call('ZREM', K_SESSIONS, tid)
+    ema_update('ema_service_ms', math.max(0, now - rec[R_ADMITTED]))
+  end
+  while #rec < R_REASON do rec[#rec + 1] = 0 end
+  rec[R_LINE_SCORE] = nil
+  rec[R_STATUS] = status
+  rec[R_ENDED] = now
+  rec[R_REASON] = reason
+  save(vk, rec)
+  redis.call('ZADD', K_DONE, now, vk)
+  redis.call('HINCRBY', K_ST, reason, 1)
+  return held
+end
+
+-- A waiting visitor found absent at the head leaves the line for `away`, so admission does not look at
+-- it again; its line score goes into the record. Same memory: one entry moves from one set to another.
+local function park(tid, rec)
+  local score = redis.call('ZSCORE', K_LINE, tid)
+  while #rec < R_REASON do rec[#rec + 1] = 0 end
+  rec[R_LINE_SCORE] = tonumber(score)
+  save(vk_of(tid), rec)
+  line_remove(tid)
+  redis.call('ZADD', K_AWAY, rec[R_SEEN], tid)
+end
+
+-- The rank of a waiting ticket; a parked one that shows up again first gets its place back.
+local function waiting_rank(tid, rec)
+  local rank = redis.call('ZRANK', K_LINE, tid)
+  if rank or not redis.call('ZSCORE', K_AWAY, tid) then return rank end
+  redis.call('ZREM', K_AWAY, tid)
+  redis.call('ZADD', K_LINE, rec[R_LINE_SCORE] or rec[R_SEQ], tid)
+  for i = #rec, R_EST + 1, -1 do rec[i] = nil end  -- back to the small waiting record
+  save(vk_of(tid), rec)
+  local rank = redis.call('ZRANK', K_LINE, tid)
+  moved('+', rank)
+  return rank
+end
+
+-- Why a live ticket should already be over at `now` (absent too long, unclaimed, session ended), or nil.
+local function overdue(p, rec, now)
+  local status = rec[R_STATUS]
+  if status == WAITING and now - rec[R_SEEN] * 1000 > p.abandon_timeout * 1000 then
+    return 'abandoned'
+  elseif status == ADMITTED and now >= rec[R_DEADLINE] then
+    return 'expired_claim'
+  elseif status == ACTIVE and now >= rec[R_EXPIRES] then
+    return 'expired_session'
+  end
+  return nil
+end
+
+-- Finish an overdue ticket; returns 1 when that freed a slot (the caller then runs admission).
+local function finish_overdue(tid, rec, reason, now)
+  if finish(tid, rec, EXPIRED, reason, now) then return 1 end
+  return 0
+end
+
+-- The ticket part of a join or status reply.
+local function ticket_reply(tid, rec, rank, est, freed)
+  return {tid, rec[R_SEQ], rec[R_STATUS], rank, rec[R_FENCE] or 0, rec[R_EXPIRES] or 0, est,
+          rec[R_REASON] or '', freed, rec[R_PRI]}
+end
+
+-- Find the session an access token speaks of. Returns rec, reason: reason is nil when the session
+-- is live; else 'expired' | 'superseded' | 'revoked' | 'completed'. A session found overdue is
+-- finished here; the third value is then 1 when that freed a slot.
+local function session_lookup(p, vk, seq, fence, now)
+  local rec = load(vk)
+  if not rec then return nil, 'expired', 0 end
+  local live = rec[R_STATUS] == ADMITTED or rec[R_STATUS] == ACTIVE
+  if rec[R_SEQ] ~= seq or rec[R_FENCE] ~= fence then
+    -- The visitor's current ticket is another one: superseded if that one holds a session.
+    if live and rec[R_SEQ] ~= seq then return rec, 'superseded', 0 end
+    if rec[R_SEQ] == seq then return rec, 'superseded', 0 end
+    return rec, 'expired', 0
+  end
+  if rec[R_STATUS] == REVOKED then return rec, 'revoked', 0 end
+  if rec[R_STATUS] == COMPLETED then return rec, 'completed', 0 end
+  if not live then return rec, 'expired', 0 end
+  local reason = overdue(p, rec, now)
+  if reason then return rec, 'expired', finish_overdue(ticket_id(seq, vk), rec, reason, now) end
+  return rec, nil, 0
+end
+
+-- Expire admitted tickets past their claim deadline and sessions past their end, at most `limit`.
+local function expire_slots(now, limit)
+  local expired = {}
+  for _, spec in ipairs({{K_CLAIMS, 'expired_claim'}, {K_SESSIONS, 'expired_session'}}) do
+    local due = redis.call('ZRANGEBYSCORE', spec[1], '-inf', now, 'LIMIT', 0, limit)
+    for _, tid in ipairs(due) do
+      local rec = load(vk_of(tid))
+      if rec and (rec[R_STATUS] == ADMITTED or rec[R_STATUS] == ACTIVE) and ticket_id(rec[R_SEQ], vk_of(tid)) == tid then
+        finish(tid, rec, EXPIRED, spec[2], now)
+      else
+        redis.call('ZREM', spec[1], tid)  -- a stray entry: its record moved on
+      end
+      expired[#expired + 1] = tid
+    end
+  end
+  return expired
+end

@@ -1,0 +1,76 @@
+-- admit.lua: WAITING -> ADMITTED for as many present visitors at the head as the policy allows.
+--
+-- KEYS: the standard queue keys (see _lib.lua).
+-- ARGV[1] now (ms)
+-- ARGV[2] leader token, or '' when triggered by a freed slot (complete, revoke, expiry)
+-- ARGV[3] most tickets to admit in this call
+-- ARGV[4] most line entries to look at in this call
+--
+-- Returns {outcome, admitted, expired, figures}:
+--   outcome 'ok' | 'not_leader' (a tick whose leader token is stale: admits nothing) | 'no_config'
+--   admitted  = {{tid, fence, expires_ms, joined_ms, est_wait_at_join_s}, ...}
+--   expired   = ticket ids whose claim or session ran out (dropped first, freeing their slots)
+--   moves     = {event sequence, moves} (see _lib.lua): admitted and parked tickets left the line
+--
+-- Free slots = capacity - used (counted, or reported by the site); tokens come from a bucket refilled
+-- by elapsed time. Walking the line from the head: a visitor not seen within presence_timeout is
+-- parked (it keeps its place and returns to it when seen again, so the next walk does not meet it
+-- again); a present one is admitted while slots and tokens last. Premium (level 3) needs only a slot:
+-- its token may put the bucket into debt (down to -burst). A tick (leader token given) must hold the
+-- leader lease: a runner that lost it while paused is fenced off here, not just in Python.
+
+local now, token = tonumber(ARGV[1]), ARGV[2]
+local max_admit, scan_limit = tonumber(ARGV[3]), tonumber(ARGV[4])
+
+if token ~= '' and redis.call('GET', K_LEADER) ~= token then
+  return {'not_leader', {}, {}, {}, {0, {}}}
+end
+local p = policy()
+if not p then return {'no_config', {}, {}, {}, {0, {}}} end
+
+local expired = expire_slots(now, max_admit)
+local st = hash_table(K_ST)
+local waiting = redis.call('ZCARD', K_LINE)
+
+local tokens, ts = bucket_tokens(p, st, now)
+local admitted = {}
+local spent = 0
+if admitting(p, now) and waiting > 0 then
+  local free = math.min(p.capacity - used_slots(p, st), max_admit)
+  local budget = whole_tokens(tokens)
+  local present_since = math.floor(now / 1000) - p.presence_timeout
+  local offset, scanned, chunk, done = 0, 0, 64, free <= 0
+  while not done do
+    local batch = redis.call('ZRANGE', K_LINE, offset, offset + chunk - 1)
+    if #batch == 0 then break end
+    for _, tid in ipairs(batch) do
+      if scanned >= scan_limit then done = true break end
+      scanned = scanned + 1
+      local rec = load(vk_of(tid))
+      if not rec or rec[R_STATUS] ~= WAITING or ticket_id(rec[R_SEQ], vk_of(tid)) ~= tid then
+        line_remove(tid)  -- a stray entry; never admit it
+        offset = offset - 1
+      elseif rec[R_SEEN] < present_since then
+        park(tid, rec)
+        offset = offset - 1
+      elseif rec[R_PRI] == 3 or spent < budget then
+        line_remove(tid)
+        offset = offset - 1
+        admitted[#admitted + 1] = admit(p, tid, rec, now)
+        spent = spent + 1
+        if #admitted >= free then done = true break end
+      else
+        done = true  -- no token left for this one, and those behind it are no more entitled
+        break
+      end
+    end
+    offset = offset + #batch
+  end
+  tokens = math.max(tokens - spent, math.min(tokens, -p.burst))
+end
+bucket_save(tokens, ts)
+rate_update(st, now, #admitted, admitting(p, now) and waiting > 0)
+
+local moves = moves_reply()
+st = hash_table(K_ST)
+return {'ok', admitted, expired, figures(p, st), moves}

@@ -1,0 +1,118 @@
+-- join.lua: (none) -> WAITING, or the visitor's existing live ticket (one live ticket per visitor).
+--
+-- KEYS: the standard queue keys (see _lib.lua).
+-- ARGV[1] visitor key      ARGV[2] now (ms)     ARGV[3] priority level 0-3
+-- ARGV[4] display name ('' for none)
+-- The level's placement fraction (0 back .. 1 front) comes from the mirrored policy (pf1..pf3).
+--
+-- Returns {outcome, ticket, figures, moves} where outcome is
+--   'created' | 'existing'   ticket = {tid, seq, status, rank or -1, fence, expires_ms, est_wait_s,
+--                             reason, freed, priority} as in status.lua; freed = 1 when the
+--                             visitor's overdue previous ticket released a slot
+--   'closed' | 'full'        ticket = {}
+--   'no_config'              the queue's policy is not in Redis: sync it and retry
+-- figures: see _lib.lua figures(); moves: see _lib.lua moves_reply() (a priority joiner placed ahead
+-- of others moves them back).
+--
+-- Placement (seed 003): level 0 goes to the back. Level L > 0 goes ahead of the last `fraction` of the
+-- line, but never ahead of an earlier joiner of level L or higher still waiting (first come, first
+-- served within a level); `tL` in st remembers the last placement score per level. Scores are split
+-- by halving; when a gap is exhausted, an equal score still sorts by ticket id, i.e. by sequence.
+-- A premium joiner (level 3) at the head is admitted at once when a slot is free, even ahead of the
+-- bucket (which may go into debt down to -burst); any joiner of an empty, open line is admitted at
+-- once when a slot and a token are free.
+
+local vk, now, pri = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local name = ARGV[4]
+
+local p = policy()
+if not p then return {'no_config', {}, {}, {0, {}}} end
+local st = hash_table(K_ST)
+
+local freed = 0
+local rec = load(vk)
+if rec and rec[R_STATUS] <= ACTIVE then
+  local tid = ticket_id(rec[R_SEQ], vk)
+  local reason = overdue(p, rec, now)
+  if reason then
+    freed = finish_overdue(tid, rec, reason, now)
+    st = hash_table(K_ST)
+  else
+    rec[R_SEEN] = math.floor(now / 1000)
+    save(vk, rec)
+    local rank, est = -1, rec[R_EST]
+    if rec[R_STATUS] == WAITING then
+      rank = waiting_rank(tid, rec) or -1
+      est = estimate_wait(p, st, rank, now)
+    end
+    return {'existing', ticket_reply(tid, rec, rank, est, 0), figures(p, st), moves_reply()}
+  end
+end
+
+if p.state == 'closed' then return {'closed', {}, figures(p, st), moves_reply()} end
+local n = redis.call('ZCARD', K_LINE)
+if p.max_waiting > 0 and n + redis.call('ZCARD', K_AWAY) >= p.max_waiting then
+  return {'full', {}, figures(p, st), moves_reply()}
+end
+
+local fraction = p.fractions[pri] or 0
+local seq = redis.call('HINCRBY', K_ST, 'seq', 1)
+local tid = ticket_id(seq, vk)
+
+local score = seq
+if pri > 0 and fraction > 0 and n > 0 then
+  local tail = nil
+  for level = pri, 3 do
+    local t = tonumber(st['t' .. level])
+    if t ~= nil and (tail == nil or t > tail) then tail = t end
+  end
+  local index = math.floor(n * (1 - fraction))
+  if index < n then
+    local at = redis.call('ZRANGE', K_LINE, index, index, 'WITHSCORES')
+    local at_score = tonumber(at[2])
+    if tail ~= nil and at_score <= tail then
+      score = tail  -- right behind the last earlier joiner of this level or higher
+    else
+      local low = at_score - 1
+      if index > 0 then low = tonumber(redis.call('ZRANGE', K_LINE, index - 1, index - 1, 'WITHSCORES')[2]) end
+      if tail ~= nil and tail > low then low = tail end
+      local mid = (low + at_score) / 2
+      if mid > low and mid < at_score then
+        score = mid
+      elseif low < at_score then
+        score = low  -- ties sort by sequence: right behind the predecessor
+      else
+        score = at_score  -- no room at all: one place further back
+      end
+    end
+  end
+end
+if pri > 0 then redis.call('HSET', K_ST, 't' .. pri, fmt(score)) end
+
+redis.call('ZADD', K_LINE, score, tid)
+redis.call('HINCRBY', K_ST, 'joined', 1)
+redis.call('ZREM', K_DONE, vk)
+local rank = redis.call('ZRANK', K_LINE, tid)
+local est = estimate_wait(p, st, rank, now)
+rec = {seq, WAITING, pri, now, math.floor(now / 1000), name, est}
+
+-- Only from the head: an earlier premium joiner still waiting there goes first.
+local admitted = false
+if admitting(p, now) and rank == 0 and (pri == 3 or n == 0) and used_slots(p, st) < p.capacity then
+  local tokens, ts = bucket_tokens(p, st, now)
+  if whole_tokens(tokens) >= 1 or pri == 3 then
+    redis.call('ZREM', K_LINE, tid)  -- never seen in line by anyone: no move to report
+    admit(p, tid, rec, now)
+    bucket_save(math.max(tokens - 1, -p.burst), ts)
+    rate_update(st, now, 1, n > 0)
+    rank, admitted = -1, true
+  end
+end
+if not admitted then
+  save(vk, rec)
+  if rank < n then moved('+', rank) end  -- placed ahead of others
+end
+
+local moves = moves_reply()
+st = hash_table(K_ST)
+return {'created', ticket_reply(tid, rec, rank, est, freed), figures(p, st), moves}

@@ -1,0 +1,33 @@
+-- neighbours.lua: the few visitors around one waiting visitor, for the picture of the line (seed 004),
+-- fetched in one batch (one range of the line, one HMGET of their records).
+--
+-- KEYS: the standard queue keys (see _lib.lua).
+-- ARGV[1] visitor key    ARGV[2] sequence number (from the signed ticket)
+-- ARGV[3] how many ahead    ARGV[4] how many behind
+--
+-- Returns {rank, {{rank, display name, is_me, priority}, ...}} in line order, or {-1, {}} when the
+-- ticket is not in line. Other visitors are shown by display name only (never their ticket ids).
+
+local vk, seq = ARGV[1], tonumber(ARGV[2])
+local before, after = tonumber(ARGV[3]), tonumber(ARGV[4])
+local rec = load(vk)
+if not rec or rec[R_SEQ] ~= seq or rec[R_STATUS] ~= WAITING then return {-1, {}} end
+local tid = ticket_id(seq, vk)
+local rank = redis.call('ZRANK', K_LINE, tid)
+if not rank then return {-1, {}} end
+
+local first = math.max(0, rank - before)
+local members = redis.call('ZRANGE', K_LINE, first, rank + after)
+local fields = {}
+for i, member in ipairs(members) do fields[i] = vk_of(member) end
+local records = redis.call('HMGET', K_TK, unpack(fields))
+local out = {}
+for i, member in ipairs(members) do
+  local name, priority = '', 0
+  if records[i] then
+    local r = cmsgpack.unpack(records[i])
+    name, priority = r[R_NAME] or '', r[R_PRI] or 0
+  end
+  out[#out + 1] = {first + i - 1, name, member == tid and 1 or 0, priority}
+end
+return {rank, out}

@@ -1,0 +1,27 @@
+-- session_start.lua: the protected site verifies an access token; ADMITTED -> ACTIVE on first use.
+--
+-- KEYS: the standard queue keys (see _lib.lua).
+-- ARGV[1] visitor key    ARGV[2] sequence number    ARGV[3] fencing token    ARGV[4] now (ms)
+-- (all from the access token, whose signature and expiry Python has already checked)
+--
+-- Returns {result, expires_ms, freed}: result 'valid' | 'expired' | 'superseded' | 'revoked' |
+-- 'no_config'. A completed session no longer admits: it reads as 'expired'. freed = 1 when an overdue
+-- session found here released a slot.
+
+local vk, seq, fence, now = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local p = policy()
+if not p then return {'no_config', 0, 0} end
+
+local rec, reason, freed = session_lookup(p, vk, seq, fence, now)
+if reason == 'completed' then reason = 'expired' end
+if reason then return {reason, 0, freed} end
+
+if rec[R_STATUS] == ADMITTED then
+  local tid = ticket_id(seq, vk)
+  redis.call('ZREM', K_CLAIMS, tid)
+  redis.call('ZADD', K_SESSIONS, rec[R_EXPIRES], tid)
+  rec[R_STATUS] = ACTIVE
+  save(vk, rec)
+  redis.call('HINCRBY', K_ST, 'activated', 1)
+end
+return {'valid', rec[R_EXPIRES], 0}

@@ -1,0 +1,61 @@
+"""The demo: a queue `demo` aimed at the demo protected page, and a staff login (printed once)."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.core.management.base import BaseCommand, CommandParser
+
+from queueing import services, tokens
+from queueing.models import Queue
+
+
+class Command(BaseCommand):
+    help = "Create the demo queue and a staff login if missing; prints the login once, when created."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--username", default="staff")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if not Queue.objects.filter(slug="demo").exists():
+            services.queue_configure(
+                slug="demo",
+                changes={
+                    "name": "Demo sale",
+                    "target_url": "/demo/protected/",
+                    "capacity": 5,
+                    "outflow_per_minute": 12,
+                    "burst": 2,
+                    "session_ttl": 300,
+                    "claim_ttl": 60,
+                },
+                actor_label="setup_demo command",
+            )
+            self.stdout.write("Created the demo queue: /api/v1/queues/demo/join")
+        tokens.jwks()  # creates the first access-token signing key if there is none
+
+        users = get_user_model()
+        if not users.objects.filter(username=options["username"]).exists():
+            password = secrets.token_urlsafe(12)
+            user = users.objects.create_user(username=options["username"], password=password, is_staff=True)
+            user.user_permissions.add(
+                *Permission.objects.filter(
+                    content_type__app_label="queueing",
+                    codename__in=[
+                        "view_queue",
+                        "change_queue",
+                        "view_queuechange",
+                        "view_prioritycode",
+                        "add_prioritycode",
+                        "change_prioritycode",
+                        "view_queueapikey",
+                        "add_queueapikey",
+                    ],
+                )
+            )
+            self.stdout.write(
+                self.style.SUCCESS(f"Staff login (shown once): username {options['username']}  password {password}")
+            )

@@ -1,0 +1,283 @@
+"""Queue configuration: rooms, priority levels and codes, API keys, signing keys, the change log.
+
+Live state (who waits, who holds a slot) is in Redis, never here. Nothing in `save()` has side effects:
+services write a queue and then mirror its policy to Redis (`services.queue_config_sync`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.contrib.auth.models import Group
+from django.core.exceptions import ValidationError
+from django.core.serializers.json import DjangoJSONEncoder
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+from django.utils import timezone
+from rest_framework_api_key.models import AbstractAPIKey
+
+SLUG_VALIDATOR = RegexValidator(
+    r"^[a-z0-9](?:[a-z0-9-]{0,48}[a-z0-9])?$",
+    "Use 1-50 lowercase letters, digits and inner hyphens.",
+)
+
+
+def validate_target_url(value: str) -> None:
+    """An absolute http(s) URL, or a path on this site (for the demo protected page)."""
+    if value.startswith("/") and not value.startswith("//"):
+        return
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValidationError("Enter an absolute http(s) URL or a path starting with '/'.")
+
+
+class Queue(models.Model):
+    class State(models.TextChoices):
+        OPEN = "open", "Open"
+        PAUSED = "paused", "Paused (accepts joins, admits nobody)"
+        CLOSED = "closed", "Closed (accepts no joins)"
+
+    class CapacitySource(models.TextChoices):
+        COUNTED = "counted", "Counted by the waiting room"
+        REPORTED = "reported", "Reported by the protected site"
+
+    slug = models.CharField(max_length=50, unique=True, validators=[SLUG_VALIDATOR])
+    name = models.CharField(max_length=120)
+    target_url = models.CharField(
+        max_length=500,
+        validators=[validate_target_url],
+        help_text="Where admitted visitors are sent (absolute URL, or a path on this site).",
+    )
+    state = models.CharField(max_length=10, choices=State.choices, default=State.OPEN)
+
+    capacity = models.PositiveIntegerField(
+        default=100,
+        validators=[MinValueValidator(1), MaxValueValidator(10_000_000)],
+        help_text="Most visitors holding a slot (admitted or active) at once.",
+    )
+    capacity_source = models.CharField(max_length=10, choices=CapacitySource.choices, default=CapacitySource.COUNTED)
+    outflow_per_minute = models.FloatField(
+        default=60.0,
+        validators=[MinValueValidator(0.1), MaxValueValidator(1_000_000)],
+        help_text="Token-bucket rate at which visitors are admitted. Pause the queue to stop it.",
+    )
+    burst = models.PositiveIntegerField(
+        default=10,
+        validators=[MinValueValidator(1), MaxValueValidator(1_000_000)],
+        help_text=(
+            "Most visitors admitted at once after a quiet spell (bucket size; never below two seconds "
+            "of outflow, so a late tick loses nothing)."
+        ),
+    )
+    session_ttl = models.PositiveIntegerField(
+        "session TTL (s)",
+        default=900,
+        validators=[MinValueValidator(10), MaxValueValidator(7 * 24 * 3600)],
+        help_text="Hard length of a session, counted from admission.",
+    )
+    claim_ttl = models.PositiveIntegerField(
+        "claim TTL (s)",
+        default=120,
+        validators=[MinValueValidator(5)],
+        help_text="Time an admitted visitor has to reach the protected site before the slot is freed.",
+    )
+    presence_timeout = models.PositiveIntegerField(
+        "presence timeout (s)",
+        default=60,
+        validators=[MinValueValidator(5)],
+        help_text="A waiting visitor unseen this long is skipped by admission (keeps its place).",
+    )
+    abandon_timeout = models.PositiveIntegerField(
+        "abandon timeout (s)",
+        default=600,
+        validators=[MinValueValidator(10)],
+        help_text="A waiting visitor unseen this long leaves the queue.",
+    )
+    max_waiting = models.PositiveIntegerField(
+        default=0, help_text="Joins beyond this many waiting get 'queue_full'. 0 means no limit."
+    )
+    starts_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Admission starts at this time; visitors who join before wait in the pre-queue with a countdown.",
+    )
+    epoch = models.PositiveIntegerField(default=1, editable=False)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    # The admission policy, as operators edit it (admin, configure_queue, the staff API).
+    POLICY_FIELDS = (
+        "capacity",
+        "capacity_source",
+        "outflow_per_minute",
+        "burst",
+        "session_ttl",
+        "claim_ttl",
+        "presence_timeout",
+        "abandon_timeout",
+        "max_waiting",
+        "starts_at",
+    )
+
+    class Meta:
+        ordering = ("slug",)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.slug})"
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        if self.claim_ttl and self.session_ttl and self.claim_ttl > self.session_ttl:
+            errors["claim_ttl"] = "The claim TTL cannot be longer than the session TTL."
+        if self.presence_timeout and self.abandon_timeout and self.abandon_timeout < self.presence_timeout:
+            errors["abandon_timeout"] = "The abandon timeout cannot be shorter than the presence timeout."
+        if errors:
+            raise ValidationError(errors)
+
+    def policy(self) -> dict[str, Any]:
+        """What the Redis scripts need to know about this queue (mirrored into Redis)."""
+        fractions = dict(PriorityLevel.DEFAULT_FRACTIONS)
+        fractions.update({lvl.level: lvl.placement_fraction for lvl in self.priority_levels.all()})
+        return {
+            "pf1": fractions[1],
+            "pf2": fractions[2],
+            "pf3": fractions[3],
+            "state": self.state,
+            "capacity": self.capacity,
+            "capacity_source": self.capacity_source,
+            "outflow_per_minute": self.outflow_per_minute,
+            "burst": self.burst,
+            "session_ttl": self.session_ttl,
+            "claim_ttl": self.claim_ttl,
+            "presence_timeout": self.presence_timeout,
+            "abandon_timeout": self.abandon_timeout,
+            "max_waiting": self.max_waiting,
+            "target_url": self.target_url,
+            "epoch": self.epoch,
+            "name": self.name,
+            "starts_at_ms": int(self.starts_at.timestamp() * 1000) if self.starts_at else 0,
+        }
+
+
+class PriorityLevel(models.Model):
+    """How far ahead a joiner of this level is placed (seed 003).
+
+    `placement_fraction` is the share of the current line the joiner is placed ahead of, counted from the
+    back: 0 = back of the queue, 0.1 = ahead of the last 10%, 1 = the front. Level 3 (premium) is also
+    admitted at once when a slot is free.
+    """
+
+    class Level(models.IntegerChoices):
+        NORMAL = 0, "Normal"
+        ELEVATED = 1, "Elevated"
+        VIP = 2, "VIP"
+        PREMIUM = 3, "Premium"
+
+    DEFAULT_FRACTIONS = {0: 0.0, 1: 0.1, 2: 0.5, 3: 1.0}
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="priority_levels")
+    level = models.PositiveSmallIntegerField(choices=Level.choices)
+    name = models.CharField(max_length=50)
+    placement_fraction = models.FloatField(
+        validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        help_text="Share of the line (from the back) a joiner is placed ahead of: 0 back, 1 front.",
+    )
+    group = models.ForeignKey(
+        Group,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        help_text="Signed-in members of this group join at this level.",
+    )
+
+    class Meta:
+        ordering = ("queue", "level")
+        constraints = [models.UniqueConstraint(fields=("queue", "level"), name="unique_priority_level_per_queue")]
+
+    def __str__(self) -> str:
+        return f"{self.queue.slug}: {self.level} {self.name}"
+
+    def clean(self) -> None:
+        if self.level == self.Level.NORMAL and self.placement_fraction not in (0, 0.0, None):
+            raise ValidationError({"placement_fraction": "Normal joiners always go to the back (0)."})
+
+
+class PriorityCode(models.Model):
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="priority_codes")
+    code = models.CharField(
+        max_length=64,
+        validators=[RegexValidator(r"^[A-Za-z0-9_-]{4,64}$", "4-64 letters, digits, '-' or '_'.")],
+    )
+    level = models.PositiveSmallIntegerField(choices=[c for c in PriorityLevel.Level.choices if c[0] > 0])
+    max_uses = models.PositiveIntegerField(null=True, blank=True, help_text="Empty means unlimited.")
+    uses = models.PositiveIntegerField(default=0, editable=False)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ("queue", "code")
+        constraints = [models.UniqueConstraint(fields=("queue", "code"), name="unique_priority_code_per_queue")]
+
+    def __str__(self) -> str:
+        return f"{self.queue.slug}: {self.code}"
+
+    def clean(self) -> None:
+        if self.max_uses == 0:
+            raise ValidationError({"max_uses": "Leave empty for unlimited; 0 would never be usable."})
+
+    def is_usable(self) -> bool:
+        if self.expires_at is not None and self.expires_at <= timezone.now():
+            return False
+        return self.max_uses is None or self.uses < self.max_uses
+
+
+class QueueAPIKey(AbstractAPIKey):
+    """A protected site's key for one queue: stored hashed (SHA-512), shown once on creation."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="api_keys")
+
+    class Meta(AbstractAPIKey.Meta):
+        verbose_name = "API key"
+        verbose_name_plural = "API keys"
+
+
+class SigningKey(models.Model):
+    """An Ed25519 key that signs access tokens, published at /.well-known/jwks.json.
+
+    Rotation with overlap: a new key is published `WR_KEY_PUBLISH_LEAD` before it starts signing, and the
+    key it replaces stays published until every token it signed has expired.
+    """
+
+    kid = models.CharField(max_length=40, unique=True)
+    private_key_pem = models.TextField()
+    public_jwk = models.JSONField()
+    created_at = models.DateTimeField(default=timezone.now)
+    signs_from = models.DateTimeField(default=timezone.now)
+    retires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("-signs_from",)
+
+    def __str__(self) -> str:
+        return self.kid
+
+
+class QueueChange(models.Model):
+    """The audit log: who changed what on a queue, with the values before and after."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="changes")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    actor_label = models.CharField(max_length=150, help_text="Who, when there is no user (a command).")
+    action = models.CharField(max_length=40)
+    before = models.JSONField(default=dict, encoder=DjangoJSONEncoder)
+    after = models.JSONField(default=dict, encoder=DjangoJSONEncoder)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ("-created_at", "-id")
+
+    def __str__(self) -> str:
+        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.queue.slug} {self.action} by {self.actor_label}"

@@ -1,0 +1,113 @@
+"""Live push (SPEC 7): the channel-group names, the events, and the one helper that sends them.
+
+Services call this after their Redis transition; nothing else sends to a group.
+
+The layer is channels-redis's RedisPubSubChannelLayer. Sending to a group is one Redis PUBLISH, which
+each websocket server with members in the group receives once and hands to its local sockets, so a
+queue watched by 5,000 sockets costs one publish and one delivery per server. RedisChannelLayer (the
+core layer) would instead push one message per member channel into Redis lists, 5,000 writes per
+event. Pub/sub delivers at most once, which suits push here: push is a hint, and polling (with the
+event sequence numbers that reveal a missed event) remains the source of truth.
+
+Sync code (gunicorn workers, Celery tasks) publishes with the ordinary Redis client, in the layer's own
+wire format, rather than through `async_to_sync(layer.group_send)`: in a Celery worker that starts an
+event loop, opens a connection and closes both on every send, the pattern behind channels-redis issue
+#332 ("Event loop is closed"). One pipelined round trip sends all of a transition's events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import lru_cache
+from typing import Any
+
+from channels_redis.serializers import registry
+from django.conf import settings
+
+from . import store
+
+Event = dict[str, Any]
+Message = tuple[str, Event]  # (group, event)
+
+
+def queue_group(slug: str) -> str:
+    """Every socket watching the queue: queue_move and snapshot events."""
+    return f"queue.{slug}"
+
+
+def ticket_group(slug: str, visitor_key: str) -> str:
+    """The sockets of one visitor's ticket: admitted, position and expired events (private)."""
+    return f"ticket.{slug}.{visitor_key}"
+
+
+def _layer_prefix() -> str:
+    return str(settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"])
+
+
+@lru_cache(maxsize=1)
+def _serializer() -> Any:
+    return registry.get_serializer("msgpack")
+
+
+def send(messages: Iterable[Message]) -> int:
+    """Publish events to groups (one pipelined round trip); returns how many were sent."""
+    prefix, serializer = _layer_prefix(), _serializer()
+    pipe = store.client().pipeline(transaction=False)
+    count = 0
+    for group, event in messages:
+        # RedisPubSubChannelLayer's group channel name and message envelope.
+        pipe.publish(f"{prefix}__group__{group}", serializer.serialize({"type": "queue.event", "event": event}))
+        count += 1
+    if count:
+        pipe.execute()
+    return count
+
+
+# --- Events ----------------------------------------------------------------------------------------
+
+
+def queue_move(slug: str, moves: store.Moves, queue_length: int | None = None) -> list[Message]:
+    """Places moved: each op is [op, rank, count] ('-' left at rank, '+' placed at rank), in order."""
+    if not moves.seq:
+        return []
+    event: Event = {"type": "queue_move", "seq": moves.seq, "ops": [list(op) for op in moves.ops]}
+    if queue_length is not None:
+        event["queue_length"] = queue_length
+    return [(queue_group(slug), event)]
+
+
+def admitted(slug: str, ticket_id: str, *, access_token: str, redirect_url: str, expires_at: int) -> Message:
+    parsed = store.parse_ticket_id(ticket_id)
+    assert parsed is not None
+    event = {
+        "type": "admitted",
+        "ticket_id": ticket_id,
+        "access_token": access_token,
+        "redirect_url": redirect_url,
+        "expires_at": expires_at,
+    }
+    return ticket_group(slug, parsed[1]), event
+
+
+def expired(slug: str, ticket_ids: Iterable[str], reason: str) -> list[Message]:
+    messages = []
+    for ticket_id in ticket_ids:
+        parsed = store.parse_ticket_id(ticket_id)
+        if parsed is not None:
+            event = {"type": "expired", "ticket_id": ticket_id, "reason": reason}
+            messages.append((ticket_group(slug, parsed[1]), event))
+    return messages
+
+
+def snapshot(slug: str, stats: dict[str, Any]) -> Message:
+    """The periodic picture of a queue every watcher gets (seed 004's SNAPSHOT)."""
+    event = {
+        "type": "snapshot",
+        "seq": stats["event_seq"],
+        "state": stats["state"],
+        "queue_length": stats["waiting"],
+        "admitted_per_minute": stats["outflow_per_minute_observed"],
+        "average_service_seconds": stats["average_service_seconds"],
+        "viewers": stats["viewers"],
+    }
+    return queue_group(slug), event

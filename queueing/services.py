@@ -1,0 +1,481 @@
+"""Every write: queue configuration, joins, leaves, admission, sessions, cleanup.
+
+A service performs one transition (one Lua script via `store`), and afterwards whatever that
+transition causes: a freed slot runs admission at once (seed 004) rather than waiting for the tick, and
+the live events go out (`realtime`: admitted, expired, queue_move). Services take `now` (seconds since
+the epoch) so that tests can drive the clock; callers in production leave it out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from . import realtime, selectors, store, tokens
+from .models import PriorityCode, PriorityLevel, Queue, QueueAPIKey, QueueChange
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+EDITABLE_FIELDS = ("name", "target_url", "state", *Queue.POLICY_FIELDS)
+
+
+class QueueNotFound(Exception):
+    pass
+
+
+class QueueClosed(Exception):
+    pass
+
+
+class QueueFull(Exception):
+    def __init__(self, retry_after: int) -> None:
+        super().__init__("The queue is full.")
+        self.retry_after = retry_after
+
+
+class InvalidPriorityCode(Exception):
+    pass
+
+
+class TicketNotFound(Exception):
+    pass
+
+
+def _now_ms(now: float | None) -> int:
+    return int((time.time() if now is None else now) * 1000)
+
+
+# --- Configuration ---------------------------------------------------------------------------------
+
+
+def _snapshot(queue: Queue) -> dict[str, Any]:
+    return {field: getattr(queue, field) for field in EDITABLE_FIELDS}
+
+
+def _audit(queue: Queue, *, action: str, before: dict[str, Any], actor: Any, actor_label: str) -> None:
+    after = _snapshot(queue)
+    changed_before = {k: v for k, v in before.items() if after.get(k) != v}
+    changed_after = {k: after[k] for k in changed_before}
+    if not changed_before and action == "update":
+        return
+    user = actor if isinstance(actor, get_user_model()) else None
+    QueueChange.objects.create(
+        queue=queue,
+        actor=user,
+        actor_label=actor_label or (user.get_username() if user else "system"),
+        action=action,
+        before=changed_before,
+        after=changed_after,
+    )
+
+
+def queue_config_sync(queue: Queue) -> None:
+    """Mirror the queue's policy into Redis, where joins, polls and ticks read it."""
+    policy = {**queue.policy(), "leader_ttl_ms": settings.WR_LEADER_TTL_MS, "synced_at": int(time.time())}
+    store.config_write(queue.slug, policy)
+
+
+def queue_delete(queue: Queue) -> None:
+    """Delete a queue and everything it has in Redis (its line, tickets and sessions end with it)."""
+    slug = queue.slug
+    queue.delete()
+    store.queue_delete(slug)
+
+
+ORPHAN_GRACE_SECONDS = 60
+
+
+def queues_orphans_delete(*, now: float | None = None) -> list[str]:
+    """Drop the Redis state of queues no longer in the database (deleted without the service).
+
+    Only state not synced for a minute: a queue being created inside a transaction that has not
+    committed yet is already in Redis but not yet visible here.
+    """
+    now = time.time() if now is None else now
+    known = set(Queue.objects.values_list("slug", flat=True))
+    orphans = []
+    for slug in store.queue_slugs():
+        synced_at = float(store.config_read(slug).get("synced_at") or 0)
+        if slug not in known and now - synced_at > ORPHAN_GRACE_SECONDS:
+            store.queue_delete(slug)
+            orphans.append(slug)
+    return orphans
+
+
+def queue_priority_levels_ensure(queue: Queue) -> None:
+    for level, fraction in PriorityLevel.DEFAULT_FRACTIONS.items():
+        PriorityLevel.objects.get_or_create(
+            queue=queue,
+            level=level,
+            defaults={"name": PriorityLevel.Level(level).label, "placement_fraction": fraction},
+        )
+
+
+def queue_configure(
+    *, slug: str, changes: dict[str, Any], actor: Any = None, actor_label: str = ""
+) -> tuple[Queue, bool]:
+    """Create or update a queue; validates like the admin does, audits, and syncs Redis on commit."""
+    unknown = set(changes) - set(EDITABLE_FIELDS)
+    if unknown:
+        raise ValidationError(dict.fromkeys(sorted(unknown), "Not a queue setting."))
+    with transaction.atomic():
+        queue = Queue.objects.select_for_update().filter(slug=slug).first()
+        created = queue is None
+        if queue is None:
+            queue = Queue(slug=slug, name=slug)
+        before = {} if created else _snapshot(queue)
+        for field, value in changes.items():
+            setattr(queue, field, value)
+        queue.full_clean()
+        queue.save()
+        if created:
+            queue_priority_levels_ensure(queue)
+        _audit(
+            queue,
+            action="create" if created else "update",
+            before=before,
+            actor=actor,
+            actor_label=actor_label,
+        )
+    # Mirrored at once rather than on commit: should an outer transaction roll back, the next tick
+    # re-mirrors the database's policy within a second; waiting for a commit that test transactions
+    # never make would leave Redis behind instead.
+    queue_config_sync(Queue.objects.prefetch_related("priority_levels").get(pk=queue.pk))
+    return queue, created
+
+
+def queue_update(queue: Queue, *, changes: dict[str, Any], actor: Any = None, actor_label: str = "") -> Queue:
+    """Change a queue's settings (the staff API, pause and resume); takes effect on the next tick."""
+    updated, _ = queue_configure(slug=queue.slug, changes=changes, actor=actor, actor_label=actor_label)
+    return updated
+
+
+def queue_pause(queue: Queue, *, actor: Any = None, actor_label: str = "") -> Queue:
+    return queue_update(queue, changes={"state": Queue.State.PAUSED}, actor=actor, actor_label=actor_label)
+
+
+def queue_resume(queue: Queue, *, actor: Any = None, actor_label: str = "") -> Queue:
+    return queue_update(queue, changes={"state": Queue.State.OPEN}, actor=actor, actor_label=actor_label)
+
+
+def api_key_create(queue: Queue, *, name: str) -> tuple[QueueAPIKey, str]:
+    """A new API key for the queue's protected site; the key itself is returned once, never stored."""
+    api_key, key = QueueAPIKey.objects.create_key(queue=queue, name=name)
+    return cast(QueueAPIKey, api_key), key
+
+
+# --- Visitors ----------------------------------------------------------------------------------------
+
+
+def _with_config(slug: str, call: Callable[[], T], missing: Callable[[T], bool]) -> T:
+    """Run a script; if the queue's policy is missing from Redis, sync it from the database once.
+
+    Redis normally has it (every save and every tick writes it), so the hot paths need no SQL.
+    """
+    reply = call()
+    if not missing(reply):
+        return reply
+    queue = Queue.objects.prefetch_related("priority_levels").filter(slug=slug).first()
+    if queue is None:
+        raise QueueNotFound(slug)
+    queue_config_sync(queue)
+    return call()
+
+
+def _no_config(reply: store.TicketReply | store.AdmitReply) -> bool:
+    return reply.outcome == "no_config"
+
+
+def priority_code_reserve(*, slug: str, code: str) -> int:
+    """Take one use of a priority code; returns its level. InvalidPriorityCode if it cannot be used."""
+    now = timezone.now()
+    usable = PriorityCode.objects.filter(queue__slug=slug, code=code).filter(
+        Q(expires_at__isnull=True) | Q(expires_at__gt=now)
+    )
+    # One conditional UPDATE, so parallel joins cannot use a code more often than its limit.
+    taken = usable.filter(Q(max_uses__isnull=True) | Q(uses__lt=F("max_uses"))).update(uses=F("uses") + 1)
+    if not taken:
+        raise InvalidPriorityCode(code)
+    return PriorityCode.objects.values_list("level", flat=True).get(queue__slug=slug, code=code)
+
+
+def priority_code_release(*, slug: str, code: str) -> None:
+    PriorityCode.objects.filter(queue__slug=slug, code=code, uses__gt=0).update(uses=F("uses") - 1)
+
+
+def priority_for_user(*, slug: str, user: AbstractBaseUser | AnonymousUser | None) -> int:
+    """The highest level a signed-in user gets from group membership (0 for everyone else)."""
+    if user is None or not user.is_authenticated:
+        return 0
+    level = (
+        PriorityLevel.objects.filter(queue__slug=slug, group__user__pk=user.pk)
+        .order_by("-level")
+        .values_list("level", flat=True)
+        .first()
+    )
+    return int(level or 0)
+
+
+@dataclass(frozen=True)
+class JoinResult:
+    created: bool
+    reply: store.TicketReply
+
+    @property
+    def ticket(self) -> store.TicketState:
+        assert self.reply.ticket is not None
+        return self.reply.ticket
+
+
+def queue_join(
+    *,
+    slug: str,
+    visitor_key: str,
+    priority: int = 0,
+    priority_code: str = "",
+    display_name: str = "",
+    now: float | None = None,
+) -> JoinResult:
+    """Give the visitor a ticket, or its existing live one (idempotent per visitor).
+
+    A priority code's use is taken before the join and given back when the visitor already had a ticket,
+    so retries never spend a code twice.
+    """
+    if priority_code:
+        priority = max(priority, priority_code_reserve(slug=slug, code=priority_code))
+    try:
+        reply = _with_config(
+            slug,
+            lambda: store.join(
+                slug, visitor_key=visitor_key, now_ms=_now_ms(now), priority=priority, display_name=display_name
+            ),
+            _no_config,
+        )
+    except Exception:
+        if priority_code:
+            priority_code_release(slug=slug, code=priority_code)
+        raise
+    if priority_code and reply.outcome != "created":
+        priority_code_release(slug=slug, code=priority_code)
+    realtime.send(realtime.queue_move(slug, reply.moves, reply.figures.waiting if reply.figures else None))
+    if reply.outcome == "closed":
+        raise QueueClosed(slug)
+    if reply.outcome == "full":
+        figures = reply.figures
+        retry = 30
+        if figures is not None and figures.outflow_per_minute > 0:
+            retry = max(5, min(300, int(60 * 10 / figures.outflow_per_minute)))
+        raise QueueFull(retry)
+    assert reply.ticket is not None
+    if reply.ticket.freed:
+        queue_admit(slug=slug, now=now)
+    return JoinResult(created=reply.outcome == "created", reply=reply)
+
+
+def ticket_leave(*, slug: str, claims: tokens.TicketClaims, now: float | None = None) -> bool:
+    """The visitor gives up its ticket. Returns False when it had already finished (harmless)."""
+    result, freed, moves = store.leave(slug, visitor_key=claims.visitor_key, seq=claims.seq, now_ms=_now_ms(now))
+    realtime.send(realtime.queue_move(slug, moves))
+    if freed:
+        queue_admit(slug=slug, now=now)
+    return result == "left"
+
+
+# --- Admission -----------------------------------------------------------------------------------------
+
+
+def queue_admit(*, slug: str, now: float | None = None, leader_token: str = "") -> store.AdmitReply:
+    """Admit as many as the policy allows. Without a leader token this is the immediate admission a
+    freed slot triggers; the bucket and capacity still bound it, so it can never outrun the policy."""
+    reply = _with_config(
+        slug,
+        lambda: store.admit(
+            slug,
+            now_ms=_now_ms(now),
+            leader_token=leader_token,
+            max_admit=settings.WR_ADMIT_MAX_PER_CALL,
+            scan_limit=settings.WR_ADMIT_MAX_PER_CALL * 4,
+        ),
+        _no_config,
+    )
+    messages: list[realtime.Message] = []
+    if reply.figures is not None:
+        for admission in reply.admitted:
+            access_token, redirect_url = selectors.admission_link(
+                slug,
+                ticket_id=admission.ticket_id,
+                fence=admission.fence,
+                expires_ms=admission.expires_ms,
+                target_url=reply.figures.target_url,
+            )
+            messages.append(
+                realtime.admitted(
+                    slug,
+                    admission.ticket_id,
+                    access_token=access_token,
+                    redirect_url=redirect_url,
+                    expires_at=admission.expires_ms // 1000,
+                )
+            )
+        messages += realtime.queue_move(slug, reply.moves, reply.figures.waiting)
+    messages += realtime.expired(slug, reply.expired, "expired")
+    realtime.send(messages)
+    return reply
+
+
+def instance_id() -> str:
+    """This process's identity for leader election."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def queue_tick(*, slug: str, instance: str | None = None, now: float | None = None) -> store.AdmitReply | None:
+    """One admission tick: only the holder of the queue's leader lease admits (SPEC 3.2)."""
+    token = store.leader(slug, instance_id=instance or instance_id(), ttl_ms=settings.WR_LEADER_TTL_MS)
+    if token is None:
+        return None
+    return queue_admit(slug=slug, now=now, leader_token=token)
+
+
+def queues_tick(*, instance: str | None = None, now: float | None = None) -> int:
+    """Tick every queue that is not closed; returns how many visitors were admitted."""
+    admitted = 0
+    for queue in Queue.objects.exclude(state=Queue.State.CLOSED).prefetch_related("priority_levels"):
+        # Re-mirroring the policy each tick heals a Redis that lost it (restart, failover).
+        queue_config_sync(queue)
+        reply = queue_tick(slug=queue.slug, instance=instance, now=now)
+        if reply is not None:
+            admitted += len(reply.admitted)
+    return admitted
+
+
+def queue_cleanup(*, slug: str, now: float | None = None, max_rounds: int = 50) -> store.CleanupReply:
+    """Expire what is overdue, in bounded rounds; a freed slot runs admission at once."""
+    expired: list[str] = []
+    abandoned: list[str] = []
+    moves: list[store.Moves] = []
+    pruned = 0
+    more = True
+    rounds = 0
+    while more and rounds < max_rounds:
+        reply = store.cleanup(
+            slug,
+            now_ms=_now_ms(now),
+            chunk=settings.WR_CLEANUP_CHUNK,
+            retention_ms=settings.WR_TERMINAL_RETENTION_SECONDS * 1000,
+        )
+        expired += reply.expired_slots
+        abandoned += reply.abandoned
+        moves += reply.moves
+        pruned += reply.pruned
+        more = reply.more
+        rounds += 1
+    messages = realtime.expired(slug, abandoned, "abandoned") + realtime.expired(slug, expired, "expired")
+    for round_moves in moves:
+        messages += realtime.queue_move(slug, round_moves)
+    realtime.send(messages)
+    if expired:
+        queue_admit(slug=slug, now=now)
+    return store.CleanupReply(expired_slots=expired, abandoned=abandoned, pruned=pruned, more=more, moves=moves)
+
+
+def queues_snapshot_broadcast(*, now: float | None = None) -> int:
+    """Send every watcher of an open or paused queue its periodic snapshot (seed 004)."""
+    slugs = Queue.objects.exclude(state=Queue.State.CLOSED).values_list("slug", flat=True)
+    return realtime.send(realtime.snapshot(slug, selectors.queue_stats_get(slug=slug, now=now)) for slug in slugs)
+
+
+def queues_cleanup(*, now: float | None = None) -> int:
+    queues_orphans_delete(now=now)
+    total = 0
+    for slug in Queue.objects.values_list("slug", flat=True):
+        reply = queue_cleanup(slug=slug, now=now)
+        total += len(reply.expired_slots) + len(reply.abandoned)
+    return total
+
+
+# --- The protected site ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    valid: bool
+    reason: str  # '' when valid; expired | superseded | revoked | invalid
+    ticket_id: str
+    expires_at: int  # seconds since the epoch
+
+
+def session_verify(*, slug: str, raw_token: str, now: float | None = None) -> VerifyResult:
+    """Check an access token; its first successful check turns ADMITTED into ACTIVE."""
+    try:
+        claims = tokens.access_token_decode(raw_token, slug=slug)
+    except tokens.InvalidAccessToken as exc:
+        return VerifyResult(False, "expired" if exc.expired else "invalid", "", 0)
+    reply = _with_config(
+        slug,
+        lambda: store.session_start(
+            slug, visitor_key=claims.visitor_key, seq=claims.seq, fence=claims.fence, now_ms=_now_ms(now)
+        ),
+        lambda r: r.result == "no_config",
+    )
+    if reply.freed:
+        queue_admit(slug=slug, now=now)
+    if reply.result != "valid":
+        return VerifyResult(False, reply.result, claims.ticket_id, 0)
+    return VerifyResult(True, "", claims.ticket_id, reply.expires_ms // 1000)
+
+
+def session_complete(*, slug: str, claims: tokens.AccessClaims, now: float | None = None) -> str:
+    """End a session and free its slot at once; the next visitor is admitted without waiting for a tick.
+
+    Returns 'completed', 'already' (completing twice is harmless) or why the session is not live.
+    """
+    result, freed = store.complete(
+        slug, visitor_key=claims.visitor_key, seq=claims.seq, fence=claims.fence, now_ms=_now_ms(now)
+    )
+    if freed:
+        queue_admit(slug=slug, now=now)
+    return result
+
+
+def session_revoke(*, slug: str, ticket_id: str, now: float | None = None) -> str:
+    """Throw a visitor out (waiting or in session). Returns 'revoked' or 'already'."""
+    if store.parse_ticket_id(ticket_id) is None:
+        raise TicketNotFound(ticket_id)
+    result, freed, moves = store.revoke(slug, ticket_id=ticket_id, now_ms=_now_ms(now))
+    if result == "not_found":
+        raise TicketNotFound(ticket_id)
+    if result == "revoked":
+        realtime.send(realtime.expired(slug, [ticket_id], "revoked") + realtime.queue_move(slug, moves))
+    if freed:
+        queue_admit(slug=slug, now=now)
+    return result
+
+
+def capacity_report(*, slug: str, in_use: int, now: float | None = None) -> tuple[int, int, str]:
+    """The protected site's own absolute count of sessions in use (seed 001); admits at once if room.
+
+    Returns (capacity, slots in use after that admission, capacity source)."""
+    reply = _with_config(
+        slug, lambda: store.capacity_report(slug, in_use=in_use, now_ms=_now_ms(now)), lambda r: r is None
+    )
+    if reply is None:
+        raise QueueNotFound(slug)
+    capacity, used, source = reply
+    figures = queue_admit(slug=slug, now=now).figures
+    if figures is not None:
+        capacity, used = figures.capacity, figures.used
+    return capacity, used, source

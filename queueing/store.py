@@ -1,0 +1,574 @@
+"""The only module that talks to Redis: the key builder, the client, and one typed wrapper per script.
+
+Each atomic transition is one Lua file in `lua/` (the header of each lists its KEYS, ARGV and reply);
+`lua/_lib.lua` is prepended to every script. Scripts run by EVALSHA; redis-py's `Script` reloads a
+script the server does not know (NOSCRIPT after a restart or SCRIPT FLUSH) and retries once.
+
+Times cross this boundary as integer milliseconds since the epoch, always supplied by the caller.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, cast
+
+import msgpack
+import redis
+from django.conf import settings
+from redis.commands.core import Script
+
+LUA_DIR = Path(__file__).resolve().parent / "lua"
+SEQ_DIGITS = 10
+
+
+class TicketStatus(enum.IntEnum):
+    WAITING = 1
+    ADMITTED = 2
+    ACTIVE = 3
+    COMPLETED = 4
+    EXPIRED = 5
+    REVOKED = 6
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @property
+    def holds_slot(self) -> bool:
+        return self in (TicketStatus.ADMITTED, TicketStatus.ACTIVE)
+
+
+# --- Keys -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """Every key of one queue, all under the hash tag `{slug}` so multi-key scripts run on one shard."""
+
+    cfg: str
+    st: str
+    line: str
+    tk: str
+    claims: str
+    sessions: str
+    done: str
+    leader: str
+    away: str
+    viewers: str  # not a script key: websocket servers report their viewer counts here
+
+    def script_keys(self) -> list[str]:
+        """The KEYS every transition script receives, in the order `_lib.lua` expects."""
+        return [self.cfg, self.st, self.line, self.tk, self.claims, self.sessions, self.done, self.leader, self.away]
+
+
+@lru_cache(maxsize=4096)
+def _queue_keys(prefix: str, slug: str) -> QueueKeys:
+    base = f"{prefix}:{{{slug}}}:"
+    return QueueKeys(*(base + name for name in QueueKeys.__dataclass_fields__))
+
+
+def queue_keys(slug: str) -> QueueKeys:
+    return _queue_keys(settings.WR_REDIS_PREFIX, slug)
+
+
+def key_pattern() -> str:
+    """A SCAN pattern matching every key this installation writes (tests clean up with it)."""
+    return f"{settings.WR_REDIS_PREFIX}:*"
+
+
+def ticket_id(seq: int, visitor_key: str) -> str:
+    return f"{seq:0{SEQ_DIGITS}d}.{visitor_key}"
+
+
+def parse_ticket_id(value: str) -> tuple[int, str] | None:
+    """(seq, visitor key) from a ticket id, or None if it is not one."""
+    seq, dot, visitor_key = value.partition(".")
+    if not dot or len(seq) != SEQ_DIGITS or not seq.isdigit() or not visitor_key:
+        return None
+    if len(visitor_key) > 64 or not all(c.isalnum() or c in "-_" for c in visitor_key):
+        return None
+    return int(seq), visitor_key
+
+
+# --- Client and scripts -----------------------------------------------------------------------------
+
+
+class _Connection:
+    """One client per process: after a fork (gunicorn, Celery prefork) the child builds its own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = 0
+        self._url = ""
+        self._client: redis.Redis | None = None
+        self._scripts: dict[str, Script] = {}
+
+    def get(self) -> tuple[redis.Redis, dict[str, Script]]:
+        url = settings.REDIS_URL
+        if self._client is None or self._pid != os.getpid() or self._url != url:
+            with self._lock:
+                if self._client is None or self._pid != os.getpid() or self._url != url:
+                    client = redis.Redis.from_url(
+                        url,
+                        decode_responses=True,
+                        socket_timeout=5,
+                        socket_connect_timeout=3,
+                        health_check_interval=30,
+                    )
+                    self._scripts = {name: client.register_script(src) for name, src in _sources().items()}
+                    self._client, self._pid, self._url = client, os.getpid(), url
+        assert self._client is not None
+        return self._client, self._scripts
+
+
+_connection = _Connection()
+
+
+def client() -> redis.Redis:
+    return _connection.get()[0]
+
+
+_FUNCTION = re.compile(r"^local function ([A-Za-z_][A-Za-z0-9_]*)\(", re.M)
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _with_library(lib: str, body: str) -> str:
+    """The script with the library functions it uses (transitively) in front of it.
+
+    Every EVALSHA runs the whole chunk, and each function definition in it creates a closure: the full
+    library costs about 20 µs of Redis time per call, most of a status poll's budget. So each script
+    carries only what it calls. Everything before the first function (keys, constants) always goes in.
+    """
+    starts = [m.start() for m in _FUNCTION.finditer(lib)]
+    preamble, blocks = lib[: starts[0]], {}
+    for begin, end in zip(starts, [*starts[1:], len(lib)], strict=True):
+        block = lib[begin:end]
+        # A comment block just above a function belongs to the next function, not this one.
+        cut = block.rstrip().rfind("\nend")
+        code = block[: cut + 4] if cut >= 0 else block
+        blocks[_FUNCTION.match(block).group(1)] = code  # type: ignore[union-attr]
+    needed: set[str] = set()
+    pending = set(_NAME.findall(body)) & set(blocks)
+    while pending:
+        name = pending.pop()
+        needed.add(name)
+        pending |= (set(_NAME.findall(blocks[name])) & set(blocks)) - needed
+    used = [code for name, code in blocks.items() if name in needed]
+    return preamble + "\n\n".join(used) + "\n\n" + body
+
+
+@lru_cache(maxsize=1)
+def _sources() -> dict[str, str]:
+    lib = (LUA_DIR / "_lib.lua").read_text()
+    return {
+        path.stem: _with_library(lib, path.read_text())
+        for path in sorted(LUA_DIR.glob("*.lua"))
+        if not path.name.startswith("_")
+    }
+
+
+def _run(name: str, slug: str, *args: str | int | float) -> Any:
+    _, scripts = _connection.get()
+    return scripts[name](keys=queue_keys(slug).script_keys(), args=args)
+
+
+def script(name: str) -> Script:
+    """The registered script object (tests use it to exercise NOSCRIPT recovery)."""
+    return _connection.get()[1][name]
+
+
+# --- Replies ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueFigures:
+    """What a script saw of the queue when it ran (for estimates, stats and broadcasts)."""
+
+    state: str
+    capacity: int
+    used: int
+    outflow_per_minute: float
+    ema_rate: float
+    ema_ts_ms: int
+    ema_service_ms: float
+    admitted_total: int
+    waiting: int
+    evseq: int
+    presence_timeout_s: int
+    target_url: str
+    epoch: int
+    away: int  # waiting visitors parked because they were absent at the head
+    claim_ttl_s: int
+    starts_at_ms: int  # 0: no scheduled start
+    name: str
+
+    @property
+    def free(self) -> int:
+        return max(0, self.capacity - self.used)
+
+    @classmethod
+    def parse(cls, raw: Sequence[Any]) -> QueueFigures | None:
+        if not raw:
+            return None
+        return cls(
+            state=str(raw[0]),
+            capacity=int(raw[1]),
+            used=int(raw[2]),
+            outflow_per_minute=float(raw[3]),
+            ema_rate=float(raw[4]),
+            ema_ts_ms=int(float(raw[5])),
+            ema_service_ms=float(raw[6]),
+            admitted_total=int(raw[7]),
+            waiting=int(raw[8]),
+            evseq=int(raw[9]),
+            presence_timeout_s=int(raw[10]),
+            target_url=str(raw[11]),
+            epoch=int(raw[12]),
+            away=int(raw[13]),
+            claim_ttl_s=int(raw[14]),
+            starts_at_ms=int(raw[15]),
+            name=str(raw[16]),
+        )
+
+
+@dataclass(frozen=True)
+class TicketState:
+    ticket_id: str
+    seq: int
+    status: TicketStatus
+    rank: int | None  # 0-based place in the line while waiting
+    fence: int
+    expires_ms: int
+    est_wait_s: int | None
+    reason: str
+    freed: bool  # this call released a slot: run admission
+    priority: int
+
+    @classmethod
+    def parse(cls, raw: Sequence[Any]) -> TicketState:
+        rank = int(raw[3])
+        est = int(raw[6])
+        return cls(
+            ticket_id=str(raw[0]),
+            seq=int(raw[1]),
+            status=TicketStatus(int(raw[2])),
+            rank=rank if rank >= 0 else None,
+            fence=int(raw[4]),
+            expires_ms=int(raw[5]),
+            est_wait_s=est if est >= 0 else None,
+            reason=str(raw[7] or ""),
+            freed=bool(int(raw[8])),
+            priority=int(raw[9]),
+        )
+
+
+@dataclass(frozen=True)
+class Moves:
+    """How a transition moved other visitors' places: ('-', rank, count) left, ('+', rank, count) placed.
+
+    `seq` is the queue's event sequence after this transition (0 when nobody moved): clients apply
+    moves in sequence order and poll when they see a gap.
+    """
+
+    seq: int
+    ops: list[tuple[str, int, int]]
+
+    @classmethod
+    def parse(cls, raw: Sequence[Any]) -> Moves:
+        return cls(seq=int(raw[0]), ops=[(str(op), int(rank), int(count)) for op, rank, count in raw[1]])
+
+
+NO_MOVES = Moves(0, [])
+
+
+@dataclass(frozen=True)
+class TicketReply:
+    """A join or status reply. outcome: created | existing | ok | gone | closed | full | no_config."""
+
+    outcome: str
+    ticket: TicketState | None
+    figures: QueueFigures | None
+    moves: Moves = NO_MOVES
+
+    @classmethod
+    def parse(cls, raw: Sequence[Any]) -> TicketReply:
+        outcome = str(raw[0])
+        ticket = TicketState.parse(raw[1]) if raw[1] else None
+        return cls(outcome=outcome, ticket=ticket, figures=QueueFigures.parse(raw[2]), moves=Moves.parse(raw[3]))
+
+
+@dataclass(frozen=True)
+class Admission:
+    ticket_id: str
+    fence: int
+    expires_ms: int
+    joined_ms: int
+    est_wait_at_join_s: int | None
+
+
+@dataclass(frozen=True)
+class AdmitReply:
+    outcome: str  # ok | not_leader | no_config
+    admitted: list[Admission]
+    expired: list[str]
+    figures: QueueFigures | None
+    moves: Moves = NO_MOVES
+
+
+@dataclass(frozen=True)
+class CleanupReply:
+    expired_slots: list[str]
+    abandoned: list[str]
+    pruned: int
+    more: bool
+    moves: list[Moves] = field(default_factory=list)  # one per round that moved anyone
+
+
+@dataclass(frozen=True)
+class SessionReply:
+    result: str
+    expires_ms: int
+    freed: bool
+
+
+# --- Transitions (one wrapper per script) -----------------------------------------------------------
+
+
+def join(slug: str, *, visitor_key: str, now_ms: int, priority: int, display_name: str) -> TicketReply:
+    return TicketReply.parse(_run("join", slug, visitor_key, now_ms, priority, display_name))
+
+
+def status(slug: str, *, visitor_key: str, seq: int, now_ms: int) -> TicketReply:
+    return TicketReply.parse(_run("status", slug, visitor_key, seq, now_ms))
+
+
+def leave(slug: str, *, visitor_key: str, seq: int, now_ms: int) -> tuple[str, bool, Moves]:
+    result, freed, moves = _run("leave", slug, visitor_key, seq, now_ms)
+    return str(result), bool(int(freed)), Moves.parse(moves)
+
+
+def admit(slug: str, *, now_ms: int, leader_token: str = "", max_admit: int, scan_limit: int) -> AdmitReply:
+    outcome, admitted, expired, figures, moves = _run("admit", slug, now_ms, leader_token, max_admit, scan_limit)
+    return AdmitReply(
+        outcome=str(outcome),
+        admitted=[
+            Admission(
+                ticket_id=str(tid),
+                fence=int(fence),
+                expires_ms=int(expires),
+                joined_ms=int(joined),
+                est_wait_at_join_s=int(est) if int(est) >= 0 else None,
+            )
+            for tid, fence, expires, joined, est in admitted
+        ],
+        expired=[str(t) for t in expired],
+        figures=QueueFigures.parse(figures),
+        moves=Moves.parse(moves),
+    )
+
+
+def leader(slug: str, *, instance_id: str, ttl_ms: int) -> str | None:
+    token = _run("leader", slug, instance_id, ttl_ms)
+    return str(token) if token else None
+
+
+def session_start(slug: str, *, visitor_key: str, seq: int, fence: int, now_ms: int) -> SessionReply:
+    result, expires, freed = _run("session_start", slug, visitor_key, seq, fence, now_ms)
+    return SessionReply(result=str(result), expires_ms=int(expires), freed=bool(int(freed)))
+
+
+def complete(slug: str, *, visitor_key: str, seq: int, fence: int, now_ms: int) -> tuple[str, bool]:
+    result, freed = _run("complete", slug, visitor_key, seq, fence, now_ms)
+    return str(result), bool(int(freed))
+
+
+def revoke(slug: str, *, ticket_id: str, now_ms: int) -> tuple[str, bool, Moves]:
+    result, freed, moves = _run("revoke", slug, ticket_id, now_ms)
+    return str(result), bool(int(freed)), Moves.parse(moves)
+
+
+def cleanup(slug: str, *, now_ms: int, chunk: int, retention_ms: int) -> CleanupReply:
+    expired, abandoned, pruned, more, moves = _run("cleanup", slug, now_ms, chunk, retention_ms)
+    parsed = Moves.parse(moves)
+    return CleanupReply(
+        expired_slots=[str(t) for t in expired],
+        abandoned=[str(t) for t in abandoned],
+        pruned=int(pruned),
+        more=bool(int(more)),
+        moves=[parsed] if parsed.seq else [],
+    )
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    rank: int
+    display_name: str
+    is_me: bool
+    priority: int
+
+
+def neighbours(slug: str, *, visitor_key: str, seq: int, before: int, after: int) -> tuple[int | None, list[Neighbour]]:
+    """The visitor's rank and the few visitors around it, in line order (None when not in line)."""
+    rank, rows = _run("neighbours", slug, visitor_key, seq, before, after)
+    if int(rank) < 0:
+        return None, []
+    return int(rank), [Neighbour(int(r), str(name), bool(int(me)), int(pri)) for r, name, me, pri in rows]
+
+
+def capacity_report(slug: str, *, in_use: int, now_ms: int) -> tuple[int, int, str] | None:
+    raw = _run("capacity", slug, in_use, now_ms)
+    if not raw:
+        return None
+    return int(raw[0]), int(raw[1]), str(raw[2])
+
+
+# --- Plain reads and writes (no transition) ---------------------------------------------------------
+
+
+def config_write(slug: str, policy: dict[str, Any]) -> None:
+    """Mirror a queue's policy into Redis, where every script reads it (no SQL on the hot path)."""
+    mapping: dict[Any, Any] = {k: ("" if v is None else str(v)) for k, v in policy.items()}
+    client().hset(queue_keys(slug).cfg, mapping=mapping)
+
+
+def config_read(slug: str) -> dict[str, str]:
+    return cast(dict[str, str], client().hgetall(queue_keys(slug).cfg))
+
+
+@dataclass(frozen=True)
+class QueueSnapshot:
+    config: dict[str, str]
+    stats: dict[str, str]
+    waiting: int  # in line, including those parked as absent
+    admitted: int
+    active: int
+    finished_retained: int
+    away: int
+
+
+def snapshot(slug: str) -> QueueSnapshot:
+    """Counters and sizes of one queue in one round trip."""
+    keys = queue_keys(slug)
+    pipe = client().pipeline(transaction=False)
+    pipe.hgetall(keys.cfg)
+    pipe.hgetall(keys.st)
+    pipe.zcard(keys.line)
+    pipe.zcard(keys.claims)
+    pipe.zcard(keys.sessions)
+    pipe.zcard(keys.done)
+    pipe.zcard(keys.away)
+    cfg, st, line, admitted, active, done, away = pipe.execute()
+    return QueueSnapshot(cfg, st, int(line) + int(away), int(admitted), int(active), int(done), int(away))
+
+
+@dataclass(frozen=True)
+class TicketRecord:
+    visitor_key: str
+    seq: int
+    status: TicketStatus
+    priority: int
+    joined_ms: int
+    seen_s: int
+    display_name: str
+    reason: str
+    line_score: float | None  # kept while parked (absent at the head)
+
+    @property
+    def ticket_id(self) -> str:
+        return ticket_id(self.seq, self.visitor_key)
+
+
+def ticket_records(slug: str) -> list[TicketRecord]:
+    """Every ticket record of a queue, decoded (for checks and tools, not for request paths)."""
+    raw_client = redis.Redis.from_url(settings.REDIS_URL)  # bytes: records are msgpack
+    try:
+        raw: dict[bytes, bytes] = raw_client.hgetall(queue_keys(slug).tk)  # type: ignore[assignment]
+    finally:
+        raw_client.close()
+    records = []
+    for vk, packed in raw.items():
+        fields = msgpack.unpackb(packed, raw=False)
+        records.append(
+            TicketRecord(
+                visitor_key=vk.decode(),
+                seq=int(fields[0]),
+                status=TicketStatus(int(fields[1])),
+                priority=int(fields[2]),
+                joined_ms=int(fields[3]),
+                seen_s=int(fields[4]),
+                display_name=str(fields[5]),
+                reason=str(fields[12]) if len(fields) > 12 and fields[12] else "",
+                line_score=float(fields[13]) if len(fields) > 13 else None,
+            )
+        )
+    return records
+
+
+def line_members(slug: str, start: int = 0, stop: int = -1) -> list[str]:
+    return cast(list[str], client().zrange(queue_keys(slug).line, start, stop))
+
+
+def line_scores(slug: str) -> dict[str, float]:
+    pairs = cast(list[tuple[str, float]], client().zrange(queue_keys(slug).line, 0, -1, withscores=True))
+    return dict(pairs)
+
+
+def away_members(slug: str) -> list[str]:
+    return cast(list[str], client().zrange(queue_keys(slug).away, 0, -1))
+
+
+def slot_members(slug: str) -> tuple[list[str], list[str]]:
+    keys = queue_keys(slug)
+    pipe = client().pipeline(transaction=False)
+    pipe.zrange(keys.claims, 0, -1)
+    pipe.zrange(keys.sessions, 0, -1)
+    claims, sessions = pipe.execute()
+    return list(claims), list(sessions)
+
+
+def queue_slugs() -> list[str]:
+    """Every queue that has a policy in Redis (found by SCAN, not KEYS: it does not block the server)."""
+    prefix = f"{settings.WR_REDIS_PREFIX}:{{"
+    return sorted(
+        key[len(prefix) : -len("}:cfg")]
+        for key in client().scan_iter(match=f"{settings.WR_REDIS_PREFIX}:{{*}}:cfg", count=1000)
+    )
+
+
+def queue_delete(slug: str) -> None:
+    """Drop all live state of one queue (a deleted queue, or a test)."""
+    keys = queue_keys(slug)
+    client().delete(*keys.script_keys(), keys.viewers)
+
+
+VIEWERS_FRESH_SECONDS = 15
+
+
+def viewers_report(counts: dict[str, int], *, instance: str, now: float) -> None:
+    """A websocket server's count of open sockets per queue (its own field; read with viewers_count)."""
+    pipe = client().pipeline(transaction=False)
+    for slug, count in counts.items():
+        pipe.hset(queue_keys(slug).viewers, instance, f"{count}:{int(now)}")
+    pipe.execute()
+
+
+def viewers_count(slug: str, *, now: float) -> int:
+    """Sockets watching a queue, summed over websocket servers that reported in the last 15 s."""
+    key = queue_keys(slug).viewers
+    total, stale = 0, []
+    for instance, value in cast(dict[str, str], client().hgetall(key)).items():
+        count, _, at = value.partition(":")
+        if now - float(at or 0) > VIEWERS_FRESH_SECONDS:
+            stale.append(instance)
+        else:
+            total += int(count)
+    if stale:
+        client().hdel(key, *stale)  # servers that stopped reporting (stopped, or crashed)
+    return total

@@ -1,0 +1,32 @@
+"""Thin, idempotent Celery tasks: each calls one service. A tick that runs twice, late or concurrently
+does no harm: the leader lease and the time-based token bucket bound admission whatever runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Task, shared_task
+
+from . import services, tokens
+
+
+@shared_task(bind=True, ignore_result=True)
+def admission_tick(self: Task[Any, Any]) -> int:
+    # Leadership belongs to the worker node (all its pool processes share it), not to one process,
+    # so ticks handed to any process of the leading node admit.
+    return services.queues_tick(instance=self.request.hostname or services.instance_id())
+
+
+@shared_task(ignore_result=True)
+def cleanup() -> int:
+    return services.queues_cleanup()
+
+
+@shared_task(ignore_result=True)
+def signing_keys_prune() -> int:
+    return tokens.signing_keys_prune()
+
+
+@shared_task(ignore_result=True)
+def realtime_snapshots() -> int:
+    return services.queues_snapshot_broadcast()

@@ -1,0 +1,49 @@
+"""Wording for the waiting page (the same rules as formatWait in static/queueing/waiting.js)."""
+
+from __future__ import annotations
+
+from django import template
+
+register = template.Library()
+
+
+def _seconds(value: object) -> int | None:
+    """A number of seconds, or None (a missing template variable arrives as '')."""
+    try:
+        return max(0, int(float(value)))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+@register.filter
+def wait_text(value: object) -> str:
+    seconds = _seconds(value)
+    if seconds is None:
+        return "working it out…"
+    if seconds < 60:
+        return "less than a minute"
+    if seconds < 90:
+        return "about a minute"
+    minutes = round(seconds / 60)
+    if minutes < 10:
+        return f"about {minutes} minutes"
+    if minutes < 60:
+        return f"about {round(minutes / 5) * 5} minutes"
+    if seconds >= 48 * 3600:
+        return f"more than {seconds // 86400} days"
+    hours, rest = divmod(round(minutes / 5) * 5, 60)
+    hour_text = "1 hour" if hours == 1 else f"{hours} hours"
+    return f"about {hour_text}" + (f" {rest} minutes" if rest else "")
+
+
+@register.filter
+def countdown_text(value: object) -> str:
+    seconds = _seconds(value)
+    if not seconds:
+        return ""
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days} day{'s' if days > 1 else ''} {hours:02d}:{minutes:02d}:{secs:02d}"
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"

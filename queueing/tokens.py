@@ -1,0 +1,365 @@
+"""Tickets, access tokens, signing keys and the JWKS (SPEC 5).
+
+* A **ticket** is what a waiting visitor holds: a simplejwt token of its own type, HS256 with a key of
+  its own, audience = the queue's slug. It is checked on every poll, so it must be cheap.
+* An **access token** is what an admitted visitor shows the protected site: EdDSA (Ed25519) with a `kid`
+  header, so a site can verify it offline against `/.well-known/jwks.json`. It carries the session's
+  fencing token; the verify endpoint rejects it once a newer session supersedes it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import lru_cache
+from typing import Any
+
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max, Q
+from django.utils import timezone
+from jwt.algorithms import OKPAlgorithm
+from rest_framework_simplejwt.backends import TokenBackend
+from rest_framework_simplejwt.exceptions import (
+    ExpiredTokenError,
+    TokenBackendError,
+    TokenBackendExpiredToken,
+    TokenError,
+)
+from rest_framework_simplejwt.tokens import Token
+
+from . import store
+from .models import Queue, SigningKey
+
+ISSUER = "waitingroom"
+ACCESS_ALGORITHM = "EdDSA"
+
+
+class InvalidTicket(Exception):
+    def __init__(self, message: str, *, expired: bool = False) -> None:
+        super().__init__(message)
+        self.expired = expired
+
+
+class InvalidAccessToken(Exception):
+    def __init__(self, message: str, *, expired: bool = False) -> None:
+        super().__init__(message)
+        self.expired = expired
+
+
+def _derived_secret(purpose: str) -> bytes:
+    return _derive(settings.SECRET_KEY, purpose)
+
+
+@lru_cache(maxsize=16)
+def _derive(secret_key: str, purpose: str) -> bytes:
+    return hmac.new(secret_key.encode(), purpose.encode(), hashlib.sha256).digest()
+
+
+# --- Visitors -----------------------------------------------------------------------------------------
+
+
+def visitor_key(identity: str) -> str:
+    """The key a visitor is known by in Redis: 96 bits of a keyed hash of its identity.
+
+    Keyed, so the key in a ticket (which the visitor can read) does not reveal who it is, and nobody can
+    derive a key that claims someone else's ticket without the server's secret.
+    """
+    digest = hmac.new(_derived_secret("waitingroom.visitor"), identity.encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest[:12]).decode()
+
+
+# --- Tickets ------------------------------------------------------------------------------------------
+
+
+def _ticket_signing_key() -> str:
+    return settings.WR_TICKET_SIGNING_KEY or _derived_secret("waitingroom.ticket").hex()
+
+
+def _b64encode(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _b64decode(segment: str) -> bytes:
+    return base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
+
+
+# The one header tickets are issued with (PyJWT's own encoding of it, so the two always agree).
+TICKET_HEADER = jwt.encode({}, "k" * 32, algorithm="HS256").split(".")[0]
+
+
+class TicketBackend(TokenBackend):
+    """HS256 for tickets, signed and verified strictly and cheaply: every waiting visitor's poll checks one.
+
+    Only the exact header we issue is accepted, so no token can pick its own algorithm (`none`, or HS256
+    keyed with a public key); the signature is compared in constant time before the payload is parsed;
+    then issuer, audience (the queue) and expiry. PyJWT's general-purpose decode does the same work in
+    about three times the time (bench/RESULTS.md).
+    """
+
+    def encode(self, payload: dict[str, Any]) -> str:
+        claims = {**payload, "aud": self.audience, "iss": self.issuer}
+        body = _b64encode(json.dumps(claims, separators=(",", ":")).encode())
+        signature = hmac.new(self._key, f"{TICKET_HEADER}.{body}".encode("ascii"), hashlib.sha256).digest()
+        return f"{TICKET_HEADER}.{body}.{_b64encode(signature)}"
+
+    def decode(self, token: Any, verify: bool = True) -> dict[str, Any]:
+        if not verify:
+            return super().decode(token, verify=False)
+        try:
+            header, payload, signature = str(token).split(".")
+            if header != TICKET_HEADER:
+                raise ValueError("unexpected header")
+            expected = hmac.new(self._key, f"{header}.{payload}".encode("ascii"), hashlib.sha256).digest()
+            if not hmac.compare_digest(expected, _b64decode(signature)):
+                raise ValueError("bad signature")
+            claims = json.loads(_b64decode(payload))
+        except (ValueError, UnicodeError, binascii.Error) as exc:
+            raise TokenBackendError("Token is invalid") from exc
+        if not isinstance(claims, dict) or claims.get("iss") != self.issuer or claims.get("aud") != self.audience:
+            raise TokenBackendError("Token is invalid")
+        exp = claims.get("exp")
+        if not isinstance(exp, int) or isinstance(exp, bool):
+            raise TokenBackendError("Token is invalid")
+        if exp <= time.time():
+            raise TokenBackendExpiredToken("Token is expired")
+        return claims
+
+    @property
+    def _key(self) -> bytes:
+        return str(self.signing_key).encode()
+
+
+@lru_cache(maxsize=1024)
+def _ticket_backend(signing_key: str, slug: str) -> TicketBackend:
+    return TicketBackend("HS256", signing_key=signing_key, audience=slug, issuer=ISSUER)
+
+
+class TicketToken(Token):
+    """A visitor's place in one queue. Claims: aud (slug), tid, seq, pri, ep (the queue's epoch)."""
+
+    token_type = "wr_ticket"  # noqa: S105 (a type name, not a secret)
+    lifetime = timedelta(hours=24)
+
+    def __init__(self, token: Any = None, verify: bool = True, *, slug: str) -> None:
+        self.slug = slug
+        self.lifetime = settings.WR_TICKET_LIFETIME
+        super().__init__(token, verify)
+
+    def get_token_backend(self) -> TokenBackend:
+        return _ticket_backend(_ticket_signing_key(), self.slug)
+
+    def verify(self) -> None:
+        # The backend has checked expiry already (as an integer, without datetime arithmetic).
+        if "jti" not in self.payload:
+            raise TokenError("Token has no id")
+        self.verify_token_type()
+
+
+@dataclass(frozen=True)
+class TicketClaims:
+    slug: str
+    ticket_id: str
+    seq: int
+    visitor_key: str
+    priority: int
+    epoch: int
+
+
+def ticket_issue(*, slug: str, ticket_id: str, seq: int, priority: int, epoch: int) -> str:
+    token = TicketToken(slug=slug)
+    token["tid"] = ticket_id
+    token["seq"] = seq
+    token["pri"] = priority
+    token["ep"] = epoch
+    return str(token)
+
+
+def ticket_decode(raw: str, *, slug: str) -> TicketClaims:
+    """The claims of a ticket for this queue, or InvalidTicket (forged, tampered, expired, other queue)."""
+    try:
+        token = TicketToken(raw, slug=slug)
+    except ExpiredTokenError as exc:
+        raise InvalidTicket("The ticket has expired.", expired=True) from exc
+    except TokenError as exc:
+        raise InvalidTicket("The ticket is not valid for this queue.") from exc
+    try:
+        ticket_id, seq = str(token["tid"]), int(token["seq"])
+        parsed = store.parse_ticket_id(ticket_id)
+        if parsed is None or parsed[0] != seq:
+            raise ValueError(ticket_id)
+        return TicketClaims(slug, ticket_id, seq, parsed[1], int(token["pri"]), int(token["ep"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidTicket("The ticket is not valid for this queue.") from exc
+
+
+# --- Signing keys ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _KeyRing:
+    signing_kid: str
+    signing_key: Ed25519PrivateKey
+    public: dict[str, Ed25519PublicKey]
+    jwks: list[dict[str, Any]]
+    loaded_at: float
+
+
+class _KeyCache:
+    """Keys are read from the database at most every WR_KEY_CACHE_SECONDS per process, and at once
+    (at most once a second) when a token names a key this process has not loaded yet (a rotation)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ring: _KeyRing | None = None
+
+    def get(self, *, kid: str | None = None) -> _KeyRing:
+        ring = self._ring
+        stale = ring is None or time.monotonic() - ring.loaded_at > settings.WR_KEY_CACHE_SECONDS
+        unknown = ring is not None and kid is not None and kid not in ring.public
+        if stale or (unknown and ring is not None and time.monotonic() - ring.loaded_at > 1):
+            with self._lock:
+                ring = self._ring = _load_key_ring()
+        assert ring is not None
+        return ring
+
+    def reset(self) -> None:
+        self._ring = None
+
+
+_keys = _KeyCache()
+
+
+def signing_keys_reset_cache() -> None:
+    _keys.reset()
+
+
+def _new_signing_key(*, signs_from: datetime) -> SigningKey:
+    private = Ed25519PrivateKey.generate()
+    kid = uuid.uuid4().hex[:16]
+    jwk = OKPAlgorithm.to_jwk(private.public_key(), as_dict=True)
+    jwk.update({"kid": kid, "alg": ACCESS_ALGORITHM, "use": "sig"})
+    pem = private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    return SigningKey.objects.create(kid=kid, private_key_pem=pem, public_jwk=jwk, signs_from=signs_from)
+
+
+def _published(now: datetime) -> Any:
+    return SigningKey.objects.filter(Q(retires_at__isnull=True) | Q(retires_at__gt=now))
+
+
+def _load_key_ring() -> _KeyRing:
+    now = timezone.now()
+    keys = list(_published(now))
+    signers = [k for k in keys if k.signs_from <= now]
+    if not signers:
+        with transaction.atomic():
+            # First start: nobody caches our JWKS yet, so the first key signs at once.
+            if not _published(now).filter(signs_from__lte=now).exists():
+                _new_signing_key(signs_from=now)
+        keys = list(_published(now))
+        signers = [k for k in keys if k.signs_from <= now]
+    signer = max(signers, key=lambda k: k.signs_from)
+    private = serialization.load_pem_private_key(signer.private_key_pem.encode(), password=None)
+    assert isinstance(private, Ed25519PrivateKey)
+    public = {}
+    for key in keys:
+        loaded = OKPAlgorithm.from_jwk(key.public_jwk)
+        assert isinstance(loaded, Ed25519PublicKey)
+        public[key.kid] = loaded
+    return _KeyRing(
+        signing_kid=signer.kid,
+        signing_key=private,
+        public=public,
+        jwks=[k.public_jwk for k in keys],
+        loaded_at=time.monotonic(),
+    )
+
+
+def signing_key_rotate(*, lead: timedelta | None = None) -> SigningKey:
+    """Publish a new key that signs after `lead`; older keys retire once their last token expired."""
+    now = timezone.now()
+    lead = settings.WR_KEY_PUBLISH_LEAD if lead is None else lead
+    longest_session = Queue.objects.aggregate(m=Max("session_ttl"))["m"] or 3600
+    with transaction.atomic():
+        new = _new_signing_key(signs_from=now + lead)
+        retire_at = new.signs_from + timedelta(seconds=longest_session + 60)
+        SigningKey.objects.filter(retires_at__isnull=True).exclude(pk=new.pk).update(retires_at=retire_at)
+    signing_keys_reset_cache()
+    return new
+
+
+def signing_keys_prune() -> int:
+    """Delete keys retired for a day (kept that long for forensics)."""
+    deleted, _ = SigningKey.objects.filter(retires_at__lt=timezone.now() - timedelta(days=1)).delete()
+    return deleted
+
+
+def jwks() -> dict[str, Any]:
+    return {"keys": _keys.get().jwks}
+
+
+# --- Access tokens ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AccessClaims:
+    slug: str
+    ticket_id: str
+    seq: int
+    visitor_key: str
+    fence: int
+    expires_at: int  # seconds since the epoch
+
+
+def access_token_issue(*, slug: str, ticket_id: str, fence: int, expires_ms: int) -> str:
+    ring = _keys.get()
+    payload = {
+        "iss": ISSUER,
+        "aud": slug,
+        "sub": ticket_id,
+        "fence": fence,
+        "iat": int(time.time()),
+        "exp": expires_ms // 1000,
+    }
+    return jwt.encode(payload, ring.signing_key, algorithm=ACCESS_ALGORITHM, headers={"kid": ring.signing_kid})
+
+
+def access_token_decode(raw: str, *, slug: str) -> AccessClaims:
+    """Signature, audience and expiry checked against the published keys; InvalidAccessToken if not."""
+    try:
+        kid = jwt.get_unverified_header(raw).get("kid")
+        if not isinstance(kid, str):
+            raise InvalidAccessToken("The access token names no signing key.")
+        key = _keys.get(kid=kid).public.get(kid)
+        if key is None:
+            raise InvalidAccessToken("The access token is not signed by a published key.")
+        payload = jwt.decode(
+            raw,
+            key,
+            algorithms=[ACCESS_ALGORITHM],
+            audience=slug,
+            issuer=ISSUER,
+            options={"require": ["exp", "aud", "sub", "fence"]},
+        )
+    except jwt.ExpiredSignatureError as exc:
+        raise InvalidAccessToken("The access token has expired.", expired=True) from exc
+    except jwt.PyJWTError as exc:
+        raise InvalidAccessToken("The access token is not valid for this queue.") from exc
+    parsed = store.parse_ticket_id(str(payload["sub"]))
+    fence = payload["fence"]
+    if parsed is None or not isinstance(fence, int) or isinstance(fence, bool):
+        raise InvalidAccessToken("The access token is not valid for this queue.")
+    return AccessClaims(slug, str(payload["sub"]), parsed[0], parsed[1], fence, int(payload["exp"]))

@@ -1,0 +1,165 @@
+"""Pages: the waiting page (SPEC 8) and the demo protected page (the demo queue's target).
+
+The waiting page works with JavaScript (it joins through the API, then listens on the websocket and
+polls as a fallback: static/queueing/waiting.js) and without it: the page itself looks up the visitor's
+ticket, a form POST joins, and the page refreshes itself at the advised interval.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
+from django.shortcuts import render
+from django.template.loader import select_template
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.views.decorators.csrf import ensure_csrf_cookie
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from . import selectors, services, store, tokens
+from .middleware import QueueAccess, access_cookie_name, queue_access_check, waiting_page_url
+from .models import Queue
+from .visitors import InvalidVisitorId, VisitorIdentity, visitor_cookie_set, visitor_identity
+
+DEMO_QUEUE = "demo"
+
+# Why a protected site sent the visitor back (require_queue_access adds ?reason=...).
+RETURN_REASONS = {
+    "expired": "Your session has ended.",
+    "revoked": "Your session was ended by the site.",
+    "superseded": "You have a newer session somewhere else.",
+    "invalid": "That link to the site was not valid.",
+}
+
+
+def _policy(slug: str) -> dict[str, str]:
+    """The queue's policy as mirrored in Redis (no SQL on page loads); synced from the database if missing."""
+    policy = store.config_read(slug)
+    if not policy:
+        queue = Queue.objects.prefetch_related("priority_levels").filter(slug=slug).first()
+        if queue is None:
+            raise Http404("No such queue.")
+        services.queue_config_sync(queue)
+        policy = store.config_read(slug)
+    return policy
+
+
+def _identity(request: HttpRequest) -> VisitorIdentity:
+    try:
+        return visitor_identity(request, user=request.user)
+    except InvalidVisitorId:  # a browser sends no X-Visitor-Id; a bad one is ignored here
+        request.META.pop("HTTP_X_VISITOR_ID", None)
+        return visitor_identity(request, user=request.user)
+
+
+def page_state(view: selectors.TicketView | None, policy: dict[str, str]) -> str:
+    if view is None:
+        return "closed" if policy.get("state") == "closed" else "join"
+    if view.access_token:
+        return "admitted"
+    if view.is_finished:
+        return "expired"
+    if view.queue_state == "closed":
+        return "closed"
+    if view.opens_in_seconds:
+        return "prequeue"
+    return "paused" if view.queue_state == "paused" else "waiting"
+
+
+@require_http_methods(["GET", "POST"])
+@ensure_csrf_cookie
+def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
+    policy = _policy(slug)
+    identity = _identity(request)
+    if request.method == "POST":
+        return _join_from_form(request, slug, identity)
+    view = None
+    with contextlib.suppress(selectors.TicketGone):  # no ticket yet (or long finished)
+        view = selectors.visitor_status_get(slug=slug, visitor_key=identity.key)
+    requested = request.GET.get("state", "")  # after a no-JavaScript join was refused
+    state = requested if requested in ("closed", "full") else page_state(view, policy)
+    refresh = _refresh(state, view)
+    context: dict[str, Any] = {
+        "queue": {"slug": slug, "name": policy.get("name") or slug},
+        "state": state,
+        "view": view,
+        "reason": RETURN_REASONS.get(request.GET.get("reason", "")),
+        "refresh_seconds": refresh,
+        "config": {
+            "slug": slug,
+            "state": state,
+            "joinUrl": reverse("queue-join", args=[slug]),
+            "statusUrl": reverse("queue-status", args=[slug]),
+            "neighboursUrl": reverse("queue-neighbours", args=[slug]),
+            "pageUrl": request.path,
+        },
+    }
+    template = select_template([f"queueing/queues/{slug}/waiting.html", "queueing/waiting.html"])
+    response = TemplateResponse(request, template, context)
+    if identity.new_cookie:
+        visitor_cookie_set(response, identity.new_cookie)
+    return response
+
+
+def _refresh(state: str, view: selectors.TicketView | None) -> int | None:
+    """Without JavaScript the page refreshes itself: at the advised poll interval while in line."""
+    if state in ("waiting", "paused", "prequeue") and view is not None:
+        return max(2, math.ceil(view.poll_after_seconds))
+    if state == "full":
+        return 30
+    return None
+
+
+def _join_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity) -> HttpResponse:
+    """The join button without JavaScript: join, then show the page (post/redirect/get)."""
+    target = request.path
+    try:
+        services.queue_join(
+            slug=slug,
+            visitor_key=identity.key,
+            priority=services.priority_for_user(slug=slug, user=identity.user),
+        )
+    except services.QueueClosed:
+        target += "?state=closed"
+    except services.QueueFull:
+        target += "?state=full"
+    except services.QueueNotFound as exc:
+        raise Http404("No such queue.") from exc
+    response = HttpResponseRedirect(target, status=303)
+    if identity.new_cookie:
+        visitor_cookie_set(response, identity.new_cookie)
+    return response
+
+
+def home(request: HttpRequest) -> HttpResponse:
+    queues = Queue.objects.exclude(state=Queue.State.CLOSED).values("slug", "name")
+    return render(request, "queueing/home.html", {"queues": queues})
+
+
+# The demo protected site: what a site behind a queue looks like. /demo/protected/ is the demo queue's
+# target; /demo/<slug>/protected/ protects any queue the same way (used by the browser tests).
+
+
+@require_GET
+def demo_protected(request: HttpRequest, slug: str = DEMO_QUEUE) -> HttpResponseBase:
+    access = queue_access_check(request, slug)  # what @require_queue_access(slug) does, slug from the URL
+    if not isinstance(access, QueueAccess):
+        return access
+    finish_url = reverse("demo-finish") if slug == DEMO_QUEUE else reverse("demo-finish-queue", args=[slug])
+    return render(request, "queueing/demo_protected.html", {"access": access, "slug": slug, "finish_url": finish_url})
+
+
+@require_POST
+def demo_finish(request: HttpRequest, slug: str = DEMO_QUEUE) -> HttpResponseBase:
+    """The visitor is done: complete the session so the next visitor is admitted at once."""
+    access = queue_access_check(request, slug)
+    if not isinstance(access, QueueAccess):
+        return access
+    claims = tokens.access_token_decode(access.token, slug=slug)
+    services.session_complete(slug=slug, claims=claims)
+    response = render(request, "queueing/demo_finished.html", {"slug": slug, "waiting_url": waiting_page_url(slug)})
+    response.delete_cookie(access_cookie_name(slug))
+    return response

@@ -1,0 +1,112 @@
+"""Who a visitor is (SPEC 6.1): the signed-in user; else the signed visitor cookie; else an X-Visitor-Id
+header; else a fresh identity, which the response sets as the cookie.
+
+Whoever knows a visitor id gets that visitor's ticket back, so an X-Visitor-Id must be unguessable: an
+opaque random value of at least 128 bits (a UUID4 qualifies). Shorter or patterned values are refused.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest
+
+from .tokens import visitor_key
+
+COOKIE_SALT = "waitingroom.visitor"
+MIN_BITS = 128
+_HEX = re.compile(r"^[0-9a-fA-F]+$")
+_B64URL = re.compile(r"^[A-Za-z0-9_-]+$")
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+
+
+class InvalidVisitorId(ValueError):
+    pass
+
+
+RUN = 10
+_REPEATED = re.compile(r"(.)\1{" + str(RUN - 1) + "}")
+_ALPHABETS = ("0123456789abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_SEQUENCES = (*_ALPHABETS, *(alphabet[::-1] for alphabet in _ALPHABETS))
+
+
+def _has_run(value: str) -> bool:
+    """A character repeated RUN times, or RUN consecutive characters of an alphabet, up or down."""
+    if _REPEATED.search(value):
+        return True
+    return any(value[i : i + RUN] in seq for i in range(len(value) - RUN + 1) for seq in _SEQUENCES)
+
+
+def _is_periodic(value: str) -> bool:
+    """True when the value is a shorter string repeated ("abcabc..."): it then recurs inside itself twice."""
+    return value in (value + value)[1:-1]
+
+
+def visitor_id_check(value: str) -> None:
+    """Refuse an X-Visitor-Id that is too short or patterned to be a random 128-bit value."""
+    if len(value) > 128:
+        raise InvalidVisitorId("X-Visitor-Id must be at most 128 characters.")
+    if _UUID.match(value):
+        parsed = uuid.UUID(value)
+        if parsed.version != 4 or parsed.variant != uuid.RFC_4122:
+            raise InvalidVisitorId("A UUID X-Visitor-Id must be a random (version 4) UUID.")
+        body = value.replace("-", "")
+    elif _HEX.match(value):
+        if len(value) * 4 < MIN_BITS:
+            raise InvalidVisitorId("X-Visitor-Id needs at least 128 random bits (32 hex characters).")
+        body = value
+    elif _B64URL.match(value):
+        if len(value) * 6 < MIN_BITS:
+            raise InvalidVisitorId("X-Visitor-Id needs at least 128 random bits (22 base64url characters or a UUID4).")
+        body = value
+    else:
+        raise InvalidVisitorId("X-Visitor-Id must be a UUID4, hex or base64url value.")
+    lowered = body.lower() if _HEX.match(body) else body
+    # A random value of 32 hex or 22 base64url characters shows none of these with probability above
+    # 1e-9 (fewer than 6 distinct characters: 3e-13 for hex; a run of 10: 4e-10).
+    if len(set(lowered)) < 6 or _is_periodic(lowered) or _has_run(lowered):
+        raise InvalidVisitorId("X-Visitor-Id looks patterned; send an opaque random value (a UUID4).")
+
+
+@dataclass(frozen=True)
+class VisitorIdentity:
+    key: str  # the visitor key used in Redis and tickets
+    user: Any  # the signed-in user, or None
+    new_cookie: str | None  # set this as the visitor cookie on the response
+
+
+def visitor_identity(request: HttpRequest, user: Any = None) -> VisitorIdentity:
+    """Resolve the visitor behind a request, in the order SPEC 6.1 gives. InvalidVisitorId on a bad header."""
+    if user is not None and getattr(user, "is_authenticated", False):
+        return VisitorIdentity(visitor_key(f"user:{user.pk}"), user, None)
+    cookie = request.get_signed_cookie(settings.WR_VISITOR_COOKIE, default=None, salt=COOKIE_SALT)
+    if cookie:
+        return VisitorIdentity(visitor_key(f"cookie:{cookie}"), None, None)
+    header = request.headers.get("X-Visitor-Id")
+    if header is not None:
+        visitor_id_check(header)
+        return VisitorIdentity(visitor_key(f"header:{header}"), None, None)
+    fresh = random_visitor_id()
+    return VisitorIdentity(visitor_key(f"cookie:{fresh}"), None, fresh)
+
+
+def random_visitor_id() -> str:
+    """A fresh identity: 128 random bits, base64url (what a client should send as X-Visitor-Id, too)."""
+    return secrets.token_urlsafe(16)
+
+
+def visitor_cookie_set(response: Any, value: str) -> None:
+    response.set_signed_cookie(
+        settings.WR_VISITOR_COOKIE,
+        value,
+        salt=COOKIE_SALT,
+        max_age=30 * 24 * 3600,
+        secure=settings.HTTPS,
+        httponly=True,
+        samesite="Lax",
+    )

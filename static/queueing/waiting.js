@@ -1,0 +1,413 @@
+/*
+ * The waiting page, live. Plain JavaScript, no build step.
+ *
+ * On arrival it joins through the API (the visitor cookie makes that idempotent: a reload or a second
+ * tab gets the same ticket back), then listens on the websocket: `admitted` sends the visitor through
+ * at once, `queue_move` moves its place (ops applied in event-sequence order; a gap means an event was
+ * missed, so it asks for the truth), `position` and `snapshot` refresh the figures. Polling the status
+ * API is the safety net: rarely while the socket is healthy, at the server's `poll_after_seconds` (which
+ * carries jitter) whenever it is not. The estimated wait counts down smoothly between updates and only
+ * moves up again when two updates in a row say so.
+ */
+(function () {
+  "use strict";
+
+  var root = document.getElementById("wr");
+  var configNode = document.getElementById("wr-config");
+  if (!root || !configNode) return;
+  var config = JSON.parse(configNode.textContent);
+
+  var SAFETY_POLL_SECONDS = 30;
+  var MAX_RECONNECT_MS = 30000;
+  var ANNOUNCE_EVERY_MS = 15000;
+
+  var S = {
+    ticket: null,
+    ticketId: null,
+    wsUrl: null,
+    status: null,
+    position: null,
+    queueLength: null,
+    queueState: null,
+    seq: 0,
+    pollAfter: 5,
+    pollTimer: null,
+    socket: null,
+    socketOpen: false,
+    reconnectMs: 1000,
+    reconnectTimer: null,
+    opensAt: null,
+    rate: null, // admissions per second, from snapshots
+    lastNeighbours: null,
+    neighboursAt: 0,
+    announced: { text: "", at: 0 },
+    redirecting: false,
+    stopped: false,
+  };
+
+  function $(id) { return document.getElementById(id); }
+  function setText(id, text) { var node = $(id); if (node) node.textContent = text; }
+
+  // --- The estimated wait -------------------------------------------------------------------------
+
+  function formatWait(seconds) {
+    if (seconds === null || seconds === undefined) return "working it out…";
+    seconds = Math.max(0, Math.round(seconds));
+    if (seconds < 60) return "less than a minute";
+    if (seconds < 90) return "about a minute";
+    var minutes = Math.round(seconds / 60);
+    if (minutes < 10) return "about " + minutes + " minutes";
+    if (minutes < 60) return "about " + Math.round(minutes / 5) * 5 + " minutes";
+    if (seconds >= 48 * 3600) return "more than " + Math.floor(seconds / 86400) + " days";
+    var total = Math.round(minutes / 5) * 5, hours = Math.floor(total / 60), rest = total % 60;
+    return "about " + (hours === 1 ? "1 hour" : hours + " hours") + (rest ? " " + rest + " minutes" : "");
+  }
+
+  // 4:05, 1:02:03, or with days: 3 days 04:05:06
+  function formatCountdown(seconds) {
+    seconds = Math.max(0, Math.round(seconds));
+    var d = Math.floor(seconds / 86400), h = Math.floor((seconds % 86400) / 3600);
+    var m = Math.floor((seconds % 3600) / 60), s = seconds % 60, two = function (n) { return String(n).padStart(2, "0"); };
+    if (d) return d + (d === 1 ? " day " : " days ") + two(h) + ":" + two(m) + ":" + two(s);
+    return (h ? h + ":" + two(m) : String(m)) + ":" + two(s);
+  }
+
+  // Counts down by itself; new estimates within 15% (or 10 s) change nothing; lower ones are glided to;
+  // a higher one is believed only when the next update agrees, so the figure never flickers up and down.
+  var eta = {
+    shown: null,
+    target: null,
+    higher: 0,
+    update: function (estimate) {
+      if (estimate === null || estimate === undefined) { this.shown = null; this.target = null; return; }
+      if (this.shown === null) { this.shown = estimate; this.target = null; return; }
+      var tolerance = Math.max(10, this.shown * 0.15);
+      if (estimate < this.shown - tolerance) { this.target = estimate; this.higher = 0; }
+      else if (estimate > this.shown + tolerance) {
+        this.higher += 1;
+        if (this.higher >= 2) { this.target = estimate; this.higher = 0; }
+      } else { this.higher = 0; this.target = null; }
+    },
+    tick: function (dt) {
+      if (this.shown === null) return;
+      if (this.target !== null) {
+        this.target = Math.max(0, this.target - dt);
+        this.shown += (this.target - this.shown) / 3;
+        if (Math.abs(this.target - this.shown) < 1) { this.shown = this.target; this.target = null; }
+      } else {
+        this.shown = Math.max(0, this.shown - dt);
+      }
+    },
+  };
+
+  // --- Drawing ----------------------------------------------------------------------------------
+
+  function setState(name) {
+    if (root.dataset.state !== name) {
+      root.dataset.state = name;
+      var messages = {
+        waiting: "You are in line.",
+        paused: "The line is paused. You keep your place.",
+        prequeue: "You have your ticket. The line opens soon.",
+        admitted: "It's your turn. Taking you to the site.",
+        expired: "Your place has expired.",
+        closed: "This line is closed.",
+        full: "The line is full. Trying again shortly.",
+        offline: "Reconnecting to the waiting room.",
+      };
+      if (messages[name]) announce(messages[name], true);
+    }
+  }
+
+  function announce(text, now) {
+    var t = Date.now();
+    if (!now && (text === S.announced.text || t - S.announced.at < ANNOUNCE_EVERY_MS)) return;
+    S.announced = { text: text, at: t };
+    setText("wr-live", text);
+  }
+
+  function drawPosition() {
+    if (S.position === null) return;
+    var ahead = Math.max(0, S.position - 1);
+    setText("wr-position", String(S.position));
+    setText("wr-ahead", String(ahead));
+    setText("wr-ahead-label", ahead === 1 ? "person" : "people");
+    var key = "wr:first:" + S.ticketId, first = null;
+    try {
+      first = Number(localStorage.getItem(key)) || null;
+      if (!first || S.position > first) { first = S.position; localStorage.setItem(key, String(first)); }
+    } catch (e) { first = first || S.position; }
+    var done = first > 1 ? Math.round(((first - S.position) / (first - 1)) * 100) : 100;
+    var bar = $("wr-progress-bar"), progress = $("wr-progress");
+    if (bar) bar.style.width = done + "%";
+    if (progress) progress.setAttribute("aria-valuenow", String(done));
+    announce("You are number " + S.position + " in line. Estimated wait " + formatWait(eta.shown) + ".");
+    if (S.lastNeighbours === null || Math.abs(S.lastNeighbours - S.position) >= 3) fetchNeighbours();
+  }
+
+  function drawLine(neighbours) {
+    var list = $("wr-line");
+    if (!list) return;
+    list.textContent = "";
+    neighbours.forEach(function (n) {
+      var item = document.createElement("li");
+      if (n.you) item.className = "you";
+      var number = document.createElement("b");
+      number.textContent = "#" + n.position;
+      var name = document.createElement("span");
+      name.textContent = n.you ? "You" : (n.display_name || "Guest");
+      item.appendChild(number);
+      item.appendChild(name);
+      list.appendChild(item);
+    });
+  }
+
+  function everySecond() {
+    eta.tick(1);
+    if (S.position !== null) setText("wr-eta", formatWait(eta.shown));
+    if (S.opensAt !== null) {
+      var left = (S.opensAt - Date.now()) / 1000;
+      setText("wr-opens-in", formatCountdown(left));
+      if (left <= 0) { S.opensAt = null; poll(); }
+    }
+  }
+
+  // --- What the server says -----------------------------------------------------------------------
+
+  // A join, status or position answer (they share a shape).
+  function apply(info) {
+    if (S.stopped) return;
+    if (info.event_seq !== undefined && info.event_seq > S.seq) S.seq = info.event_seq;
+    if (info.poll_after_seconds) S.pollAfter = info.poll_after_seconds;
+    S.status = info.status;
+    if (info.redirect_url && (info.status === "admitted" || info.status === "active")) {
+      goThrough(info.redirect_url);
+      return;
+    }
+    if (info.status === "completed" || info.status === "expired") {
+      finished(info.reason);
+      return;
+    }
+    S.queueLength = info.queue_length;
+    S.queueState = info.queue_state;
+    if (info.position !== null && info.position !== undefined) S.position = info.position;
+    eta.update(info.estimated_wait_seconds);
+    if (info.opens_in_seconds) S.opensAt = Date.now() + info.opens_in_seconds * 1000;
+    else S.opensAt = null;
+    if (S.queueState === "closed") setState("closed");
+    else if (S.opensAt !== null) setState("prequeue");
+    else setState(S.queueState === "paused" ? "paused" : "waiting");
+    setText("wr-updated", "Updated " + new Date().toLocaleTimeString() + ".");
+    drawPosition();
+    everySecond();
+  }
+
+  function goThrough(url) {
+    if (S.redirecting) return;
+    S.redirecting = true;
+    S.stopped = true;
+    var link = $("wr-go");
+    if (link) link.href = url;
+    setState("admitted");
+    closeSocket();
+    window.location.replace(url);
+  }
+
+  function finished(reason) {
+    S.stopped = true;
+    closeSocket();
+    clearTimeout(S.pollTimer);
+    var why = {
+      abandoned: "You were away from this page for too long.",
+      completed: "Your visit is complete.",
+      revoked: "Your place was withdrawn.",
+      left: "You left the line.",
+    };
+    setText("wr-expired-why", why[reason] || "Your ticket is no longer valid.");
+    setState("expired");
+  }
+
+  function onEvent(event) {
+    if (S.stopped) return;
+    if (event.type === "admitted") { goThrough(event.redirect_url); return; }
+    if (event.type === "expired") { finished(event.reason); return; }
+    if (event.type === "position") { apply(event); return; }
+    if (event.type === "queue_move") { onMove(event); return; }
+    if (event.type === "snapshot") { onSnapshot(event); return; }
+  }
+
+  function onMove(event) {
+    if (event.seq <= S.seq) return; // already reflected in what we have
+    if (event.seq > S.seq + 1) { // missed something: ask for the truth
+      S.seq = event.seq;
+      askStatus();
+      return;
+    }
+    S.seq = event.seq;
+    if (event.queue_length !== undefined) S.queueLength = event.queue_length;
+    if (S.position === null) return;
+    var rank = S.position - 1;
+    event.ops.forEach(function (op) {
+      var kind = op[0], at = op[1], count = op[2];
+      if (kind === "-" && at < rank) rank = Math.max(at, rank - count);
+      else if (kind === "+" && at <= rank) rank += count;
+    });
+    if (rank + 1 !== S.position) {
+      var moved = S.position - (rank + 1);
+      S.position = rank + 1;
+      if (S.rate && moved > 0 && eta.shown !== null) eta.update(Math.max(0, eta.shown - moved / S.rate));
+      drawPosition();
+    }
+  }
+
+  function onSnapshot(event) {
+    if (event.seq > S.seq + 1) askStatus();
+    if (event.admitted_per_minute > 0) S.rate = event.admitted_per_minute / 60;
+    if (event.viewers) setText("wr-viewers", event.viewers + (event.viewers === 1 ? " person" : " people") + " watching this line.");
+    if (event.state && event.state !== S.queueState) poll();
+  }
+
+  // --- Talking to the server -----------------------------------------------------------------------
+
+  function csrfToken() {
+    var match = document.cookie.match(/(?:^|; )csrftoken=([^;]+)/);
+    return match ? decodeURIComponent(match[1]) : "";
+  }
+
+  function request(method, url, body) {
+    var headers = { "Accept": "application/json" };
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    if (method !== "GET") headers["X-CSRFToken"] = csrfToken();
+    else if (S.ticket) headers["Authorization"] = "Bearer " + S.ticket;
+    return fetch(url, {
+      method: method,
+      headers: headers,
+      credentials: "same-origin",
+      body: body === undefined ? undefined : JSON.stringify(body),
+    }).then(function (response) {
+      return response.json().catch(function () { return {}; }).then(function (data) {
+        return { status: response.status, data: data, retryAfter: Number(response.headers.get("Retry-After")) || null };
+      });
+    });
+  }
+
+  function join() {
+    S.stopped = false;
+    request("POST", config.joinUrl, {}).then(function (r) {
+      if (r.status === 200 || r.status === 201) {
+        S.ticket = r.data.ticket;
+        S.ticketId = r.data.ticket_id;
+        S.wsUrl = r.data.ws_url;
+        apply(r.data);
+        if (!S.stopped) { connect(); schedulePoll(); }
+        return;
+      }
+      var code = r.data && r.data.error ? r.data.error.code : "";
+      if (code === "queue_closed") { setState("closed"); return; }
+      if (code === "queue_full") { retryLater("full", "wr-full-retry", r.retryAfter || 30, join); return; }
+      if (code === "rate_limited") { retryLater("limited", "wr-limited-in", r.retryAfter || 5, join); return; }
+      retryLater("offline", null, r.retryAfter || 5, join);
+    }).catch(function () { retryLater("offline", null, 5, join); });
+  }
+
+  function retryLater(state, counterId, seconds, then) {
+    setState(state);
+    var left = Math.max(1, Math.round(seconds));
+    var count = function () {
+      if (counterId) setText(counterId, state === "full" ? "Trying again in " + left + " s." : String(left));
+      if (left-- <= 0) { then(); return; }
+      setTimeout(count, 1000);
+    };
+    count();
+  }
+
+  function poll() {
+    clearTimeout(S.pollTimer);
+    if (S.stopped || !S.ticket) return;
+    request("GET", config.statusUrl).then(function (r) {
+      if (r.status === 200) { apply(r.data); }
+      else if (r.status === 401) { S.ticket = null; join(); return; } // the ticket is no longer good: start again
+      else if (r.status === 429) { setState("limited"); }
+      else { setState("offline"); }
+      schedulePoll(r.retryAfter);
+    }).catch(function () { setState("offline"); schedulePoll(); });
+  }
+
+  function schedulePoll(retryAfter) {
+    clearTimeout(S.pollTimer);
+    if (S.stopped) return;
+    // The socket carries the news while it is open; polls then only guard against a silent socket.
+    var seconds = S.socketOpen ? Math.max(SAFETY_POLL_SECONDS, S.pollAfter * 3) : (retryAfter || S.pollAfter);
+    S.pollTimer = setTimeout(poll, seconds * 1000);
+  }
+
+  function askStatus() {
+    if (S.socketOpen) S.socket.send(JSON.stringify({ type: "status" }));
+    else poll();
+  }
+
+  function fetchNeighbours() {
+    if (!S.ticket || Date.now() - S.neighboursAt < 3000) return;
+    S.neighboursAt = Date.now();
+    S.lastNeighbours = S.position;
+    request("GET", config.neighboursUrl).then(function (r) {
+      if (r.status === 200 && r.data.neighbours) drawLine(r.data.neighbours);
+    }).catch(function () {});
+  }
+
+  // --- The websocket ------------------------------------------------------------------------------
+
+  function connect() {
+    if (!S.wsUrl || !("WebSocket" in window) || S.stopped) return;
+    clearTimeout(S.reconnectTimer);
+    var socket;
+    try { socket = new WebSocket(S.wsUrl); } catch (e) { reconnect(); return; }
+    S.socket = socket;
+    socket.onopen = function () {
+      S.socketOpen = true;
+      S.reconnectMs = 1000;
+      if (root.dataset.state === "offline") poll();
+      schedulePoll();
+    };
+    socket.onmessage = function (message) {
+      try { onEvent(JSON.parse(message.data)); } catch (e) { /* a malformed event is ignored */ }
+    };
+    socket.onclose = function () {
+      var wasOpen = S.socketOpen;
+      S.socketOpen = false;
+      if (S.socket === socket) S.socket = null;
+      if (S.stopped) return;
+      if (wasOpen) poll(); // fall back to polling at once, then keep trying to reconnect
+      reconnect();
+    };
+    socket.onerror = function () { /* onclose follows */ };
+  }
+
+  // Reconnection attempts leave polling alone: re-arming the poll timer on each failed attempt would
+  // keep pushing the fallback poll back for as long as the socket stays down.
+  function reconnect() {
+    if (S.stopped) return;
+    clearTimeout(S.reconnectTimer);
+    var delay = S.reconnectMs * (0.8 + Math.random() * 0.4);
+    S.reconnectMs = Math.min(MAX_RECONNECT_MS, S.reconnectMs * 2);
+    S.reconnectTimer = setTimeout(connect, delay);
+  }
+
+  function closeSocket() {
+    clearTimeout(S.reconnectTimer);
+    if (S.socket) { S.socket.onclose = null; S.socket.close(); S.socket = null; }
+    S.socketOpen = false;
+  }
+
+  // --- Start ---------------------------------------------------------------------------------------
+
+  ["wr-join-form", "wr-rejoin-form"].forEach(function (id) {
+    var form = $(id);
+    if (form) form.addEventListener("submit", function (e) { e.preventDefault(); join(); });
+  });
+  setInterval(everySecond, 1000);
+  // A finished ticket waits for the visitor to choose to join again; otherwise join (or get the ticket back).
+  if (config.state !== "expired" && config.state !== "closed") join();
+  window.waitingRoom = S; // for the curious (and for tests)
+  window.waitingRoomEta = eta;
+})();

@@ -1,0 +1,62 @@
+"""Headless Chromium (Debian's package, driven by Playwright; never a downloaded browser)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
+
+CHROMIUM = os.environ.get("WR_CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"]
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "screenshots"
+PHONE = {"width": 390, "height": 844}
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def contexts(browser: Browser) -> Iterator[Callable[..., BrowserContext]]:
+    """New browser contexts (separate visitors: their own cookies), closed after the test."""
+    opened: list[BrowserContext] = []
+
+    def new(**options: object) -> BrowserContext:
+        context = browser.new_context(viewport=PHONE, **options)  # type: ignore[arg-type]
+        context.set_default_timeout(15_000)
+        opened.append(context)
+        return context
+
+    yield new
+    for context in opened:
+        context.close()
+
+
+@pytest.fixture
+def visitor(contexts: Callable[..., BrowserContext]) -> Callable[..., Page]:
+    """A page in a context of its own: one visitor."""
+
+    def new(**options: object) -> Page:
+        return contexts(**options).new_page()
+
+    return new
+
+
+@pytest.fixture
+def screenshot(request: pytest.FixtureRequest) -> Callable[[Page, str], Path]:
+    """Save a screenshot as a test artifact (tests/artifacts/screenshots/, looked at by a person)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+
+    def save(page: Page, name: str) -> Path:
+        path = ARTIFACTS / f"{name}.png"
+        page.screenshot(path=str(path), full_page=True)
+        return path
+
+    return save

@@ -1,0 +1,259 @@
+"""The waiting page in real headless Chromium against the running stack (gunicorn, uvicorn websockets,
+Celery worker and beat): joining, moving up, being sent through, fallbacks, every state on screen."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from typing import Any
+
+import pytest
+from playwright.sync_api import Page, Route, expect
+
+pytestmark = pytest.mark.browser
+
+# Close the page's socket and make every new one fail to open.
+KILL_SOCKETS = (
+    "() => { window.WebSocket = function () { throw new Error('down'); }; window.waitingRoom.socket.close(); }"
+)
+
+
+def api_join(stack: Any, slug: str) -> dict[str, Any]:
+    with stack.client() as client:
+        response = client.post(f"/api/v1/queues/{slug}/join", json={}, headers={"X-Visitor-Id": str(uuid.uuid4())})
+        assert response.status_code in (200, 201), response.text
+        return dict(response.json())
+
+
+def status_of(stack: Any, slug: str, ticket: str) -> dict[str, Any]:
+    with stack.client() as client:
+        return dict(client.get(f"/api/v1/queues/{slug}/status", headers={"Authorization": f"Bearer {ticket}"}).json())
+
+
+def complete(stack: Any, slug: str, key: str, access_token: str) -> None:
+    with stack.client() as client:
+        response = client.post(
+            f"/api/v1/queues/{slug}/sessions/complete",
+            json={"access_token": access_token},
+            headers={"Authorization": f"Api-Key {key}"},
+        )
+        assert response.status_code == 204, response.text
+
+
+def state(page: Page) -> str | None:
+    return page.locator("#wr").get_attribute("data-state")
+
+
+def expect_state(page: Page, name: str) -> None:
+    expect(page.locator("#wr")).to_have_attribute("data-state", name)
+
+
+def test_a_visitor_moves_up_is_sent_through_finishes_and_the_next_is_admitted_at_once(stack, visitor, screenshot):
+    slug = stack.new_queue(capacity=1, outflow_per_minute=600, burst=5, state="paused")
+    key = stack.manage("create_api_key", slug).strip()
+    ahead = [api_join(stack, slug) for _ in range(3)]
+    first, second = visitor(), visitor()
+    first.goto(f"{stack.url}/q/{slug}/")
+    expect(first.locator("#wr-position")).to_have_text("4")
+    second.goto(f"{stack.url}/q/{slug}/")
+    expect(second.locator("#wr-position")).to_have_text("5")
+    expect(first.locator("#wr-line li.you")).to_contain_text("You")
+    screenshot(first, "flow-1-waiting")
+
+    stack.configure(slug, state="open")  # the beat's next tick admits the first in line (capacity 1)
+    seen, announced = ["4"], []
+    for position, visitor_ahead in zip(("3", "2", "1"), ahead, strict=True):
+        expect(first.locator("#wr-position")).to_have_text(position, timeout=10_000)
+        seen.append(first.locator("#wr-position").inner_text())
+        announced.append(first.locator("#wr-live").inner_text())  # what screen readers heard
+        deadline = time.time() + 10
+        while (info := status_of(stack, slug, visitor_ahead["ticket"]))["status"] != "admitted":
+            assert time.time() < deadline, info
+            time.sleep(0.2)
+        complete(stack, slug, key, info["access_token"])  # the site is done with them: the next goes in
+    assert seen == ["4", "3", "2", "1"]
+    assert all(announced), announced
+
+    first.wait_for_url(re.compile(rf"/demo/{slug}/protected/$"), timeout=10_000)  # token already out of the URL
+    expect(first.get_by_role("heading", name="You're in")).to_be_visible()
+    screenshot(first, "flow-2-protected")
+    expect(second.locator("#wr-position")).to_have_text("1")
+
+    finished_at = time.monotonic()
+    first.get_by_role("button", name="Finish and let the next visitor in").click()
+    expect(first.get_by_role("heading", name="Thanks, you're done")).to_be_visible()
+    second.wait_for_url(re.compile(rf"/demo/{slug}/protected/$"), timeout=5_000)
+    assert time.monotonic() - finished_at < 3  # pushed at once, not at the next poll
+    screenshot(second, "flow-3-next-visitor-in")
+
+
+def test_reloading_or_a_second_tab_keeps_the_same_ticket(stack, contexts):
+    slug = stack.new_queue(state="paused")
+    context = contexts()
+    page = context.new_page()
+    page.goto(f"{stack.url}/q/{slug}/")
+    expect_state(page, "paused")
+    ticket_id = page.evaluate("window.waitingRoom.ticketId")
+    assert ticket_id
+    page.reload()
+    expect_state(page, "paused")
+    assert page.evaluate("window.waitingRoom.ticketId") == ticket_id
+    other_tab = context.new_page()
+    other_tab.goto(f"{stack.url}/q/{slug}/")
+    expect(other_tab.locator("#wr-position")).to_have_text("1")
+    assert other_tab.evaluate("window.waitingRoom.ticketId") == ticket_id
+
+
+def test_with_the_socket_gone_the_page_still_gets_through_by_polling(stack, visitor):
+    slug = stack.new_queue(capacity=5, outflow_per_minute=600, burst=5, state="paused")
+    page = visitor()
+    page.goto(f"{stack.url}/q/{slug}/")
+    page.wait_for_function("window.waitingRoom.socketOpen === true")
+    # Kill the socket and make every reconnection fail: only polling is left.
+    page.evaluate(KILL_SOCKETS)
+    page.wait_for_function("window.waitingRoom.socketOpen === false")
+    stack.configure(slug, state="open")
+    page.wait_for_url(re.compile(rf"/demo/{slug}/protected/$"), timeout=15_000)
+    expect(page.get_by_role("heading", name="You're in")).to_be_visible()
+
+
+def test_without_javascript_a_visitor_still_gets_through(stack, visitor, screenshot):
+    slug = stack.new_queue(capacity=5, outflow_per_minute=600, burst=5, state="paused")
+    page = visitor(java_script_enabled=False)
+    page.goto(f"{stack.url}/q/{slug}/")
+    expect_state(page, "join")
+    screenshot(page, "nojs-1-join")
+    page.get_by_role("button", name="Join the line").click()
+    expect_state(page, "paused")
+    expect(page.locator("#wr-position")).to_have_text("1")
+    screenshot(page, "nojs-2-waiting")
+    stack.configure(slug, state="open")
+    # The page refreshes itself; once admitted it forwards to the site, which keeps the token in a cookie.
+    page.wait_for_url(re.compile(rf"/demo/{slug}/protected/$"), timeout=20_000)
+    expect(page.get_by_role("heading", name="You're in")).to_be_visible()
+
+
+def test_the_estimate_counts_down_smoothly_between_updates(stack, visitor):
+    slug = stack.new_queue(capacity=1, outflow_per_minute=1, burst=1)
+    for _ in range(5):
+        api_join(stack, slug)
+    page = visitor()
+    page.goto(f"{stack.url}/q/{slug}/")
+    expect_state(page, "waiting")
+    page.wait_for_function("window.waitingRoom.position !== null")
+    first = page.evaluate("document.getElementById('wr-eta').textContent")
+    assert "minute" in first
+    # The shown figure ticks down by itself, never up while nothing changes.
+    shown = []
+    for _ in range(3):
+        time.sleep(1.1)
+        shown.append(page.evaluate("Math.round(window.waitingRoomEta.shown)"))
+    assert shown == sorted(shown, reverse=True) and shown[0] > shown[-1]
+
+
+# --- Every state, on a phone-sized screen -------------------------------------------------------------
+
+
+def test_every_state_renders(stack, visitor, screenshot):
+    url = f"{stack.url}/q/{{}}/"
+
+    waiting = stack.new_queue(capacity=1, outflow_per_minute=1, burst=1)
+    for _ in range(8):
+        api_join(stack, waiting)
+    page = visitor()
+    page.goto(url.format(waiting))
+    expect_state(page, "waiting")
+    expect(page.locator("#wr-eta")).to_contain_text("minute")
+    page.wait_for_timeout(800)
+    screenshot(page, "state-waiting")
+
+    paused = stack.new_queue(state="paused")
+    page = visitor()
+    page.goto(url.format(paused))
+    expect_state(page, "paused")
+    expect(page.locator(".wr-note")).to_contain_text("The line is paused")
+    screenshot(page, "state-paused")
+
+    prequeue = stack.new_queue(starts_at="2099-01-01T00:00:00Z")
+    page = visitor()
+    page.goto(url.format(prequeue))
+    expect_state(page, "prequeue")
+    expect(page.locator("#wr-opens-in")).to_have_text(re.compile(r"^\d+ days \d{2}:\d{2}:\d{2}$"))
+    expect(page.locator("#wr-eta")).to_have_text(re.compile(r"^more than \d+ days$"))
+    screenshot(page, "state-prequeue")
+
+    admitted = stack.new_queue(capacity=5, burst=5)
+    page = visitor()
+    # Answer the site's page with 204 No Content, so the browser stays to show the state it left from.
+    page.route(re.compile(rf"/demo/{admitted}/protected/"), lambda route: route.fulfill(status=204))
+    page.goto(url.format(admitted))
+    expect_state(page, "admitted")
+    expect(page.get_by_role("heading", name="It's your turn")).to_be_visible()
+    screenshot(page, "state-admitted")
+
+    expired = stack.new_queue(state="paused")
+    key = stack.manage("create_api_key", expired).strip()
+    page = visitor()
+    page.goto(url.format(expired))
+    page.wait_for_function("window.waitingRoom.socketOpen === true")
+    with stack.client() as client:
+        ticket_id = page.evaluate("window.waitingRoom.ticketId")
+        client.post(
+            f"/api/v1/queues/{expired}/sessions/revoke",
+            json={"ticket_id": ticket_id},
+            headers={"Authorization": f"Api-Key {key}"},
+        )
+    expect_state(page, "expired")
+    expect(page.locator("#wr-expired-why")).to_have_text("Your place was withdrawn.")
+    screenshot(page, "state-expired")
+    page.get_by_role("button", name="Join again").click()
+    expect_state(page, "paused")  # a new ticket
+
+    closed = stack.new_queue(state="closed")
+    page = visitor()
+    page.goto(url.format(closed))
+    expect_state(page, "closed")
+    screenshot(page, "state-closed")
+
+    full = stack.new_queue(state="paused", max_waiting=1)
+    api_join(stack, full)
+    page = visitor()
+    page.goto(url.format(full))
+    expect_state(page, "full")
+    expect(page.locator("#wr-full-retry")).to_contain_text("Trying again in")
+    screenshot(page, "state-full")
+
+    limited = stack.new_queue(state="paused")
+    page = visitor()
+
+    def too_many(route: Route) -> None:
+        body = '{"error": {"code": "rate_limited", "message": "Too many requests.", "retry_after_seconds": 7}}'
+        route.fulfill(status=429, body=body, headers={"Retry-After": "7", "Content-Type": "application/json"})
+
+    page.route(re.compile(r"/api/v1/queues/[^/]+/join$"), too_many)
+    page.goto(url.format(limited))
+    expect_state(page, "limited")
+    expect(page.locator("#wr-limited-in")).to_have_text(re.compile(r"^[1-7]$"))
+    screenshot(page, "state-limited")
+
+    offline = stack.new_queue(state="paused")
+    page = visitor()
+    page.goto(url.format(offline))
+    page.wait_for_function("window.waitingRoom.socketOpen === true")
+    page.route(re.compile(r"/api/v1/queues/[^/]+/status$"), lambda route: route.abort())
+    page.evaluate(
+        "() => { window.WebSocket = function () { throw new Error('down'); }; window.waitingRoom.socket.close(); }"
+    )
+    expect_state(page, "offline")
+    screenshot(page, "state-offline")
+
+
+def test_the_page_fits_a_phone_screen(stack, visitor):
+    slug = stack.new_queue(state="paused")
+    page = visitor()
+    page.goto(f"{stack.url}/q/{slug}/")
+    expect_state(page, "paused")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390  # no sideways scrolling
+    assert page.locator("#wr-live").get_attribute("aria-live") == "polite"
+    assert page.locator("#wr-progress").get_attribute("role") == "progressbar"

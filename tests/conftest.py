@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from rest_framework.test import APIClient
+
+from queueing import services, store, tokens
+from queueing.models import Queue
+
+from .factories import Clock
+from .stack import Stack, run_stack
+
+_slugs = itertools.count(1)
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis() -> Iterator[None]:
+    """Each test starts and ends with no keys under this run's prefix (and never touches other keys)."""
+    yield
+    client = store.client()
+    keys = list(client.scan_iter(match=store.key_pattern(), count=1000))
+    for start in range(0, len(keys), 500):
+        client.delete(*keys[start : start + 500])
+
+
+@pytest.fixture(autouse=True)
+def _fresh_key_cache() -> Iterator[None]:
+    tokens.signing_keys_reset_cache()
+    yield
+    tokens.signing_keys_reset_cache()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+QueueFactory = Callable[..., Queue]
+
+
+@pytest.fixture
+def make_queue(db: Any) -> QueueFactory:
+    def make(**changes: Any) -> Queue:
+        slug = changes.pop("slug", None) or f"q{next(_slugs)}-{uuid.uuid4().hex[:6]}"
+        values = {
+            "name": f"Queue {slug}",
+            "target_url": "https://shop.example/checkout",
+            "capacity": 10,
+            "outflow_per_minute": 600.0,
+            "burst": 10,
+            "session_ttl": 600,
+            "claim_ttl": 60,
+            "presence_timeout": 60,
+            "abandon_timeout": 300,
+        }
+        values.update(changes)
+        queue, _ = services.queue_configure(slug=slug, changes=values, actor_label="tests")
+        return queue
+
+    return make
+
+
+@pytest.fixture
+def api() -> APIClient:
+    return APIClient()
+
+
+@pytest.fixture
+def staff_user(db: Any) -> Any:
+    user = get_user_model().objects.create_user("staffer", password="pw-staff-123", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="change_queue"))
+    return user
+
+
+@pytest.fixture
+def staff_api(staff_user: Any) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(staff_user)
+    return client
+
+
+@pytest.fixture
+def api_key_for() -> Callable[[Queue], str]:
+    def make(queue: Queue) -> str:
+        return services.api_key_create(queue, name="site")[1]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The real product in subprocesses, as bin/run starts it (see tests/stack.py)."""
+    yield from run_stack(tmp_path_factory)

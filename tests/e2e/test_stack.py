@@ -1,0 +1,182 @@
+"""End to end against the real processes: gunicorn (several workers), uvicorn (websockets), Celery worker
+and beat."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def join(client, slug: str, visitor: str | None = None, body: dict | None = None):
+    return client.post(
+        f"/api/v1/queues/{slug}/join", json=body or {}, headers={"X-Visitor-Id": visitor or str(uuid.uuid4())}
+    )
+
+
+def test_the_worker_and_beat_admit_at_the_configured_rate(stack):
+    # 60/min = 1 per second with burst 1; the beat's 1-second tick drives it. Capacity is not the limit.
+    stack.configure(
+        "rate", target_url="https://shop.example/", capacity=500, outflow_per_minute=60, burst=1, state="paused"
+    )
+    with stack.client() as client:
+        for _ in range(40):
+            assert join(client, "rate").status_code == 201
+    stack.configure("rate", state="open")
+    start = time.monotonic()
+    time.sleep(2)  # let the first ticks settle, then measure over a clean window
+    begin, t0 = int(stack.stats("rate").get("admitted", 0)), time.monotonic()
+    time.sleep(8)
+    admitted, elapsed = int(stack.stats("rate").get("admitted", 0)) - begin, time.monotonic() - t0
+    assert abs(admitted - elapsed) <= 2, (admitted, elapsed)  # 1/s, give or take a one-second tick
+    assert int(stack.stats("rate")["admitted"]) <= 1 + (time.monotonic() - start) + 1
+
+
+def test_200_parallel_http_joins_get_200_distinct_consecutive_positions(stack):
+    stack.configure("crowd", target_url="https://shop.example/", state="paused")
+    with stack.client() as client, ThreadPoolExecutor(max_workers=32) as pool:
+        responses = list(pool.map(lambda _: join(client, "crowd"), range(200)))
+    assert [r.status_code for r in responses] == [201] * 200
+    bodies = [r.json() for r in responses]
+    assert sorted(b["position"] for b in bodies) == list(range(1, 201))
+    assert len({b["ticket_id"] for b in bodies}) == 200
+    assert stack.waiting("crowd") == 200
+
+
+def test_20_parallel_http_joins_from_one_visitor_get_one_ticket(stack):
+    stack.configure("same", target_url="https://shop.example/", state="paused")
+    visitor = str(uuid.uuid4())
+    with stack.client() as client, ThreadPoolExecutor(max_workers=20) as pool:
+        responses = list(pool.map(lambda _: join(client, "same", visitor), range(20)))
+    assert sorted(r.status_code for r in responses) == [200] * 19 + [201]
+    assert len({r.json()["ticket_id"] for r in responses}) == 1
+    assert stack.waiting("same") == 1
+
+
+def test_a_priority_code_is_never_used_beyond_its_limit_under_parallel_joins(stack):
+    stack.configure("codes", target_url="https://shop.example/", state="paused")
+    code = "RACE-" + uuid.uuid4().hex[:6]
+    stack.manage(
+        "shell",
+        "--no-imports",
+        "-c",
+        (
+            "from queueing.models import PriorityCode, Queue; "
+            f"PriorityCode.objects.create(queue=Queue.objects.get(slug='codes'), code='{code}', level=2, max_uses=3)"
+        ),
+    )
+    with stack.client() as client, ThreadPoolExecutor(max_workers=12) as pool:
+        responses = list(pool.map(lambda _: join(client, "codes", body={"priority_code": code}), range(12)))
+    codes = sorted(r.status_code for r in responses)
+    assert codes.count(201) == 3 and codes.count(400) == 9
+    assert stack.waiting("codes") == 3
+
+
+def test_a_visitor_goes_through_the_demo_and_finishing_admits_the_next_at_once(stack):
+    # The demo queue from setup_demo: capacity 5. Fill it, then one more waits.
+    api_key = stack.manage("create_api_key", "demo").strip()
+    stack.configure("demo", capacity=1, burst=5)
+    with stack.client() as site, stack.client() as first_browser, stack.client() as second_browser:
+        first = join(first_browser, "demo").json()
+        second = join(second_browser, "demo").json()
+        assert (first["status"], second["status"]) == ("admitted", "waiting")
+        entered = first_browser.get(first["redirect_url"])
+        assert entered.status_code == 302
+        page = first_browser.get("/demo/protected/")
+        assert page.status_code == 200 and "You're in" in page.text
+        verify = site.post(
+            "/api/v1/queues/demo/sessions/verify",
+            json={"access_token": first["access_token"]},
+            headers={"Authorization": f"Api-Key {api_key}"},
+        )
+        assert verify.json()["valid"] is True
+        csrf = first_browser.cookies.get("csrftoken")
+        done = first_browser.post(
+            "/demo/protected/finish",
+            data={"csrfmiddlewaretoken": csrf},
+            headers={"Referer": f"{stack.url}/demo/protected/"},
+        )
+        assert done.status_code == 200, done.text[:500]
+        status = second_browser.get(
+            "/api/v1/queues/demo/status", headers={"Authorization": f"Bearer {second['ticket']}"}
+        )
+        assert status.json()["status"] == "admitted"
+
+
+def test_staff_can_log_in_and_pause_over_the_api(stack):
+    stack.configure("staffq", target_url="https://shop.example/")
+    with stack.client() as client:
+        token = client.post("/api/v1/auth/token", json={"username": "staff", "password": stack.staff_password()})
+        assert token.status_code == 200
+        auth = {"Authorization": f"Bearer {token.json()['access']}"}
+        assert client.post("/api/v1/queues/staffq/pause", headers=auth).json()["state"] == "paused"
+        assert client.get("/api/v1/queues/staffq/stats", headers=auth).json()["state"] == "paused"
+
+
+def test_static_files_and_api_docs_are_served_without_debug(stack):
+    with stack.client() as client:
+        assert client.get("/api/docs/").status_code == 200
+        assert client.get("/static/queueing/base.css").status_code == 200
+        assert client.get("/admin/login/").status_code == 200
+
+
+def test_ctrl_c_stops_every_process_cleanly(stack, tmp_path):
+    """Runs a second, separate stack and stops it the way a terminal's Ctrl-C does."""
+    import signal
+    import subprocess
+
+    from ..stack import free_port, start_runstack
+
+    env = dict(stack.env, WR_VAR_DIR=str(tmp_path), DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}")
+    log = tmp_path / "log"
+    process = start_runstack(tmp_path, env, log, port=free_port(), ws_port=free_port())
+    deadline = time.monotonic() + 90
+    while "ready." not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    children = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()
+    assert len(children) >= 4, log.read_text()[-3000:]  # web, ws, worker, beat
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
+    for pid in children:
+        status = Path(f"/proc/{pid}/status")
+        assert not status.exists() or "zombie" in status.read_text().lower()
+    assert "[runstack] stopped." in log.read_text()
+
+
+def test_an_admission_by_the_worker_reaches_the_visitors_socket_and_nobody_elses(stack):
+    """Through the real websocket server (uvicorn), with the real Celery worker and beat admitting."""
+    from websockets.sync.client import connect
+
+    slug = stack.new_queue(capacity=1, outflow_per_minute=600, burst=5, state="paused")
+    with stack.client() as client:
+        first = join(client, slug).json()
+        second = join(client, slug).json()
+    assert first["ws_url"].startswith(stack.ws_url)
+
+    headers = {"Origin": stack.url}
+    with (
+        connect(first["ws_url"], additional_headers=headers) as one,
+        connect(second["ws_url"], additional_headers=headers) as two,
+    ):
+        time.sleep(0.5)
+        stack.configure(slug, state="open")  # the beat's next tick admits the first
+        deadline = time.monotonic() + 10
+        while (event := json.loads(one.recv(timeout=max(0.1, deadline - time.monotonic()))))["type"] != "admitted":
+            pass
+        heard: list[dict] = []
+        try:
+            while True:
+                heard.append(json.loads(two.recv(timeout=2)))
+        except TimeoutError:
+            pass
+
+    assert event["ticket_id"] == first["ticket_id"] and event["access_token"]
+    kinds = [e["type"] for e in heard]
+    assert "admitted" not in kinds
+    assert "queue_move" in kinds  # the first one left the line: the second moved up

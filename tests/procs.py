@@ -1,0 +1,40 @@
+"""Targets for tests that need real parallel processes (spawned: no Django imports at module level)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+
+def setup_django(prefix: str, database: str) -> None:
+    """Django in a spawned process: the parent's Redis prefix, and a database of its own (the parent's
+    test database lives in the parent's memory) for what admission needs from it: signing keys."""
+    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    os.environ["DATABASE_URL"] = f"sqlite:///{database}"
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.core.management import call_command
+
+    settings.WR_REDIS_PREFIX = prefix  # the parent's per-run prefix
+    call_command("migrate", verbosity=0)
+
+
+def race_ticks(slug: str, instance: str, start_at: float, seconds: float, prefix: str, database: str, out: Any) -> None:
+    """From `start_at` for `seconds`: tick as `instance`, and also run the leaderless immediate
+    admission, as fast as sensible; report the most slots seen in use."""
+    setup_django(prefix, database)
+    from queueing import services, store
+
+    time.sleep(max(0.0, start_at - time.time()))
+    deadline = start_at + seconds
+    peak = 0
+    while time.time() < deadline:
+        services.queue_tick(slug=slug, instance=instance)
+        services.queue_admit(slug=slug)
+        snap = store.snapshot(slug)
+        peak = max(peak, snap.admitted + snap.active)
+        time.sleep(0.05)
+    out.put(peak)

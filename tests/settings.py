@@ -1,0 +1,39 @@
+"""Test settings: the real settings plus an isolated Redis database and key prefix per test process."""
+
+import os
+import tempfile
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+os.environ.setdefault("SECRET_KEY", "tests-only-" + "x" * 50)
+os.environ.setdefault("HTTPS", "0")
+
+from waitingroom_site.settings import *  # noqa: F403
+from waitingroom_site.settings import REDIS_URL as _BASE_REDIS_URL
+from waitingroom_site.settings import channel_layers
+
+
+def _with_db(url: str, db: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, parts.fragment))
+
+
+# Our own database number (never flushed: tests delete only keys under their own prefix).
+REDIS_URL = _with_db(_BASE_REDIS_URL, os.environ.get("WR_TEST_REDIS_DB", "15"))
+CELERY_BROKER_URL = REDIS_URL
+_RUN_ID = uuid.uuid4().hex[:8]
+WR_REDIS_PREFIX = f"wrt{_RUN_ID}"
+CHANNEL_LAYERS = channel_layers(REDIS_URL, WR_REDIS_PREFIX)
+CELERY_TASK_DEFAULT_QUEUE = f"wrt{_RUN_ID}"
+
+STATIC_ROOT = Path(tempfile.gettempdir()) / "waitingroom-test-static"
+STATIC_ROOT.mkdir(exist_ok=True)
+WHITENOISE_USE_FINDERS = True
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+LOGGING = {"version": 1, "disable_existing_loggers": False, "root": {"level": "WARNING"}}

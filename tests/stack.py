@@ -1,0 +1,141 @@
+"""The real stack for end-to-end and browser tests: `python -m waitingroom_site.runstack --setup`, exactly
+as bin/run starts it (gunicorn, uvicorn for websockets, Celery worker, Celery beat), with its own SQLite
+file, Redis key prefix and ports. One per test session, started by the first test that asks for it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from django.conf import settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Stack:
+    url: str
+    ws_url: str
+    env: dict[str, str]
+    prefix: str
+    log: Path
+    process: subprocess.Popen[bytes]
+    redis: redis.Redis = field(repr=False)
+
+    def manage(self, *args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), *args], env=self.env, cwd=ROOT, capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    def stats(self, slug: str) -> dict[str, Any]:
+        return self.redis.hgetall(f"{self.prefix}:{{{slug}}}:st")  # type: ignore[return-value]
+
+    def waiting(self, slug: str) -> int:
+        return int(self.redis.zcard(f"{self.prefix}:{{{slug}}}:line"))
+
+    def staff_password(self) -> str:
+        match = re.search(r"password (\S+)", self.log.read_text())
+        assert match, "setup_demo printed no staff login"
+        return match.group(1)
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=15, **kwargs)
+
+    def configure(self, slug: str, **options: Any) -> dict[str, Any]:
+        args = ["configure_queue", slug]
+        for name, value in options.items():
+            args += [f"--{name.replace('_', '-')}", str(value)]
+        return dict(json.loads(self.manage(*args)))
+
+    def new_queue(self, **options: Any) -> str:
+        """A queue of its own for one test, protected by the demo page (/demo/<slug>/protected/)."""
+        slug = f"t{uuid.uuid4().hex[:10]}"
+        self.configure(slug, target_url=f"/demo/{slug}/protected/", **options)
+        return slug
+
+
+def _wait_for(predicate: Any, timeout: float, what: str, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}; log:\n{log.read_text()[-4000:]}")
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def start_runstack(var: Path, env: dict[str, str], log: Path, *, port: int, ws_port: int) -> subprocess.Popen[bytes]:
+    """`python -m waitingroom_site.runstack --setup`, as bin/run starts it, logging to `log`."""
+    command = [sys.executable, "-m", "waitingroom_site.runstack", "--setup"]
+    command += ["--port", str(port), "--ws-port", str(ws_port), "--var-dir", str(var)]
+    with log.open("wb") as out:
+        return subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+
+
+def run_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    var = tmp_path_factory.mktemp("stack")
+    port, ws_port = free_port(), free_port()
+    prefix = f"wre{uuid.uuid4().hex[:8]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST_"))}
+    env.update(
+        DJANGO_SETTINGS_MODULE="waitingroom_site.settings",
+        SECRET_KEY=secrets.token_urlsafe(50),
+        HTTPS="0",
+        DEBUG="0",
+        ALLOWED_HOSTS="127.0.0.1,localhost",
+        DATABASE_URL=f"sqlite:///{var / 'db.sqlite3'}",
+        REDIS_URL=settings.REDIS_URL,
+        WR_REDIS_PREFIX=prefix,
+        CELERY_KEY_PREFIX=f"{prefix}:celery:",
+        CELERY_TASK_DEFAULT_QUEUE=f"{prefix}-tasks",
+        WR_VAR_DIR=str(var),
+        LOG_LEVEL=os.environ.get("WR_E2E_LOG_LEVEL", "INFO"),
+    )
+    log = var / "stack.log"
+    process = start_runstack(var, env, log, port=port, ws_port=ws_port)
+    url = f"http://127.0.0.1:{port}"
+    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    stack = Stack(url, f"ws://127.0.0.1:{ws_port}", env, prefix, log, process, client)
+    try:
+        _wait_for(lambda: _healthy(url), 90, "the web server", log)
+        _wait_for(lambda: "ready." in log.read_text(), 90, "the Celery worker", log)
+        yield stack
+    finally:
+        process.send_signal(signal.SIGINT)  # what Ctrl-C does
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+        client.close()

@@ -1,0 +1,127 @@
+"""Operators configure queues in Django admin; saves go through the services (validated, audited, synced)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from queueing import store
+from queueing.models import Queue, QueueAPIKey, QueueChange
+
+
+@pytest.fixture
+def admin_client(client, db):
+    user = get_user_model().objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(user)
+    return client
+
+
+FORM = {
+    "slug": "spring-sale",
+    "name": "Spring sale",
+    "target_url": "https://shop.example/",
+    "state": "open",
+    "capacity": "20",
+    "capacity_source": "counted",
+    "outflow_per_minute": "60",
+    "burst": "5",
+    "session_ttl": "600",
+    "claim_ttl": "60",
+    "presence_timeout": "60",
+    "abandon_timeout": "300",
+    "max_waiting": "0",
+}
+
+
+def test_adding_a_queue_in_admin_validates_audits_and_mirrors_to_redis(admin_client):
+    response = admin_client.post("/admin/queueing/queue/add/", FORM)
+    assert response.status_code == 302, response.content
+    queue = Queue.objects.get(slug="spring-sale")
+    assert queue.priority_levels.count() == 4
+    assert QueueChange.objects.get(queue=queue).action == "create"
+    assert store.config_read("spring-sale")["capacity"] == "20"
+
+
+def test_admin_refuses_a_claim_ttl_longer_than_the_session(admin_client):
+    response = admin_client.post("/admin/queueing/queue/add/", {**FORM, "claim_ttl": "900"})
+    assert response.status_code == 200
+    assert b"cannot be longer than the session" in response.content
+    assert not Queue.objects.exists()
+
+
+def test_the_change_list_shows_live_counts_and_pause_resume_actions(admin_client, make_queue, api):
+    queue = make_queue(state="paused")
+    for _ in range(3):
+        api.post(f"/api/v1/queues/{queue.slug}/join", format="json", HTTP_X_VISITOR_ID=str(uuid.uuid4()))
+    page = admin_client.get("/admin/queueing/queue/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    row = html[html.index(f">{queue.slug}</a>") :].split("</tr>")[0]
+    assert '<td class="field-live_waiting">3</td>' in row
+    admin_client.post("/admin/queueing/queue/", {"action": "resume_queues", "_selected_action": [queue.pk]})
+    assert Queue.objects.get(pk=queue.pk).state == "open"
+    admin_client.post("/admin/queueing/queue/", {"action": "pause_queues", "_selected_action": [queue.pk]})
+    assert store.config_read(queue.slug)["state"] == "paused"
+
+
+def test_editing_a_priority_level_updates_the_placement_in_redis(admin_client, make_queue):
+    queue = make_queue()
+    page = admin_client.get(f"/admin/queueing/queue/{queue.pk}/change/")
+    assert page.status_code == 200
+    levels = list(queue.priority_levels.order_by("level"))
+    data = {k: v for k, v in FORM.items() if k != "slug"}
+    data.update(
+        {
+            "priority_levels-TOTAL_FORMS": "4",
+            "priority_levels-INITIAL_FORMS": "4",
+            "priority_levels-MIN_NUM_FORMS": "0",
+            "priority_levels-MAX_NUM_FORMS": "4",
+        }
+    )
+    for i, level in enumerate(levels):
+        data.update(
+            {
+                f"priority_levels-{i}-id": str(level.pk),
+                f"priority_levels-{i}-queue": str(queue.pk),
+                f"priority_levels-{i}-level": str(level.level),
+                f"priority_levels-{i}-name": level.name,
+                f"priority_levels-{i}-placement_fraction": "0.3" if level.level == 1 else str(level.placement_fraction),
+                f"priority_levels-{i}-group": "",
+            }
+        )
+    response = admin_client.post(f"/admin/queueing/queue/{queue.pk}/change/", data)
+    assert response.status_code == 302, response.content[:3000]
+    assert store.config_read(queue.slug)["pf1"] == "0.3"
+    assert store.config_read(queue.slug)["capacity"] == "20"
+
+
+def test_an_api_key_created_in_admin_is_shown_once_and_stored_hashed(admin_client, make_queue):
+    queue = make_queue()
+    response = admin_client.post(
+        "/admin/queueing/queueapikey/add/",
+        {"name": "shop", "queue": queue.pk, "expiry_date_0": "", "expiry_date_1": ""},
+        follow=True,
+    )
+    assert response.status_code == 200
+    messages = [str(m) for m in response.context["messages"]]
+    key = next(m for m in messages if "API key" in m).split(" is: ")[1].split(". ")[0]
+    stored = QueueAPIKey.objects.get(queue=queue)
+    assert key.startswith(stored.prefix + ".")
+    assert stored.is_valid(key)
+    assert key not in admin_client.get(f"/admin/queueing/queueapikey/{stored.pk}/change/").content.decode()
+
+
+def test_admin_pages_render(admin_client, make_queue):
+    make_queue()
+    for path in [
+        "/admin/",
+        "/admin/queueing/queue/",
+        "/admin/queueing/prioritycode/",
+        "/admin/queueing/queueapikey/",
+        "/admin/queueing/signingkey/",
+        "/admin/queueing/queuechange/",
+        "/admin/django_celery_beat/periodictask/",
+    ]:
+        assert admin_client.get(path).status_code == 200, path

@@ -1,0 +1,246 @@
+"""The visitor API: join, status (heartbeat), leave; identities; ticket attacks."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import time
+import uuid
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from queueing import store, tokens
+from queueing.visitors import random_visitor_id
+
+
+def url(slug: str, op: str) -> str:
+    return f"/api/v1/queues/{slug}/{op}"
+
+
+def visitor_headers() -> dict[str, str]:
+    return {"HTTP_X_VISITOR_ID": str(uuid.uuid4())}
+
+
+def join(api, slug: str, **extra):
+    return api.post(url(slug, "join"), format="json", **{**visitor_headers(), **extra})
+
+
+def poll(api, slug: str, ticket: str):
+    return api.get(url(slug, "status"), HTTP_AUTHORIZATION=f"Bearer {ticket}")
+
+
+def b64(data: dict) -> str:
+    return base64.urlsafe_b64encode(json.dumps(data).encode()).rstrip(b"=").decode()
+
+
+@pytest.fixture
+def queue(make_queue):
+    return make_queue(state="paused", capacity=2)
+
+
+def test_join_returns_201_with_a_ticket_and_the_full_body(api, queue):
+    response = join(api, queue.slug)
+    assert response.status_code == 201
+    body = response.json()
+    assert set(body) == {
+        "ticket",
+        "ticket_id",
+        "status",
+        "position",
+        "queue_length",
+        "estimated_wait_seconds",
+        "poll_after_seconds",
+        "ws_url",
+        "queue_state",
+        "event_seq",
+    }
+    assert (body["status"], body["position"], body["queue_length"]) == ("waiting", 1, 1)
+    assert body["queue_state"] == "paused"
+    assert body["estimated_wait_seconds"] is None  # paused: nobody can say
+    assert body["ws_url"].startswith("ws://testserver/ws/queues/") and "ticket=" in body["ws_url"]
+    assert int(response["Retry-After"]) >= 1
+
+
+def test_join_is_idempotent_per_visitor_201_then_200(api, queue):
+    headers = visitor_headers()
+    first = api.post(url(queue.slug, "join"), format="json", **headers)
+    second = api.post(url(queue.slug, "join"), format="json", **headers)
+    assert (first.status_code, second.status_code) == (201, 200)
+    assert first.json()["ticket_id"] == second.json()["ticket_id"]
+
+
+def test_a_browser_without_an_identity_gets_a_signed_visitor_cookie_that_keeps_its_ticket(api, queue):
+    first = api.post(url(queue.slug, "join"), format="json")
+    assert first.status_code == 201
+    assert "wr_visitor" in first.cookies
+    second = api.post(url(queue.slug, "join"), format="json")  # the client sends the cookie back
+    assert second.status_code == 200
+    assert second.json()["ticket_id"] == first.json()["ticket_id"]
+
+
+def test_a_tampered_visitor_cookie_is_ignored_not_trusted(api, queue):
+    api.cookies["wr_visitor"] = "forged-value:signature"
+    response = api.post(url(queue.slug, "join"), format="json")
+    assert response.status_code == 201
+    assert response.cookies["wr_visitor"].value != "forged-value:signature"
+
+
+def test_a_signed_in_user_joins_as_themselves(api, queue, staff_user):
+    api.force_login(staff_user)
+    first = api.post(url(queue.slug, "join"), format="json", **visitor_headers())
+    second = api.post(url(queue.slug, "join"), format="json", **visitor_headers())
+    assert first.json()["ticket_id"] == second.json()["ticket_id"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "short",
+        "0123456789abcdef",  # 64 bits
+        "00000000-0000-4000-8000-000000000000",
+        "aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa",
+        "12345678-1234-1234-8234-123456789abc",  # not version 4
+        "0123456789abcdef0123456789abcdef",  # periodic and sequential
+        "abababababababababababababababab",
+        "has spaces and symbols !!!!!!!!!!!",
+        "x" * 200,
+    ],
+)
+def test_a_short_or_patterned_visitor_id_is_refused(api, queue, value):
+    response = api.post(url(queue.slug, "join"), format="json", HTTP_X_VISITOR_ID=value)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_visitor_id"
+
+
+@pytest.mark.parametrize("make_id", [lambda: str(uuid.uuid4()), lambda: uuid.uuid4().hex, lambda: random_visitor_id()])
+def test_random_visitor_ids_are_accepted(api, queue, make_id):
+    for _ in range(50):
+        assert api.post(url(queue.slug, "join"), format="json", HTTP_X_VISITOR_ID=make_id()).status_code == 201
+
+
+def test_status_reports_position_and_ahead_and_asks_to_come_back(api, queue):
+    for _ in range(3):
+        join(api, queue.slug)
+    ticket = join(api, queue.slug).json()["ticket"]
+    response = poll(api, queue.slug, ticket)
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["status"], body["position"], body["ahead"], body["queue_length"]) == ("waiting", 4, 3, 4)
+    assert body["poll_after_seconds"] > 0
+    assert response["Retry-After"] == str(int(-(-body["poll_after_seconds"] // 1)))
+
+
+def test_status_costs_no_sql_and_no_session(api, make_queue):
+    queue = make_queue(capacity=1, burst=1)
+    join(api, queue.slug)  # admitted: a status answer then signs an access token too
+    ticket = join(api, queue.slug).json()["ticket"]
+    tokens.jwks()  # warm the key cache, as any running process has it
+    with CaptureQueriesContext(connection) as queries:
+        response = poll(api, queue.slug, ticket)
+    assert response.status_code == 200
+    assert len(queries) == 0
+    assert "Set-Cookie" not in response.headers
+    assert not hasattr(response.wsgi_request, "session")  # the fast path skipped the session machinery
+
+
+def test_an_admitted_visitor_gets_the_access_token_and_redirect(api, make_queue):
+    queue = make_queue(capacity=5, burst=5, target_url="https://shop.example/buy?x=1")
+    body = join(api, queue.slug).json()
+    assert body["status"] == "admitted"
+    assert body["redirect_url"].startswith("https://shop.example/buy?x=1&wr_access=")
+    claims = tokens.access_token_decode(body["access_token"], slug=queue.slug)
+    assert claims.ticket_id == body["ticket_id"]
+    assert body["expires_at"] == claims.expires_at
+    status = poll(api, queue.slug, body["ticket"]).json()
+    assert status["status"] == "admitted" and "Retry-After" not in poll(api, queue.slug, body["ticket"])
+
+
+def test_leave_returns_204_and_the_ticket_expires(api, queue):
+    ticket = join(api, queue.slug).json()["ticket"]
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {ticket}"}
+    assert api.post(url(queue.slug, "leave"), **auth).status_code == 204
+    assert api.post(url(queue.slug, "leave"), **auth).status_code == 204
+    assert poll(api, queue.slug, ticket).json()["status"] == "expired"
+
+
+def test_a_ticket_redis_no_longer_knows_reads_as_expired(api, queue):
+    ticket = join(api, queue.slug).json()["ticket"]
+    store.client().delete(store.queue_keys(queue.slug).tk)
+    assert poll(api, queue.slug, ticket).json()["status"] == "expired"
+
+
+# --- Ticket attacks: all 401 invalid_ticket ---------------------------------------------------------------
+
+
+def _assert_401(response):
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "invalid_ticket"
+
+
+def test_a_missing_or_malformed_authorization_gets_401(api, queue):
+    _assert_401(api.get(url(queue.slug, "status")))
+    _assert_401(api.get(url(queue.slug, "status"), HTTP_AUTHORIZATION="Bearer"))
+    _assert_401(api.get(url(queue.slug, "status"), HTTP_AUTHORIZATION="Basic abc"))
+    _assert_401(poll(api, queue.slug, "garbage"))
+
+
+def test_a_tampered_ticket_gets_401(api, queue):
+    ticket = join(api, queue.slug).json()["ticket"]
+    header, payload, signature = ticket.split(".")
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=="))
+    claims["tid"] = "0000000001." + "A" * 16
+    claims["seq"] = 1
+    _assert_401(poll(api, queue.slug, f"{header}.{b64(claims)}.{signature}"))
+
+
+def test_another_queues_ticket_gets_401(api, queue, make_queue):
+    other = make_queue(state="paused")
+    ticket = join(api, other.slug).json()["ticket"]
+    _assert_401(poll(api, queue.slug, ticket))
+    assert poll(api, other.slug, ticket).status_code == 200
+
+
+def test_an_alg_none_ticket_gets_401(api, queue):
+    ticket = join(api, queue.slug).json()["ticket"]
+    payload = ticket.split(".")[1]
+    _assert_401(poll(api, queue.slug, f"{b64({'alg': 'none', 'typ': 'JWT'})}.{payload}."))
+
+
+def test_a_ticket_signed_hs256_with_the_public_key_gets_401(api, queue):
+    body = join(api, queue.slug).json()
+    claims = jwt.decode(body["ticket"], options={"verify_signature": False})
+    public_pem = (
+        tokens._keys.get()
+        .signing_key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    public_jwk_x = tokens.jwks()["keys"][0]["x"]
+    for secret in (public_pem, public_jwk_x.encode()):
+        # Signed by hand: PyJWT itself refuses to use a public key as an HMAC secret.
+        signing_input = f"{b64({'alg': 'HS256', 'typ': 'JWT'})}.{b64(claims)}"
+        mac = hmac.new(secret, signing_input.encode(), hashlib.sha256).digest()
+        forged = f"{signing_input}.{base64.urlsafe_b64encode(mac).rstrip(b'=').decode()}"
+        _assert_401(poll(api, queue.slug, forged))
+
+
+def test_an_expired_ticket_gets_401(api, queue):
+    body = join(api, queue.slug).json()
+    claims = jwt.decode(body["ticket"], options={"verify_signature": False})
+    token = tokens.TicketToken(slug=queue.slug)
+    token.payload.update({k: v for k, v in claims.items() if k not in ("exp", "iat")})
+    token["exp"] = int(time.time()) - 10
+    response = poll(api, queue.slug, str(token))
+    _assert_401(response)
+    assert "expired" in response.json()["error"]["message"]
+
+
+def test_a_staff_jwt_is_not_a_ticket(api, queue, staff_user):
+    from rest_framework_simplejwt.tokens import AccessToken
+
+    _assert_401(poll(api, queue.slug, str(AccessToken.for_user(staff_user))))

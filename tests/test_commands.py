@@ -1,0 +1,92 @@
+"""Management commands for automation: configure_queue, create_api_key, setup_demo, rotate_signing_key."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
+
+from queueing import store
+from queueing.models import Queue, QueueAPIKey, QueueChange, SigningKey
+
+
+def run(*args: str) -> str:
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def test_configure_queue_creates_then_updates_and_prints_the_result(db):
+    created = json.loads(
+        run(
+            "configure_queue",
+            "sale",
+            "--name",
+            "Big sale",
+            "--target-url",
+            "https://shop.example/",
+            "--capacity",
+            "250",
+            "--outflow-per-minute",
+            "120.5",
+            "--burst",
+            "20",
+            "--session-ttl",
+            "900",
+            "--claim-ttl",
+            "90",
+            "--presence-timeout",
+            "45",
+            "--abandon-timeout",
+            "400",
+            "--max-waiting",
+            "100000",
+            "--state",
+            "paused",
+        )
+    )
+    assert created["created"] is True
+    assert (created["capacity"], created["outflow_per_minute"], created["state"]) == (250, 120.5, "paused")
+    updated = json.loads(run("configure_queue", "sale", "--capacity", "300"))
+    assert updated["created"] is False and updated["capacity"] == 300 and updated["burst"] == 20
+    assert store.config_read("sale")["capacity"] == "300"
+    assert [c.actor_label for c in QueueChange.objects.order_by("id")] == ["configure_queue command"] * 2
+
+
+def test_configure_queue_refuses_invalid_settings_clearly(db):
+    with pytest.raises(CommandError, match="capacity"):
+        run("configure_queue", "sale", "--target-url", "https://shop.example/", "--capacity", "0")
+    with pytest.raises(CommandError, match="target_url"):
+        run("configure_queue", "sale")  # a new queue needs a target
+    assert not Queue.objects.exists()
+
+
+def test_create_api_key_prints_a_working_key_once(db):
+    run("configure_queue", "sale", "--target-url", "https://shop.example/")
+    key = run("create_api_key", "sale", "--name", "checkout").strip()
+    stored = QueueAPIKey.objects.get()
+    assert stored.name == "checkout" and stored.queue.slug == "sale"
+    assert QueueAPIKey.objects.get_from_key(key) == stored
+    with pytest.raises(CommandError):
+        run("create_api_key", "nope")
+
+
+def test_setup_demo_creates_the_demo_and_prints_the_login_only_the_first_time(db):
+    first = run("setup_demo")
+    assert "Staff login (shown once)" in first
+    password = first.split("password ")[1].split()[0]
+    user = get_user_model().objects.get(username="staff")
+    assert user.is_staff and user.check_password(password) and user.has_perm("queueing.change_queue")
+    assert Queue.objects.get(slug="demo").target_url == "/demo/protected/"
+    assert SigningKey.objects.count() == 1
+    assert "Staff login" not in run("setup_demo")
+
+
+def test_rotate_signing_key_publishes_a_new_key(db):
+    run("setup_demo")
+    out = run("rotate_signing_key", "--lead-seconds", "0")
+    assert out.startswith("New key ")
+    assert SigningKey.objects.count() == 2

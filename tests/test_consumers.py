@@ -1,0 +1,173 @@
+"""The websocket, over the real channels-redis pub/sub layer: who may connect, who hears what."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+
+from queueing import consumers, services, store, tasks, tokens
+from waitingroom_site.asgi import application
+
+from .factories import ticket_token, visitor
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+
+ORIGIN = [(b"origin", b"http://localhost"), (b"host", b"localhost")]
+
+
+async def open_socket(slug: str, ticket: str) -> tuple[WebsocketCommunicator, bool, Any]:
+    communicator = WebsocketCommunicator(application, f"/ws/queues/{slug}/?ticket={ticket}", headers=ORIGIN)
+    connected, code = await communicator.connect(timeout=5)
+    return communicator, connected, code
+
+
+async def next_event(communicator: WebsocketCommunicator, kind: str, timeout: float = 6) -> dict[str, Any]:
+    """The next event of this kind (others, such as position heartbeats, are skipped)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            raise AssertionError(f"no {kind} event within {timeout} s")
+        event = await communicator.receive_json_from(timeout=left)
+        if event["type"] == kind:
+            return event
+
+
+async def no_event(communicator: WebsocketCommunicator, kind: str, within: float = 1.5) -> None:
+    """Nothing of this kind arrives for a while (receive_nothing: a receive timeout would stop the app)."""
+    deadline = asyncio.get_running_loop().time() + within
+    while (left := deadline - asyncio.get_running_loop().time()) > 0:
+        if await communicator.receive_nothing(timeout=left):
+            return
+        event = await communicator.receive_json_from()
+        assert event["type"] != kind, f"unexpected {kind}: {event}"
+
+
+async def waiting_visitor(slug: str, name: str) -> str:
+    ticket = (await sync_to_async(services.queue_join)(slug=slug, visitor_key=visitor(name))).ticket
+    return await sync_to_async(ticket_token)(slug, ticket)
+
+
+@pytest.fixture
+def queue(make_queue):
+    return make_queue(state="paused", capacity=5, burst=5)
+
+
+async def test_a_socket_without_a_valid_ticket_for_this_queue_is_refused(queue, make_queue):
+    other = await sync_to_async(make_queue)(state="paused")
+    others_ticket = await waiting_visitor(other.slug, "elsewhere")
+    forged = (await waiting_visitor(queue.slug, "forger"))[:-3] + "AAA"
+    for ticket in ("", "not-a-ticket", forged, others_ticket):
+        communicator, connected, code = await open_socket(queue.slug, ticket)
+        assert (connected, code) == (False, consumers.CLOSE_INVALID_TICKET), ticket
+        await communicator.disconnect()
+
+
+async def test_a_socket_from_another_site_is_refused(queue):
+    ticket = await waiting_visitor(queue.slug, "v")
+    communicator = WebsocketCommunicator(
+        application, f"/ws/queues/{queue.slug}/?ticket={ticket}", headers=[(b"origin", b"http://evil.example")]
+    )
+    connected, _ = await communicator.connect(timeout=5)
+    assert not connected
+
+
+async def test_an_open_socket_keeps_the_visitor_present_and_reports_its_place(queue):
+    await waiting_visitor(queue.slug, "first")
+    ticket = await waiting_visitor(queue.slug, "second")
+    communicator, connected, _ = await open_socket(queue.slug, ticket)
+    assert connected
+    event = await next_event(communicator, "position")
+    assert (event["status"], event["position"], event["ahead"], event["queue_state"]) == ("waiting", 2, 1, "paused")
+    await communicator.disconnect()
+
+
+async def test_a_visitor_hears_its_own_admission_and_never_anothers(queue):
+    first = await waiting_visitor(queue.slug, "first")
+    second = await waiting_visitor(queue.slug, "second")
+    one, _, _ = await open_socket(queue.slug, first)
+    two, _, _ = await open_socket(queue.slug, second)
+    await asyncio.sleep(0.3)  # both subscribed
+    await sync_to_async(services.queue_configure)(slug=queue.slug, changes={"capacity": 1, "state": "open"})
+    await sync_to_async(services.queue_admit)(slug=queue.slug)
+    admitted = await next_event(one, "admitted")
+    claims = await sync_to_async(tokens.access_token_decode)(admitted["access_token"], slug=queue.slug)
+    assert claims.ticket_id == admitted["ticket_id"]
+    assert admitted["redirect_url"].startswith("https://shop.example/checkout?wr_access=")
+    move = await next_event(two, "queue_move")
+    assert move["ops"] == [["-", 0, 1]] and move["seq"] >= 1
+    await no_event(two, "admitted")
+    await one.disconnect()
+    await two.disconnect()
+
+
+async def test_an_admission_made_by_the_celery_task_reaches_the_right_socket(queue):
+    ticket = await waiting_visitor(queue.slug, "first")
+    communicator, _, _ = await open_socket(queue.slug, ticket)
+    await asyncio.sleep(0.3)
+    await sync_to_async(services.queue_configure)(slug=queue.slug, changes={"state": "open"})
+    result = await sync_to_async(lambda: tasks.admission_tick.apply().get())()
+    assert result == 1
+    assert (await next_event(communicator, "admitted"))["expires_at"] > 0
+    await communicator.disconnect()
+
+
+async def test_queue_moves_carry_a_growing_sequence_and_the_places_that_moved(queue):
+    tickets = [await waiting_visitor(queue.slug, f"v{i}") for i in range(4)]
+    communicator, _, _ = await open_socket(queue.slug, tickets[3])
+    await asyncio.sleep(0.3)
+    claims = await sync_to_async(tokens.ticket_decode)(tickets[1], slug=queue.slug)
+    await sync_to_async(services.ticket_leave)(slug=queue.slug, claims=claims)
+    first = await next_event(communicator, "queue_move")
+    assert first["ops"] == [["-", 1, 1]]
+    vip = (await sync_to_async(services.queue_join)(slug=queue.slug, visitor_key=visitor("vip"), priority=2)).ticket
+    second = await next_event(communicator, "queue_move")
+    assert second["seq"] == first["seq"] + 1
+    assert second["ops"] == [["+", vip.rank, 1]]
+    await communicator.disconnect()
+
+
+async def test_revoking_a_waiting_visitor_tells_it_so(queue):
+    ticket = await waiting_visitor(queue.slug, "v")
+    communicator, _, _ = await open_socket(queue.slug, ticket)
+    await asyncio.sleep(0.3)
+    ticket_id = (await sync_to_async(tokens.ticket_decode)(ticket, slug=queue.slug)).ticket_id
+    await sync_to_async(services.session_revoke)(slug=queue.slug, ticket_id=ticket_id)
+    event = await next_event(communicator, "expired")
+    assert (event["ticket_id"], event["reason"]) == (ticket_id, "revoked")
+    await communicator.disconnect()
+
+
+async def test_snapshots_reach_every_watcher(queue):
+    ticket = await waiting_visitor(queue.slug, "v")
+    communicator, _, _ = await open_socket(queue.slug, ticket)
+    await consumers.viewers.report()
+    assert await sync_to_async(lambda: tasks.realtime_snapshots.apply().get())() >= 1
+    snapshot = await next_event(communicator, "snapshot")
+    assert (snapshot["queue_length"], snapshot["state"], snapshot["viewers"]) == (1, "paused", 1)
+    await communicator.disconnect()
+
+
+async def test_viewers_are_counted_per_queue(queue):
+    tickets = [await waiting_visitor(queue.slug, f"v{i}") for i in range(3)]
+    sockets = [(await open_socket(queue.slug, t))[0] for t in tickets]
+    await consumers.viewers.report()
+    assert await sync_to_async(store.viewers_count)(queue.slug, now=__import__("time").time()) == 3
+    await sockets[0].disconnect()
+    await consumers.viewers.report()
+    assert await sync_to_async(store.viewers_count)(queue.slug, now=__import__("time").time()) == 2
+    for communicator in sockets[1:]:
+        await communicator.disconnect()
+
+
+async def test_a_client_that_saw_a_gap_can_ask_for_its_status_at_once(queue):
+    ticket = await waiting_visitor(queue.slug, "v")
+    communicator, _, _ = await open_socket(queue.slug, ticket)
+    await communicator.send_json_to({"type": "status"})
+    event = await next_event(communicator, "position", timeout=1)
+    assert event["position"] == 1
+    await communicator.disconnect()

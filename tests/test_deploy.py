@@ -1,0 +1,107 @@
+"""The production shape: `check --deploy` is clean with production settings; docker-compose is sound."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args], env=env, capture_output=True, text=True, cwd=ROOT
+    )
+
+
+def production_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "HTTPS", "SECRET_KEY", "DJANGO_SETTINGS_MODULE")}
+    env.update(
+        DJANGO_SETTINGS_MODULE="waitingroom_site.settings",
+        SECRET_KEY=secrets.token_urlsafe(50),
+        ALLOWED_HOSTS="queue.example.com",
+        DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}",
+        WR_VAR_DIR=str(tmp_path),
+    )
+    return env
+
+
+def test_check_deploy_is_clean_with_production_settings(tmp_path):
+    result = manage("check", "--deploy", "--fail-level", "WARNING", env=production_env(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
+
+
+def test_production_settings_refuse_to_start_without_a_secret_key(tmp_path):
+    env = production_env(tmp_path)
+    del env["SECRET_KEY"]
+    result = manage("check", env=env)
+    assert result.returncode != 0
+    assert "SECRET_KEY must be set" in result.stderr
+
+
+def test_secure_defaults_hold_without_configuration(tmp_path):
+    code = (
+        "from django.conf import settings as s; "
+        "print(s.DEBUG, s.SECURE_SSL_REDIRECT, s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, "
+        "s.SECURE_HSTS_SECONDS > 0, s.X_FRAME_OPTIONS)"
+    )
+    result = manage("shell", "--no-imports", "-c", code, env=production_env(tmp_path))
+    assert result.stdout.split() == ["False", "True", "True", "True", "True", "DENY"], result.stderr
+
+
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def test_compose_runs_redis_with_aof_postgres_web_worker_and_beat():
+    services = compose()["services"]
+    assert {"redis", "postgres", "web", "ws", "worker", "beat", "migrate", "proxy"} <= set(services)
+    redis_cmd = services["redis"]["command"]
+    assert redis_cmd[redis_cmd.index("--appendonly") + 1] == "yes"
+    assert any(v.endswith(":/data") for v in services["redis"]["volumes"])
+    assert services["postgres"]["image"].startswith("postgres:")
+    assert services["web"]["deploy"]["replicas"] >= 2
+    assert services["web"]["command"][0] == "gunicorn"
+    assert services["ws"]["command"][:2] == ["uvicorn", "waitingroom_site.asgi:application"]
+    assert services["worker"]["command"][:4] == ["celery", "-A", "waitingroom_site", "worker"]
+    assert services["beat"]["command"][:4] == ["celery", "-A", "waitingroom_site", "beat"]
+    assert "replicas" not in services["beat"].get("deploy", {})  # exactly one beat
+
+
+def test_compose_app_services_share_one_image_and_point_at_redis_and_postgres():
+    services = compose()["services"]
+    for name in ("web", "ws", "worker", "beat", "migrate"):
+        service = services[name]
+        assert service["image"] == "waitingroom:latest" and service["build"] == "."
+        env = service["environment"]
+        assert env["REDIS_URL"] == "redis://redis:6379/0"
+        assert env["DATABASE_URL"].startswith("postgres://") and "@postgres:5432/" in env["DATABASE_URL"]
+        assert env["SECRET_KEY"].startswith("${SECRET_KEY:?")
+    for name in ("web", "ws", "worker", "beat"):
+        depends = services[name]["depends_on"]
+        assert depends["migrate"]["condition"] == "service_completed_successfully"
+        assert depends["redis"]["condition"] == depends["postgres"]["condition"] == "service_healthy"
+
+
+def test_the_proxy_config_forwards_to_the_web_service():
+    services = compose()["services"]
+    mount = services["proxy"]["volumes"][0].split(":")[0]
+    config = (ROOT / mount).read_text()
+    assert "server web:8000" in config and "proxy_pass http://web" in config
+    websockets = config[config.index("location /ws/") :].split("}")[0]
+    assert "proxy_pass http://ws" in websockets and "Upgrade $http_upgrade" in websockets
+
+
+def test_the_dockerfile_installs_the_pinned_requirements_and_runs_as_a_user():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "pip install -r requirements.txt" in dockerfile
+    assert "collectstatic" in dockerfile and "\nUSER " in dockerfile
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            assert "==" in line, line

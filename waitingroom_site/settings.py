@@ -1,0 +1,297 @@
+"""Settings for Waiting Room, read from environment variables (12-factor).
+
+Every setting has a secure default: without configuration the site runs with DEBUG off, HTTPS-only
+cookies, HSTS and an SSL redirect. `bin/run` sets HTTPS=0 for a local, plain-HTTP demo. The README lists
+every variable.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("WR_VAR_DIR", BASE_DIR / "var"))
+
+
+def envbool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ImproperlyConfigured(f"{name} must be a boolean (1/0, true/false), not {value!r}")
+
+
+def envint(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be an integer, not {value!r}") from exc
+
+
+def envlist(name: str, default: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+DEBUG = envbool("DEBUG", False)
+HTTPS = envbool("HTTPS", True)
+
+SECRET_KEY = os.environ.get("SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG and not envbool("WR_ALLOW_GENERATED_SECRET", False):
+        raise ImproperlyConfigured("SECRET_KEY must be set (or DEBUG=1 for development).")
+    # Development only: a key kept under var/ so sessions and tickets survive restarts.
+    _secret_file = VAR_DIR / "secret_key"
+    if not _secret_file.exists():
+        import secrets
+
+        VAR_DIR.mkdir(parents=True, exist_ok=True)
+        _secret_file.write_text(secrets.token_urlsafe(50))
+    SECRET_KEY = _secret_file.read_text().strip()
+
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", "")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework_api_key",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_celery_beat",
+    "channels",
+    "waitingroom_site",
+    "queueing",
+    "admin_dashboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    # Serves the visitor hot path (status polls) without sessions, auth, CSRF or static machinery.
+    "waitingroom_site.fastpath.FastPathMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "waitingroom_site.urls"
+WSGI_APPLICATION = "waitingroom_site.wsgi.application"
+ASGI_APPLICATION = "waitingroom_site.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        os.environ.get("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}"),
+        conn_max_age=envint("DB_CONN_MAX_AGE", 60),
+        conn_health_checks=True,
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Several processes (web, worker, beat) share the file: wait for locks instead of failing.
+    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    _test_db = os.environ.get("WR_TEST_DB_PATH")
+    if _test_db:
+        DATABASES["default"]["TEST"] = {"NAME": _test_db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = os.environ.get("TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = Path(os.environ.get("STATIC_ROOT", VAR_DIR / "static"))
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": (
+            "django.contrib.staticfiles.storage.StaticFilesStorage"
+            if DEBUG
+            else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        )
+    },
+}
+
+LOGIN_URL = "/admin/login/"
+
+# --- Security: secure by default, relaxed only by HTTPS=0 for a local plain-HTTP run. ---
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+SECURE_SSL_REDIRECT = HTTPS and envbool("SECURE_SSL_REDIRECT", True)
+SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 31536000 if HTTPS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
+SECURE_HSTS_PRELOAD = HTTPS and envbool("SECURE_HSTS_PRELOAD", True)
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_HTTPONLY = True
+if envbool("BEHIND_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    USE_X_FORWARDED_HOST = True
+# The SSL redirect must not hit the health check a load balancer makes over plain HTTP.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+
+# --- Redis: all live queue state, the Celery broker and (later) the channel layer. ---
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+WR_REDIS_PREFIX = os.environ.get("WR_REDIS_PREFIX", "wr")
+
+
+def channel_layers(redis_url: str, prefix: str) -> dict[str, Any]:
+    # Pub/sub: a group send is one PUBLISH whatever the group's size (queueing/realtime.py says why).
+    # Pub/sub channels ignore Redis database numbers, so the prefix keeps installations apart.
+    return {
+        "default": {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [redis_url], "prefix": f"{prefix}:ws:"},
+        }
+    }
+
+
+CHANNEL_LAYERS = channel_layers(REDIS_URL, WR_REDIS_PREFIX)
+
+# --- Waiting room behaviour. ---
+# Tickets: HS256 (cheap to verify on every poll); a key of its own, derived from SECRET_KEY if unset.
+WR_TICKET_SIGNING_KEY = os.environ.get("WR_TICKET_SIGNING_KEY", "")
+WR_TICKET_LIFETIME = timedelta(hours=envint("WR_TICKET_LIFETIME_HOURS", 24))
+# Access tokens: Ed25519 keys in the database; a new key is published this long before it signs,
+# so that protected sites caching the JWKS see it first.
+WR_KEY_PUBLISH_LEAD = timedelta(seconds=envint("WR_KEY_PUBLISH_LEAD_SECONDS", 600))
+WR_KEY_CACHE_SECONDS = envint("WR_KEY_CACHE_SECONDS", 30)
+# How long a finished ticket still answers `completed`/`expired` (instead of forgetting it).
+WR_TERMINAL_RETENTION_SECONDS = envint("WR_TERMINAL_RETENTION_SECONDS", 900)
+# Public base for websocket URLs handed to clients; empty means "same host as the request".
+WR_WS_BASE_URL = os.environ.get("WR_WS_BASE_URL", "")
+WR_VISITOR_COOKIE = "wr_visitor"
+WR_ACCESS_COOKIE_PREFIX = "wr_access_"
+WR_ACCESS_QUERY_PARAM = "wr_access"
+# require_queue_access: "local" (same project: checks Redis), "remote" (HTTP call to WR_API_URL
+# with WR_API_KEY) or "offline" (JWKS signature check only).
+WR_VERIFY_MODE = os.environ.get("WR_VERIFY_MODE", "local")
+WR_API_URL = os.environ.get("WR_API_URL", "")
+WR_API_KEY = os.environ.get("WR_API_KEY", "")
+WR_WAITING_PAGE_URL = os.environ.get("WR_WAITING_PAGE_URL", "/q/{slug}/")
+# Admission tick leadership lease; ticks run every second.
+WR_LEADER_TTL_MS = envint("WR_LEADER_TTL_MS", 3000)
+WR_ADMIT_MAX_PER_CALL = envint("WR_ADMIT_MAX_PER_CALL", 1000)
+WR_CLEANUP_CHUNK = envint("WR_CLEANUP_CHUNK", 500)
+
+# --- Celery ---
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "waitingroom")
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_TIME_LIMIT = 30
+if os.environ.get("CELERY_KEY_PREFIX"):
+    # Every broker key under one prefix (used by tests to share a Redis and clean up after themselves).
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": os.environ["CELERY_KEY_PREFIX"]}
+DJANGO_CELERY_BEAT_TZ_AWARE = True
+
+# --- REST framework ---
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.AllowAny"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "queueing.api.errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+
+SIMPLE_JWT = {
+    # Staff API tokens (POST /api/v1/auth/token). Visitor tickets use their own key and class.
+    "ACCESS_TOKEN_LIFETIME": timedelta(minutes=envint("STAFF_TOKEN_MINUTES", 30)),
+    "REFRESH_TOKEN_LIFETIME": timedelta(hours=12),
+    "ALGORITHM": "HS256",
+    "SIGNING_KEY": SECRET_KEY,
+    "AUTH_HEADER_TYPES": ("Bearer",),
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Waiting Room API",
+    "DESCRIPTION": (
+        "Virtual waiting room: visitors join and poll; protected sites verify access tokens; "
+        "staff watch and steer queues. Errors always have the shape "
+        '`{"error": {"code": "...", "message": "..."}}`.'
+    ),
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "FinishReasonEnum": ["completed", "left", "abandoned", "expired_claim", "expired_session", "revoked"],
+        "VerifyReasonEnum": ["expired", "superseded", "revoked", "invalid"],
+    },
+    "APPEND_COMPONENTS": {
+        "securitySchemes": {
+            "ticket": {"type": "http", "scheme": "bearer", "description": "A visitor's ticket (from join)."},
+            "apiKey": {
+                "type": "apiKey",
+                "in": "header",
+                "name": "Authorization",
+                "description": "A protected site's key: `Api-Key <key>`.",
+            },
+            "staffJWT": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"},
+            "cookieAuth": {"type": "apiKey", "in": "cookie", "name": "sessionid"},
+        }
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,45 @@
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest, HttpResponse
+from django.urls import include, path
+from django.views import defaults
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from rest_framework_simplejwt.views import TokenObtainPairView, TokenRefreshView
+
+from queueing.api import errors
+from queueing.api.views import jwks_view
+
+
+def healthz(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok", content_type="text/plain")
+
+
+def not_found(request: HttpRequest, exception: Exception) -> Any:
+    """JSON in the API's error shape under /api/, Django's page elsewhere."""
+    if request.path.startswith("/api/"):
+        return errors.json_not_found(request, exception)
+    return defaults.page_not_found(request, exception)
+
+
+def server_error(request: HttpRequest) -> Any:
+    if request.path.startswith("/api/"):
+        return errors.json_server_error(request)
+    return defaults.server_error(request)
+
+
+handler404 = "waitingroom_site.urls.not_found"
+handler500 = "waitingroom_site.urls.server_error"
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v1/", include("queueing.api.urls")),
+    path("api/v1/auth/token", TokenObtainPairView.as_view(), name="staff-token"),
+    path("api/v1/auth/token/refresh", TokenRefreshView.as_view(), name="staff-token-refresh"),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
+    path(".well-known/jwks.json", jwks_view, name="jwks"),
+    path("healthz", healthz, name="healthz"),
+    path("", include("queueing.urls")),
+]
