@@ -1,12 +1,19 @@
 """Websockets (SPEC 7). Thin: check the ticket, join the queue's group and the ticket's own group,
-forward events. While a socket is open it also stands in for the visitor's polls: every
-`poll_after_seconds` it takes the visitor's status (which keeps it present, so admission does not skip
-it) and sends it as a `position` event, or `admitted` / `expired` when that is the news."""
+forward events. While a socket is open it also stands in for the visitor's polls: now and then it takes
+the visitor's status (which keeps it present, so admission does not skip it) and sends it as a
+`position` event, or `admitted` / `expired` when that is the news.
+
+How often: pushes already carry every move and the admission, so the socket's status is a safety net
+and a presence heartbeat, not the way news arrives. It comes every SOCKET_STATUS_SECONDS (±20%), or
+more often when the queue's presence and claim windows need it (`heartbeat_ceiling_seconds`), never
+more often than an HTTP poller would be told to poll. At 5,000 sockets that is ~250 status reads a
+second instead of up to 2,500 (bench/RESULTS.md)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import random
 import socket
@@ -17,12 +24,17 @@ from urllib.parse import parse_qs
 
 import redis
 from asgiref.sync import sync_to_async
+from channels.consumer import get_handler_name
+from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
 
 from . import realtime, selectors, store, tokens
 
 CLOSE_INVALID_TICKET = 4401
 VIEWERS_REPORT_SECONDS = 5.0
+SOCKET_STATUS_SECONDS = 20.0
+FANOUT_YIELD_EVERY = 100
 
 
 class QueueConsumer(AsyncJsonWebsocketConsumer):
@@ -38,9 +50,12 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         except tokens.InvalidTicket:
             await self.close(code=CLOSE_INVALID_TICKET)  # before accept: the handshake is refused
             return
-        for group in self._groups():
-            await self.channel_layer.group_add(group, self.channel_name)
+        # Private events come through this consumer's own channel; the queue's public ones through the
+        # server's one listener for the queue (_PublicFanout), which writes them to every socket.
+        await self.channel_layer.group_add(self._private_group(), self.channel_name)
         await self.accept()
+        _fanout().add(self.slug, self, self.channel_layer)
+        collector.ensure()
         viewers.opened(self.slug)
         self.heartbeat = asyncio.ensure_future(self._heartbeat())
 
@@ -49,21 +64,31 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
             return
         if self.heartbeat is not None:
             self.heartbeat.cancel()
-        for group in self._groups():
-            await self.channel_layer.group_discard(group, self.channel_name)
+        _fanout().discard(self.slug, self)
+        await self.channel_layer.group_discard(self._private_group(), self.channel_name)
         viewers.closed(self.slug)
 
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # Channels' own dispatch first runs close_old_connections in its one sync thread before every
+        # message, serialising each socket's every event through that thread: at 2,000 sockets, half
+        # the server's CPU and most of the latency (bench/RESULTS.md). These consumers never touch the
+        # database in the event loop; the status read below cleans up its own thread's connection.
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
     async def queue_event(self, message: dict[str, Any]) -> None:
-        await self.send_json(message["event"])
+        await self.send(text_data=message["text"])  # encoded once by realtime.send for every socket
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         # A client that saw a gap in the event sequence asks for the truth over the socket.
         if isinstance(content, dict) and content.get("type") == "status":
             await self._send_status()
 
-    def _groups(self) -> list[str]:
+    def _private_group(self) -> str:
         assert self.claims is not None
-        return [realtime.queue_group(self.slug), realtime.ticket_group(self.slug, self.claims.visitor_key)]
+        return realtime.ticket_group(self.slug, self.claims.visitor_key)
 
     async def _heartbeat(self) -> None:
         await asyncio.sleep(random.uniform(1, 3))  # sockets opened together do not poll together
@@ -74,7 +99,9 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         """Send the visitor's status; returns when to send it again, or None when the ticket is over."""
         assert self.claims is not None
         try:
-            view = await sync_to_async(selectors.ticket_status_get, thread_sensitive=False)(claims=self.claims)
+            # In a pool thread, closing that thread's stale database connection (used only when Redis
+            # lost the queue's policy and it is synced again).
+            view = await database_sync_to_async(selectors.ticket_status_get, thread_sensitive=False)(claims=self.claims)
         except selectors.TicketGone:
             await self.send_json({"type": "expired", "ticket_id": self.claims.ticket_id, "reason": "expired"})
             return None
@@ -95,7 +122,116 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "expired", "ticket_id": view.ticket_id, "reason": view.reason})
             return None
         await self.send_json({"type": "position", **view.payload()})
-        return view.poll_after_seconds
+        return socket_status_after(view)
+
+
+def socket_status_after(view: selectors.TicketView) -> float:
+    """Seconds until a waiting socket's next status (see the module's docstring)."""
+    wanted = min(SOCKET_STATUS_SECONDS, view.heartbeat_ceiling_seconds) * random.uniform(0.8, 1.0)
+    return max(view.poll_after_seconds, wanted)
+
+
+class _PublicFanout:
+    """A queue's public events (`queue_move`, `snapshot`), written by one listener per queue and server
+    straight to each of the server's sockets for that queue.
+
+    Through the channel layer, each socket would be a member of the queue's group: one delivery to the
+    server still, but then a queue, a task wake-up and a dispatch per socket per event. Writing the
+    event's text (encoded once by realtime.send) to each socket in one loop is about four times cheaper
+    at 5,000 sockets (bench/RESULTS.md). Writes do not wait for slow clients (the server buffers them).
+    """
+
+    def __init__(self) -> None:
+        self.members: dict[str, set[QueueConsumer]] = {}
+        self.listeners: dict[str, asyncio.Task[None]] = {}
+
+    def add(self, slug: str, consumer: QueueConsumer, layer: Any) -> None:
+        self.members.setdefault(slug, set()).add(consumer)
+        listener = self.listeners.get(slug)
+        if listener is None or listener.done():
+            self.listeners[slug] = asyncio.ensure_future(self._listen(slug, layer))
+
+    def discard(self, slug: str, consumer: QueueConsumer) -> None:
+        members = self.members.get(slug)
+        if members is None:
+            return
+        members.discard(consumer)
+        if not members:
+            del self.members[slug]
+            listener = self.listeners.pop(slug, None)
+            if listener is not None:
+                listener.cancel()
+
+    async def _listen(self, slug: str, layer: Any) -> None:
+        group = realtime.queue_group(slug)
+        channel = await layer.new_channel("fanout.")
+        await layer.group_add(group, channel)
+        try:
+            while True:
+                message = await layer.receive(channel)  # cancelling this unsubscribes the channel
+                frame: Any = {"type": "websocket.send", "text": message["text"]}
+                for index, consumer in enumerate(list(self.members.get(slug, ()))):
+                    if index and index % FANOUT_YIELD_EVERY == 0:
+                        await asyncio.sleep(0)  # let private events (an admission) through meanwhile
+                    with contextlib.suppress(Exception):  # a socket closing now: its disconnect follows
+                        await consumer.base_send(frame)
+        finally:
+            with contextlib.suppress(Exception):
+                await layer.group_discard(group, channel)
+
+
+_fanouts: dict[asyncio.AbstractEventLoop, _PublicFanout] = {}
+
+
+def _fanout() -> _PublicFanout:
+    """The running event loop's fan-out (one per server; tests run several loops one after another)."""
+    loop = asyncio.get_running_loop()
+    fanout = _fanouts.get(loop)
+    if fanout is None:
+        for old in [old for old in _fanouts if old.is_closed()]:
+            del _fanouts[old]
+        fanout = _fanouts[loop] = _PublicFanout()
+    return fanout
+
+
+class _Collector:
+    """Keeps Python's full garbage collections short in a server holding thousands of sockets.
+
+    Each socket is some hundred long-lived objects (consumer, tasks, coroutines, queues); at 5,000
+    sockets a full collection walks them all and stops the event loop for 0.4-0.7 s, every few seconds
+    while sockets come and go (bench/RESULTS.md). Every WR_WS_GC_FREEZE_SECONDS the survivors are moved
+    out of the collector's sight (gc.freeze), so automatic collections only walk what is newer; every
+    WR_WS_GC_FULL_SECONDS one full collection over everything reclaims cyclic garbage among them.
+    Plain (acyclic) garbage, most of a closed socket, is freed by reference counting as always.
+    """
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[None] | None = None
+
+    def ensure(self) -> None:
+        if settings.WR_WS_GC_FREEZE_SECONDS <= 0:
+            return
+        if self._task is None or self._task.done() or self._task.get_loop() is not asyncio.get_running_loop():
+            self._task = asyncio.ensure_future(self._run())
+
+    @staticmethod
+    def cycle(*, full: bool) -> None:
+        if full:
+            gc.unfreeze()
+            gc.collect()
+        gc.freeze()
+
+    async def _run(self) -> None:
+        last_full = time.monotonic()
+        while True:
+            await asyncio.sleep(settings.WR_WS_GC_FREEZE_SECONDS)
+            full = time.monotonic() - last_full >= settings.WR_WS_GC_FULL_SECONDS
+            self.cycle(full=full)
+            if full:
+                last_full = time.monotonic()
+
+
+collector = _Collector()
 
 
 class _Viewers:

@@ -17,6 +17,7 @@ event loop, opens a connection and closes both on every send, the pattern behind
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any
@@ -56,7 +57,9 @@ def send(messages: Iterable[Message]) -> int:
     count = 0
     for group, event in messages:
         # RedisPubSubChannelLayer's group channel name and message envelope.
-        pipe.publish(f"{prefix}__group__{group}", serializer.serialize({"type": "queue.event", "event": event}))
+        # Encoded here, once: a server forwards the text to each of its sockets as it is.
+        envelope = {"type": "queue.event", "text": json.dumps(event)}
+        pipe.publish(f"{prefix}__group__{group}", serializer.serialize(envelope))
         count += 1
     if count:
         pipe.execute()

@@ -21,6 +21,18 @@ BEAT_SCHEDULES: list[dict[str, Any]] = [
         "expire_seconds": 5,
     },
     {
+        "name": "Dashboard stats snapshot",
+        "task": "admin_dashboard.tasks.stats_snapshot",
+        "every_seconds": 10,
+        "expire_seconds": 10,
+    },
+    {
+        "name": "Dashboard stats prune",
+        "task": "admin_dashboard.tasks.stats_prune",
+        "every_seconds": 3600,
+        "expire_seconds": 600,
+    },
+    {
         "name": "Signing key prune",
         "task": "queueing.tasks.signing_keys_prune",
         "every_seconds": 3600,

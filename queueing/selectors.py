@@ -43,6 +43,8 @@ class TicketView:
     queue_state: str  # open | paused | closed
     opens_in_seconds: int | None  # before a scheduled start: the pre-queue countdown
     event_seq: int  # the queue's event sequence when this was read (live push continues from it)
+    # The longest a visitor may go unseen without being counted absent or missing its admission.
+    heartbeat_ceiling_seconds: float = 20.0
 
     @property
     def is_waiting(self) -> bool:
@@ -73,6 +75,12 @@ class TicketView:
         return body
 
 
+def heartbeat_ceiling(figures: QueueFigures) -> float:
+    """The longest gap between two sightings of a visitor that keeps it present and its admission
+    noticed: a third of the presence timeout, half the claim TTL, never under 2 s."""
+    return max(2.0, min(figures.presence_timeout_s / 3, figures.claim_ttl_s / 2))
+
+
 def poll_after_seconds(ticket: TicketState, figures: QueueFigures, rng: random.Random | None = None) -> float:
     """How long a client should wait before polling again (seed 004: spread the herd).
 
@@ -85,7 +93,7 @@ def poll_after_seconds(ticket: TicketState, figures: QueueFigures, rng: random.R
     if ticket.status != TicketStatus.WAITING:
         return 5.0 if ticket.status.holds_slot else 60.0
     # Never so rarely that an admission could expire unseen between two polls.
-    ceiling = max(2.0, min(figures.presence_timeout_s / 3, figures.claim_ttl_s / 2))
+    ceiling = heartbeat_ceiling(figures)
     est, rank = ticket.est_wait_s, ticket.rank or 0
     if est is None:
         base = 10.0
@@ -154,6 +162,7 @@ def ticket_view(slug: str, reply: TicketReply, *, now_ms: int | None = None) -> 
         queue_state=figures.state,
         opens_in_seconds=opens_in_seconds(figures, now_ms) if waiting else None,
         event_seq=max(figures.evseq, reply.moves.seq),
+        heartbeat_ceiling_seconds=heartbeat_ceiling(figures),
     )
 
 

@@ -72,14 +72,23 @@ def _audit(queue: Queue, *, action: str, before: dict[str, Any], actor: Any, act
     changed_after = {k: after[k] for k in changed_before}
     if not changed_before and action == "update":
         return
+    queue_change_record(
+        queue, action=action, before=changed_before, after=changed_after, actor=actor, actor_label=actor_label
+    )
+
+
+def queue_change_record(
+    queue: Queue, *, action: str, before: dict[str, Any], after: dict[str, Any], actor: Any, actor_label: str = ""
+) -> QueueChange:
+    """Write one entry of the audit log (who, what, before, after, when)."""
     user = actor if isinstance(actor, get_user_model()) else None
-    QueueChange.objects.create(
+    return QueueChange.objects.create(
         queue=queue,
         actor=user,
         actor_label=actor_label or (user.get_username() if user else "system"),
         action=action,
-        before=changed_before,
-        after=changed_after,
+        before=before,
+        after=after,
     )
 
 

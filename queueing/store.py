@@ -61,11 +61,15 @@ class QueueKeys:
     done: str
     leader: str
     away: str
+    waits: str
     viewers: str  # not a script key: websocket servers report their viewer counts here
 
     def script_keys(self) -> list[str]:
         """The KEYS every transition script receives, in the order `_lib.lua` expects."""
-        return [self.cfg, self.st, self.line, self.tk, self.claims, self.sessions, self.done, self.leader, self.away]
+        return [
+            *(self.cfg, self.st, self.line, self.tk, self.claims, self.sessions, self.done, self.leader, self.away),
+            self.waits,
+        ]
 
 
 @lru_cache(maxsize=4096)
@@ -546,6 +550,42 @@ def queue_delete(slug: str) -> None:
     """Drop all live state of one queue (a deleted queue, or a test)."""
     keys = queue_keys(slug)
     client().delete(*keys.script_keys(), keys.viewers)
+
+
+@dataclass(frozen=True)
+class WaitSample:
+    """One admission: when its ticket joined, when it was admitted, and the wait it was told at join."""
+
+    ticket_id: str
+    joined_ms: int
+    admitted_ms: int
+    estimated_s: int | None  # None: no estimate at join (paused, closed, no rate yet)
+
+
+def wait_samples_take(slug: str, *, limit: int = 10000) -> list[WaitSample]:
+    """Take (and remove) up to `limit` of the oldest wait samples the admissions left (atomic)."""
+    key = queue_keys(slug).waits
+    pipe = client().pipeline(transaction=True)
+    pipe.lrange(key, 0, limit - 1)
+    pipe.ltrim(key, limit, -1)
+    raw, _ = pipe.execute()
+    samples = []
+    for line in raw:
+        ticket_id, joined, admitted, estimated = line.split(" ")
+        est = int(float(estimated))
+        samples.append(WaitSample(ticket_id, int(float(joined)), int(float(admitted)), est if est >= 0 else None))
+    return samples
+
+
+def sessions_list(slug: str, *, limit: int) -> list[tuple[str, str, int]]:
+    """(ticket id, 'admitted' | 'active', claim deadline or session end in ms), soonest first."""
+    keys = queue_keys(slug)
+    pipe = client().pipeline(transaction=False)
+    pipe.zrange(keys.claims, 0, limit - 1, withscores=True)
+    pipe.zrange(keys.sessions, 0, limit - 1, withscores=True)
+    claims, sessions = pipe.execute()
+    found = [(str(t), "admitted", int(s)) for t, s in claims] + [(str(t), "active", int(s)) for t, s in sessions]
+    return sorted(found, key=lambda row: row[2])[:limit]
 
 
 VIEWERS_FRESH_SECONDS = 15

@@ -171,3 +171,34 @@ async def test_a_client_that_saw_a_gap_can_ask_for_its_status_at_once(queue):
     event = await next_event(communicator, "position", timeout=1)
     assert event["position"] == 1
     await communicator.disconnect()
+
+
+async def test_public_events_reach_every_socket_of_their_queue_only_and_survive_sockets_coming_and_going(
+    queue, make_queue
+):
+    """The server's one listener per queue: each of its sockets gets the queue's public events once,
+    another queue's sockets get none, and after the last socket leaves a new one is served again."""
+    other = await sync_to_async(make_queue)(state="paused")
+    tickets = [await waiting_visitor(queue.slug, f"v{i}") for i in range(4)]
+    sockets = [(await open_socket(queue.slug, t))[0] for t in tickets[1:]]
+    elsewhere, _, _ = await open_socket(other.slug, await waiting_visitor(other.slug, "o"))
+    await asyncio.sleep(0.3)
+    leave = await sync_to_async(tokens.ticket_decode)(tickets[0], slug=queue.slug)
+    await sync_to_async(services.ticket_leave)(slug=queue.slug, claims=leave)
+    seqs = [(await next_event(s, "queue_move"))["seq"] for s in sockets]
+    assert len(set(seqs)) == 1
+    for communicator in sockets:
+        await no_event(communicator, "queue_move", within=0.5)  # once, not once per member
+    await no_event(elsewhere, "queue_move")
+    for communicator in sockets:
+        await communicator.disconnect()
+    await asyncio.sleep(0.1)
+    assert queue.slug not in consumers._fanout().members  # the listener stopped with the last socket
+
+    again, _, _ = await open_socket(queue.slug, tickets[3])
+    await asyncio.sleep(0.3)
+    leave = await sync_to_async(tokens.ticket_decode)(tickets[1], slug=queue.slug)
+    await sync_to_async(services.ticket_leave)(slug=queue.slug, claims=leave)
+    assert (await next_event(again, "queue_move"))["seq"] == seqs[0] + 1
+    await again.disconnect()
+    await elsewhere.disconnect()

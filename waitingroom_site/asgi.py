@@ -9,15 +9,17 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "waitingroom_site.settings")
 
 django_asgi = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402  (after Django is set up)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from queueing.routing import websocket_urlpatterns  # noqa: E402
+from admin_dashboard.routing import websocket_urlpatterns as dashboard_sockets  # noqa: E402
+from queueing.routing import websocket_urlpatterns as queue_sockets  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        # Visitors' sockets authenticate by ticket, without the session machinery (which would wrap every
+        # message sent); the routes that need a logged-in user wrap themselves in AuthMiddlewareStack.
+        "websocket": AllowedHostsOriginValidator(URLRouter(queue_sockets + dashboard_sockets)),
     }
 )

@@ -53,6 +53,9 @@ def commands(args: argparse.Namespace) -> dict[str, list[str]]:
             "waitingroom_site.asgi:application",
             *("--host", args.host),
             *("--port", str(args.ws_port)),
+            # Events are a few hundred bytes: compressing them saves little and costs two zlib contexts
+            # (tens of KB) and CPU per socket (bench/RESULTS.md, push latency).
+            *("--ws-per-message-deflate", "false"),
             *("--log-level", "warning"),
             "--no-access-log",
         ],

@@ -218,6 +218,14 @@ WR_WAITING_PAGE_URL = os.environ.get("WR_WAITING_PAGE_URL", "/q/{slug}/")
 WR_LEADER_TTL_MS = envint("WR_LEADER_TTL_MS", 3000)
 WR_ADMIT_MAX_PER_CALL = envint("WR_ADMIT_MAX_PER_CALL", 1000)
 WR_CLEANUP_CHUNK = envint("WR_CLEANUP_CHUNK", 500)
+# Websocket servers: how often long-lived objects are frozen out of the garbage collector's sight, and
+# how often one full collection runs over everything (queueing.consumers._Collector). 0 turns it off.
+WR_WS_GC_FREEZE_SECONDS = envint("WR_WS_GC_FREEZE_SECONDS", 10)
+WR_WS_GC_FULL_SECONDS = envint("WR_WS_GC_FULL_SECONDS", 900)
+# Staff dashboard: live figures over its socket every this many seconds; snapshots and wait samples
+# are kept this long.
+WR_DASHBOARD_LIVE_SECONDS = envint("WR_DASHBOARD_LIVE_SECONDS", 2)
+WR_DASHBOARD_RETENTION_HOURS = envint("WR_DASHBOARD_RETENTION_HOURS", 24 * 14)
 
 # --- Celery ---
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)

@@ -33,6 +33,7 @@ handler500 = "waitingroom_site.urls.server_error"
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("dashboard/", include("admin_dashboard.urls")),
     path("api/v1/", include("queueing.api.urls")),
     path("api/v1/auth/token", TokenObtainPairView.as_view(), name="staff-token"),
     path("api/v1/auth/token/refresh", TokenRefreshView.as_view(), name="staff-token-refresh"),

@@ -11,6 +11,8 @@
 --   KEYS[8] leader    STRING admission leader token "<instance>:<term>" with a TTL
 --   KEYS[9] away      ZSET  waiting tickets found absent at the head, score = last seen (s); their
 --                           line score is kept in the record and restored when they are seen again
+--   KEYS[10] waits    LIST  "<ticket id> <joined ms> <admitted ms> <estimate at join s, -1 unknown>" per
+--                           admission, drained by the dashboard's snapshot task (capped at WAITS_KEEP)
 --
 -- A ticket id is "<seq, 10 digits>.<visitor key>": fixed width, so tickets with equal placement scores
 -- sort by sequence number (first come, first served), and the record is found from the id alone.
@@ -18,6 +20,8 @@
 
 local K_CFG, K_ST, K_LINE, K_TK = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_CLAIMS, K_SESSIONS, K_DONE, K_LEADER, K_AWAY = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local K_WAITS = KEYS[10]
+local WAITS_KEEP = 20000  -- samples not yet drained (the task runs every 10 s): the newest are kept
 
 local WAITING, ADMITTED, ACTIVE, COMPLETED, EXPIRED, REVOKED = 1, 2, 3, 4, 5, 6
 
@@ -230,6 +234,8 @@ local function admit(p, tid, rec, now)
   redis.call('ZADD', K_CLAIMS, deadline, tid)
   redis.call('HINCRBY', K_ST, 'admitted', 1)
   ema_update('ema_wait_ms', math.max(0, now - rec[R_JOINED]))
+  redis.call('RPUSH', K_WAITS, tid .. ' ' .. fmt(rec[R_JOINED]) .. ' ' .. fmt(now) .. ' ' .. fmt(rec[R_EST] or -1))
+  redis.call('LTRIM', K_WAITS, -WAITS_KEEP, -1)
   return {tid, fence, expires, rec[R_JOINED], rec[R_EST]}
 end
 

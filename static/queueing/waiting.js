@@ -246,12 +246,14 @@
     S.seq = event.seq;
     if (event.queue_length !== undefined) S.queueLength = event.queue_length;
     if (S.position === null) return;
-    var rank = S.position - 1;
+    var rank = S.position - 1, left = false;
     event.ops.forEach(function (op) {
       var kind = op[0], at = op[1], count = op[2];
-      if (kind === "-" && at < rank) rank = Math.max(at, rank - count);
+      if (kind === "-" && at <= rank && rank < at + count) left = true;
+      else if (kind === "-" && at < rank) rank = Math.max(at, rank - count);
       else if (kind === "+" && at <= rank) rank += count;
     });
+    if (left) { askStatus(); return; } // our own ticket left the line: admitted (or expired) - ask now
     if (rank + 1 !== S.position) {
       var moved = S.position - (rank + 1);
       S.position = rank + 1;

@@ -1,0 +1,115 @@
+"""What the dashboard reads: live figures from Redis, series and wait-estimate truth from the database."""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db.models import QuerySet
+
+from queueing import selectors, store
+from queueing.models import Queue, QueueChange
+
+from .models import QueueSnapshot, WaitSample
+
+SERIES_HOURS_DEFAULT = 1
+SERIES_POINTS_MAX = 2000
+
+
+def queue_live(queue: Queue, *, now: float | None = None) -> dict[str, Any]:
+    """A queue's live card: the staff stats (one Redis round trip) with its name."""
+    return {"name": queue.name, **selectors.queue_stats_get(slug=queue.slug, now=now)}
+
+
+def dashboard_cards(*, now: float | None = None) -> list[dict[str, Any]]:
+    return [queue_live(queue, now=now) for queue in Queue.objects.order_by("slug")]
+
+
+def snapshot_point(snapshot: QueueSnapshot) -> dict[str, Any]:
+    """One point of the charts (and one row of the CSV export)."""
+    return {
+        "t": round(snapshot.taken_at.timestamp(), 3),
+        "state": snapshot.state,
+        "waiting": snapshot.waiting,
+        "admitted": snapshot.admitted,
+        "active": snapshot.active,
+        "capacity": snapshot.capacity,
+        "capacity_in_use": snapshot.capacity_in_use,
+        "capacity_use": snapshot.capacity_use,
+        "viewers": snapshot.viewers,
+        "admissions": snapshot.admissions,
+        "period_seconds": snapshot.period_seconds,
+        "outflow_configured": snapshot.outflow_configured,
+        "outflow_observed": snapshot.outflow_observed,
+        "average_wait_seconds": snapshot.average_wait_seconds,
+        "average_service_seconds": snapshot.average_service_seconds,
+        "total_joined": snapshot.total_joined,
+        "total_admitted": snapshot.total_admitted,
+        "total_completed": snapshot.total_completed,
+        "total_expired": snapshot.total_expired,
+        "total_abandoned": snapshot.total_abandoned,
+    }
+
+
+def since(hours: float, *, now: float | None = None) -> datetime:
+    return datetime.fromtimestamp(time.time() if now is None else now, tz=UTC) - timedelta(hours=hours)
+
+
+def queue_snapshots(queue: Queue, *, start: datetime | None = None) -> QuerySet[QueueSnapshot]:
+    snapshots = QueueSnapshot.objects.filter(queue=queue).order_by("taken_at")
+    return snapshots.filter(taken_at__gte=start) if start is not None else snapshots
+
+
+def queue_series(queue: Queue, *, start: datetime) -> list[dict[str, Any]]:
+    """The chart points since `start` (at most the latest SERIES_POINTS_MAX)."""
+    newest_first = QueueSnapshot.objects.filter(queue=queue, taken_at__gte=start).order_by("-taken_at")
+    latest = list(newest_first[:SERIES_POINTS_MAX])
+    return [snapshot_point(s) for s in reversed(latest)]
+
+
+def _percentile(ordered: list[float], p: float) -> float | None:
+    """Nearest-rank percentile of sorted values."""
+    if not ordered:
+        return None
+    return ordered[max(0, math.ceil(len(ordered) * p / 100) - 1)]
+
+
+def estimate_truth(queue: Queue, *, start: datetime) -> dict[str, Any]:
+    """How far the wait told at join was from the wait had, over tickets admitted since `start`.
+
+    Error = actual - estimated (positive: waited longer than told). Tickets that joined with no estimate
+    (paused, closed) count in `samples` but not in the error figures.
+    """
+    rows = WaitSample.objects.filter(queue=queue, admitted_at__gte=start).values_list(
+        "estimated_seconds", "actual_seconds"
+    )
+    samples = 0
+    errors: list[float] = []
+    for estimated, actual in rows:
+        samples += 1
+        if estimated is not None:
+            errors.append(actual - estimated)
+    absolute = sorted(abs(e) for e in errors)
+    p50, p90 = _percentile(absolute, 50), _percentile(absolute, 90)
+    return {
+        "samples": samples,
+        "with_estimate": len(errors),
+        "p50_abs_error_seconds": round(p50, 1) if p50 is not None else None,
+        "p90_abs_error_seconds": round(p90, 1) if p90 is not None else None,
+        "mean_error_seconds": round(sum(errors) / len(errors), 1) if errors else None,
+    }
+
+
+def queue_sessions(queue: Queue, *, limit: int = 50) -> list[dict[str, Any]]:
+    """Admitted and active tickets (the ones staff may revoke), soonest to expire first."""
+    return [
+        {"ticket_id": ticket_id, "status": status, "until": round(until_ms / 1000)}
+        for ticket_id, status, until_ms in store.sessions_list(queue.slug, limit=limit)
+    ]
+
+
+def queue_changes(queue: Queue, *, limit: int | None = 50) -> QuerySet[QueueChange]:
+    changes = QueueChange.objects.filter(queue=queue).select_related("actor").order_by("-created_at", "-id")
+    return changes[:limit] if limit is not None else changes

@@ -1,0 +1,217 @@
+"""The staff dashboard: pages, their JSON (the polling fallback of the live socket), controls, exports.
+
+Who may do what: anonymous visitors are sent to the login page; signed-in users who are not staff get
+403; staff see everything; changing a queue (pause, resume, capacity, outflow, revoke) also needs the
+`queueing.change_queue` permission. Controls are POST forms with Django's CSRF protection.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Iterator
+from functools import wraps
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from queueing import services as queueing_services
+from queueing.models import Queue
+
+from . import selectors, services
+from .forms import ControlForm
+
+CHANGE_PERMISSION = "queueing.change_queue"
+View = Callable[..., HttpResponseBase]
+
+
+def staff_required(view: View) -> View:
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        if not request.user.is_authenticated:
+            return redirect_to_login(request.get_full_path(), reverse("admin:login"))
+        if not request.user.is_staff:
+            raise PermissionDenied("The dashboard is for staff.")
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+def _hours(request: HttpRequest) -> float:
+    try:
+        hours = float(request.GET.get("hours", selectors.SERIES_HOURS_DEFAULT))
+    except ValueError:
+        hours = selectors.SERIES_HOURS_DEFAULT
+    return min(max(hours, 0.05), 24 * 31)
+
+
+@require_GET
+@staff_required
+def dashboard_index(request: HttpRequest) -> HttpResponse:
+    return render(request, "admin_dashboard/index.html", {"cards": selectors.dashboard_cards()})
+
+
+@require_GET
+@staff_required
+def dashboard_live(request: HttpRequest) -> JsonResponse:
+    """Every queue's live card (the index page's polling fallback)."""
+    return JsonResponse({"queues": selectors.dashboard_cards()})
+
+
+def _queue_data(queue: Queue, hours: float) -> dict[str, Any]:
+    start = selectors.since(hours)
+    return {
+        "live": selectors.queue_live(queue),
+        "series": selectors.queue_series(queue, start=start),
+        "truth": selectors.estimate_truth(queue, start=start),
+        "hours": hours,
+    }
+
+
+@require_GET
+@staff_required
+def dashboard_queue(request: HttpRequest, slug: str) -> HttpResponse:
+    queue = get_object_or_404(Queue, slug=slug)
+    hours = _hours(request)
+    data = _queue_data(queue, hours)
+    can_change = request.user.has_perm(CHANGE_PERMISSION)
+    context = {
+        "queue": queue,
+        "data": data,
+        "hours": hours,
+        "can_change": can_change,
+        "form": ControlForm(initial={"capacity": queue.capacity, "outflow_per_minute": queue.outflow_per_minute}),
+        "sessions": selectors.queue_sessions(queue) if can_change else [],
+        "changes": selectors.queue_changes(queue),
+    }
+    return render(request, "admin_dashboard/queue.html", context)
+
+
+@require_GET
+@staff_required
+def dashboard_queue_data(request: HttpRequest, slug: str) -> JsonResponse:
+    """Live figures, chart series and wait-estimate truth of one queue (polling fallback, chart load)."""
+    queue = get_object_or_404(Queue, slug=slug)
+    return JsonResponse(_queue_data(queue, _hours(request)))
+
+
+def _wants_json(request: HttpRequest) -> bool:
+    return "application/json" in request.headers.get("Accept", "")
+
+
+@require_POST
+@staff_required
+def dashboard_control(request: HttpRequest, slug: str) -> HttpResponse:
+    """Pause, resume, change capacity or outflow, or revoke a session; audited."""
+    if not request.user.has_perm(CHANGE_PERMISSION):
+        raise PermissionDenied("Changing a queue needs the 'Can change queue' permission.")
+    queue = get_object_or_404(Queue, slug=slug)
+    form = ControlForm(request.POST)
+    errors: dict[str, Any] = {}
+    done = ""
+    if not form.is_valid():
+        errors = form.errors.get_json_data()
+    else:
+        action = form.cleaned_data["action"]
+        try:
+            if action == "revoke":
+                result = services.session_revoke(queue, ticket_id=form.cleaned_data["ticket_id"], actor=request.user)
+                outcome = "revoked" if result == "revoked" else "had already ended"
+                done = f"Ticket {form.cleaned_data['ticket_id']} {outcome}."
+            else:
+                changes = {f: form.cleaned_data[f] for f in ("capacity", "outflow_per_minute")}
+                services.queue_control(queue, action=action, actor=request.user, changes=changes)
+                done = {"pause": "Paused.", "resume": "Resumed.", "update": "Saved."}[action]
+        except queueing_services.TicketNotFound:
+            errors = {"ticket_id": [{"message": "No such ticket in this queue.", "code": "not_found"}]}
+        except ValidationError as error:
+            errors = {
+                field: [{"message": m, "code": "invalid"} for m in messages_]
+                for field, messages_ in error.message_dict.items()
+            }
+    if _wants_json(request):
+        if errors:
+            return JsonResponse({"error": {"code": "invalid", "fields": errors}}, status=400)
+        queue.refresh_from_db()
+        return JsonResponse({"done": done, "live": selectors.queue_live(queue)})
+    if errors:
+        text = "; ".join(f"{field}: {e['message']}" for field, items in errors.items() for e in items)
+        messages.error(request, text)
+    else:
+        messages.success(request, done)
+    return redirect("dashboard:queue", slug=queue.slug)
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+def _csv(filename: str, header: list[str], rows: Iterator[list[Any]]) -> StreamingHttpResponse:
+    writer = csv.writer(_Echo())
+    lines = (writer.writerow(row) for row in (header, *rows))
+    response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
+
+
+SNAPSHOT_COLUMNS = [
+    "taken_at",
+    "state",
+    "waiting",
+    "admitted",
+    "active",
+    "capacity",
+    "capacity_in_use",
+    "capacity_use",
+    "viewers",
+    "admissions",
+    "period_seconds",
+    "outflow_configured",
+    "outflow_observed",
+    "average_wait_seconds",
+    "average_service_seconds",
+    "total_joined",
+    "total_admitted",
+    "total_completed",
+    "total_expired",
+    "total_abandoned",
+]
+
+
+@require_GET
+@staff_required
+def export_snapshots(request: HttpRequest, slug: str) -> StreamingHttpResponse:
+    queue = get_object_or_404(Queue, slug=slug)
+
+    def rows() -> Iterator[list[Any]]:
+        for snapshot in selectors.queue_snapshots(queue).iterator(chunk_size=2000):
+            point = selectors.snapshot_point(snapshot)
+            yield [snapshot.taken_at.isoformat(), *(point[c] for c in SNAPSHOT_COLUMNS[1:])]
+
+    return _csv(f"{queue.slug}-snapshots.csv", SNAPSHOT_COLUMNS, rows())
+
+
+@require_GET
+@staff_required
+def export_changes(request: HttpRequest, slug: str) -> StreamingHttpResponse:
+    queue = get_object_or_404(Queue, slug=slug)
+
+    def rows() -> Iterator[list[Any]]:
+        for change in selectors.queue_changes(queue, limit=None).iterator(chunk_size=2000):
+            yield [
+                change.created_at.isoformat(),
+                change.actor_label,
+                change.action,
+                json.dumps(change.before, sort_keys=True, default=str),
+                json.dumps(change.after, sort_keys=True, default=str),
+            ]
+
+    return _csv(f"{queue.slug}-audit.csv", ["when", "who", "action", "before", "after"], rows())

@@ -1,0 +1,179 @@
+/* Staff dashboard: live figures over ws /ws/dashboard/ (polling the JSON endpoints when the socket is
+ * down), charts drawn with the vendored uPlot, and controls posted with fetch (plain forms without JS). */
+(function () {
+  "use strict";
+  var config = window.dashboardConfig || {};
+  var POLL_MS = 5000;
+  var state = { socket: null, socketOpen: false, retry: 1000, pollTimer: null, data: null, charts: [] };
+  var link = document.getElementById("dash-link");
+
+  function setLink(text, value) {
+    if (!link) return;
+    link.textContent = text;
+    link.setAttribute("data-state", value);
+  }
+
+  function show(value) {
+    if (value === null || value === undefined) return "–";
+    return typeof value === "number" && !Number.isInteger(value) ? String(Math.round(value * 10) / 10) : String(value);
+  }
+
+  function fill(root, figures) {
+    root.querySelectorAll("[data-field]").forEach(function (el) {
+      var name = el.getAttribute("data-field");
+      if (!(name in figures)) return;
+      el.textContent = show(figures[name]);
+      if (name === "state") el.className = "state state-" + figures[name];
+    });
+  }
+
+  function onLive(queues) {
+    queues.forEach(function (figures) {
+      if (config.page === "index") {
+        var card = document.querySelector('.card[data-slug="' + figures.slug + '"]');
+        if (card) fill(card, figures);
+      } else if (figures.slug === config.slug) {
+        fill(document.getElementById("q-live"), figures);
+        fill(document.querySelector("h1"), figures);
+      }
+    });
+  }
+
+  // --- Charts --------------------------------------------------------------------------------------
+
+  function column(series, name) {
+    return series.map(function (p) { return p[name]; });
+  }
+
+  function chart(el, series, lines) {
+    var data = [column(series, "t")];
+    var uSeries = [{}];
+    lines.forEach(function (line) {
+      data.push(line.values ? line.values(series) : column(series, line.name));
+      uSeries.push({ label: line.label, stroke: line.color, width: 2, dash: line.dash, spanGaps: true });
+    });
+    var width = Math.max(280, el.clientWidth || 600);
+    return new window.uPlot({ width: width, height: 200, series: uSeries, axes: [{}, { size: 50 }], legend: { live: false } }, data, el);
+  }
+
+  function drawCharts(series) {
+    if (!window.uPlot) return;
+    state.charts.forEach(function (c) { c.destroy(); });
+    state.charts = [];
+    var empty = document.getElementById("chart-empty");
+    if (empty) empty.hidden = series.length > 0;
+    var specs = [
+      ["chart-waiting", [{ name: "waiting", label: "waiting", color: "#2457d6" }]],
+      ["chart-outflow", [
+        { name: "outflow_configured", label: "configured", color: "#8a94a6", dash: [6, 4] },
+        { name: "outflow_observed", label: "observed", color: "#1f9d55" }]],
+      ["chart-capacity", [
+        { label: "admitted + active", color: "#d97706", values: function (s) { return s.map(function (p) { return p.admitted + p.active; }); } },
+        { name: "capacity", label: "capacity", color: "#8a94a6", dash: [6, 4] }]],
+      ["chart-wait", [{ name: "average_wait_seconds", label: "average wait", color: "#7c3aed" }]],
+    ];
+    specs.forEach(function (spec) {
+      var el = document.getElementById(spec[0]);
+      if (el) state.charts.push(chart(el, series, spec[1]));
+    });
+  }
+
+  function onData(data) {
+    state.data = data;
+    onLive([data.live]);
+    var truth = document.getElementById("q-truth");
+    if (truth) truth.querySelectorAll("[data-truth]").forEach(function (el) {
+      el.textContent = show(data.truth[el.getAttribute("data-truth")]);
+    });
+    drawCharts(data.series);
+  }
+
+  function fetchJson(url) {
+    return fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" }).then(function (r) {
+      if (!r.ok) throw new Error("HTTP " + r.status);
+      return r.json();
+    });
+  }
+
+  function refresh() {
+    if (config.page === "queue") return fetchJson(config.dataUrl).then(onData);
+    return fetchJson(config.liveUrl).then(function (body) { onLive(body.queues); });
+  }
+
+  // --- Live: socket first, polling when it is down ---------------------------------------------------
+
+  function startPolling() {
+    if (state.pollTimer) return;
+    setLink("polling every " + POLL_MS / 1000 + " s", "polling");
+    state.pollTimer = setInterval(function () { refresh().catch(function () { setLink("offline, retrying", "offline"); }); }, POLL_MS);
+  }
+
+  function stopPolling() {
+    if (state.pollTimer) clearInterval(state.pollTimer);
+    state.pollTimer = null;
+  }
+
+  function connect() {
+    var scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    var socket;
+    try { socket = new WebSocket(scheme + location.host + config.socketUrl); } catch (e) { startPolling(); return; }
+    state.socket = socket;
+    socket.onopen = function () {
+      state.socketOpen = true;
+      state.retry = 1000;
+      stopPolling();
+      setLink("live", "live");
+    };
+    socket.onmessage = function (message) {
+      var event;
+      try { event = JSON.parse(message.data); } catch (e) { return; }
+      if (event.type === "live") onLive(event.queues);
+      else if (event.type === "snapshot" && config.page === "queue" && event.slug === config.slug) refresh().catch(function () {});
+    };
+    socket.onclose = function () {
+      state.socketOpen = false;
+      startPolling();
+      setTimeout(connect, state.retry);
+      state.retry = Math.min(state.retry * 2, 30000);
+    };
+  }
+
+  // --- Controls ----------------------------------------------------------------------------------------
+
+  function csrf(form) {
+    var input = form.querySelector("input[name=csrfmiddlewaretoken]");
+    return input ? input.value : "";
+  }
+
+  document.querySelectorAll("form[data-control]").forEach(function (form) {
+    form.addEventListener("submit", function (event) {
+      event.preventDefault();
+      var body = new FormData(form);
+      if (event.submitter && event.submitter.name) body.set(event.submitter.name, event.submitter.value);
+      var result = document.getElementById("q-control-result");
+      fetch(form.action, {
+        method: "POST", body: body, credentials: "same-origin",
+        headers: { Accept: "application/json", "X-CSRFToken": csrf(form) },
+      }).then(function (r) { return r.json().then(function (json) { return { ok: r.ok, json: json }; }); })
+        .then(function (answer) {
+          if (answer.ok) {
+            result.textContent = answer.json.done;
+            onLive([answer.json.live]);
+            refresh().catch(function () {});
+          } else {
+            var fields = (answer.json.error && answer.json.error.fields) || {};
+            result.textContent = Object.keys(fields).map(function (f) {
+              return f + ": " + fields[f].map(function (e) { return e.message; }).join(" ");
+            }).join("; ") || "Not saved.";
+          }
+        }).catch(function () { result.textContent = "Not saved: the server did not answer."; });
+    });
+  });
+
+  if (config.page === "queue") {
+    var initial = document.getElementById("dash-data");
+    if (initial) onData(JSON.parse(initial.textContent));
+  }
+  window.dashboard = state;
+  if ("WebSocket" in window) connect(); else startPolling();
+})();
