@@ -105,7 +105,7 @@ def estimate_truth(queue: Queue, *, start: datetime) -> dict[str, Any]:
 def queue_sessions(queue: Queue, *, limit: int = 50) -> list[dict[str, Any]]:
     """Admitted and active tickets (the ones staff may revoke), soonest to expire first."""
     return [
-        {"ticket_id": ticket_id, "status": status, "until": round(until_ms / 1000)}
+        {"ticket_id": ticket_id, "status": status, "until": datetime.fromtimestamp(until_ms / 1000, tz=UTC)}
         for ticket_id, status, until_ms in store.sessions_list(queue.slug, limit=limit)
     ]
 

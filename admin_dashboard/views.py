@@ -22,6 +22,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from queueing import realtime
 from queueing import services as queueing_services
 from queueing.models import Queue
 
@@ -29,6 +30,7 @@ from . import selectors, services
 from .forms import ControlForm
 
 CHANGE_PERMISSION = "queueing.change_queue"
+SOCKET_PATH = "/ws/dashboard/"
 View = Callable[..., HttpResponseBase]
 
 
@@ -55,7 +57,8 @@ def _hours(request: HttpRequest) -> float:
 @require_GET
 @staff_required
 def dashboard_index(request: HttpRequest) -> HttpResponse:
-    return render(request, "admin_dashboard/index.html", {"cards": selectors.dashboard_cards()})
+    context = {"cards": selectors.dashboard_cards(), "socket_url": realtime.socket_url(request, SOCKET_PATH)}
+    return render(request, "admin_dashboard/index.html", context)
 
 
 @require_GET
@@ -90,6 +93,7 @@ def dashboard_queue(request: HttpRequest, slug: str) -> HttpResponse:
         "form": ControlForm(initial={"capacity": queue.capacity, "outflow_per_minute": queue.outflow_per_minute}),
         "sessions": selectors.queue_sessions(queue) if can_change else [],
         "changes": selectors.queue_changes(queue),
+        "socket_url": realtime.socket_url(request, SOCKET_PATH),
     }
     return render(request, "admin_dashboard/queue.html", context)
 

@@ -24,11 +24,21 @@ from typing import Any
 
 from channels_redis.serializers import registry
 from django.conf import settings
+from django.http import HttpRequest
 
 from . import store
 
 Event = dict[str, Any]
 Message = tuple[str, Event]  # (group, event)
+
+
+def socket_url(request: HttpRequest, path: str) -> str:
+    """Where a browser opens a websocket: WR_WS_BASE_URL (the websocket server, when it has an address
+    of its own), else the host the page came from."""
+    base = settings.WR_WS_BASE_URL
+    if not base:
+        base = f"{'wss' if request.is_secure() else 'ws'}://{request.get_host()}"
+    return f"{base.rstrip('/')}{path}"
 
 
 def queue_group(slug: str) -> str:

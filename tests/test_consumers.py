@@ -202,3 +202,42 @@ async def test_public_events_reach_every_socket_of_their_queue_only_and_survive_
     assert (await next_event(again, "queue_move"))["seq"] == seqs[0] + 1
     await again.disconnect()
     await elsewhere.disconnect()
+
+
+def _cycle_of_garbage_to_be() -> Any:
+    class Node:
+        pass
+
+    node = Node()
+    node.self = node  # type: ignore[attr-defined]  # a reference cycle: only the collector frees it
+    return node
+
+
+async def test_the_collector_hides_survivors_from_collections_and_a_full_cycle_reclaims_frozen_garbage():
+    import gc
+    import weakref
+
+    gc.unfreeze()
+    try:
+        node = _cycle_of_garbage_to_be()
+        gone = weakref.ref(node)
+        consumers.collector.cycle(full=False)
+        assert gc.get_freeze_count() > 0
+        del node
+        gc.collect()
+        assert gone() is not None  # frozen: automatic and explicit collections no longer walk it
+        consumers.collector.cycle(full=True)
+        assert gone() is None  # the periodic full cycle reclaims it
+    finally:
+        gc.unfreeze()
+
+
+async def test_the_collector_starts_with_the_first_socket_when_enabled(queue, settings):
+    settings.WR_WS_GC_FREEZE_SECONDS = 3600
+    consumers.collector._task = None
+    communicator, connected, _ = await open_socket(queue.slug, await waiting_visitor(queue.slug, "v"))
+    assert connected
+    task = consumers.collector._task
+    assert task is not None and not task.done()
+    await communicator.disconnect()
+    task.cancel()

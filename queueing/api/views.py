@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404
@@ -23,7 +22,7 @@ from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 from rest_framework_simplejwt.authentication import JWTAuthentication
 
-from .. import selectors, services, tokens
+from .. import realtime, selectors, services, tokens
 from ..models import Queue
 from ..visitors import InvalidVisitorId, visitor_cookie_set, visitor_identity
 from . import serializers as s
@@ -75,11 +74,7 @@ def _authorization(request: Request | HttpRequest) -> str:
 
 
 def _ws_url(request: Request | HttpRequest, slug: str, ticket: str) -> str:
-    base = settings.WR_WS_BASE_URL
-    if not base:
-        scheme = "wss" if request.is_secure() else "ws"
-        base = f"{scheme}://{request.get_host()}"
-    return f"{base.rstrip('/')}/ws/queues/{slug}/?ticket={ticket}"
+    return realtime.socket_url(request, f"/ws/queues/{slug}/?ticket={ticket}")
 
 
 def _poll_headers(view: selectors.TicketView) -> dict[str, str]:

@@ -114,9 +114,8 @@
   }
 
   function connect() {
-    var scheme = location.protocol === "https:" ? "wss://" : "ws://";
     var socket;
-    try { socket = new WebSocket(scheme + location.host + config.socketUrl); } catch (e) { startPolling(); return; }
+    try { socket = new WebSocket(config.socketUrl); } catch (e) { startPolling(); return; }
     state.socket = socket;
     socket.onopen = function () {
       state.socketOpen = true;
@@ -151,7 +150,7 @@
       var body = new FormData(form);
       if (event.submitter && event.submitter.name) body.set(event.submitter.name, event.submitter.value);
       var result = document.getElementById("q-control-result");
-      fetch(form.action, {
+      fetch(form.getAttribute("action"), { // not form.action: a button is named "action"
         method: "POST", body: body, credentials: "same-origin",
         headers: { Accept: "application/json", "X-CSRFToken": csrf(form) },
       }).then(function (r) { return r.json().then(function (json) { return { ok: r.ok, json: json }; }); })

@@ -29,7 +29,7 @@ def contexts(browser: Browser) -> Iterator[Callable[..., BrowserContext]]:
     opened: list[BrowserContext] = []
 
     def new(**options: object) -> BrowserContext:
-        context = browser.new_context(viewport=PHONE, **options)  # type: ignore[arg-type]
+        context = browser.new_context(**{"viewport": PHONE, **options})  # type: ignore[arg-type]
         context.set_default_timeout(15_000)
         opened.append(context)
         return context

@@ -54,7 +54,10 @@ class Command(BaseCommand):
                         "view_queueapikey",
                         "add_queueapikey",
                     ],
-                )
+                ),
+                *Permission.objects.filter(
+                    content_type__app_label="admin_dashboard", codename__in=["view_queuesnapshot", "view_waitsample"]
+                ),
             )
             self.stdout.write(
                 self.style.SUCCESS(f"Staff login (shown once): username {options['username']}  password {password}")

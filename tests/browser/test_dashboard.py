@@ -1,0 +1,57 @@
+"""The staff dashboard in headless Chromium against the running stack (web, websockets, worker, beat):
+it renders live figures and charts from the beat's snapshots, and pausing from it changes the queue."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from playwright.sync_api import Page, expect
+
+DESKTOP = {"width": 1280, "height": 900}
+
+
+def api_join(stack: Any, slug: str) -> None:
+    with stack.client() as client:
+        answer = client.post(f"/api/v1/queues/{slug}/join", json={}, headers={"X-Visitor-Id": str(uuid.uuid4())})
+        assert answer.status_code in (200, 201), answer.text
+
+
+def staff_login(stack: Any, page: Page, next_url: str) -> None:
+    page.goto(f"{stack.url}/admin/login/?next={next_url}")
+    page.fill("#id_username", "staff")
+    page.fill("#id_password", stack.staff_password())
+    page.click("input[type=submit]")
+    page.wait_for_url(f"**{next_url}")
+
+
+def test_the_dashboard_shows_live_figures_and_charts_and_pausing_takes_effect(stack, contexts, screenshot):
+    slug = stack.new_queue(capacity=2, outflow_per_minute=30, burst=2)
+    for _ in range(6):
+        api_join(stack, slug)
+    page = contexts(viewport=DESKTOP).new_page()
+    staff_login(stack, page, f"/dashboard/{slug}/")
+    expect(page.locator("#dash-link")).to_have_attribute("data-state", "live")
+    expect(page.locator('#q-live [data-field="waiting"]')).to_have_text("4")
+    expect(page.locator('#q-live [data-field="admitted"]')).to_have_text("2")
+    # The beat stores a snapshot every 10 s; the page redraws its charts as each one arrives.
+    page.wait_for_function("window.dashboard.data && window.dashboard.data.series.length >= 2", timeout=40_000)
+    for chart in ("waiting", "outflow", "capacity", "wait"):
+        expect(page.locator(f"#chart-{chart} canvas")).to_have_count(1)
+    expect(page.locator("#chart-empty")).to_be_hidden()
+    screenshot(page, "dashboard-1-queue")
+
+    page.click("#q-pause")
+    expect(page.locator("#q-control-result")).to_have_text("Paused.")
+    expect(page.locator("#q-state")).to_have_text("paused")
+    assert stack.configure(slug)["state"] == "paused"  # configure_queue with no changes prints the queue
+    page.reload()
+    expect(page.locator("#q-audit")).to_contain_text("staff")
+    expect(page.locator("#q-audit")).to_contain_text("paused")
+    screenshot(page, "dashboard-2-paused")
+
+    page.goto(f"{stack.url}/dashboard/")
+    card = page.locator(f'.card[data-slug="{slug}"]')
+    expect(card.locator('[data-field="state"]')).to_have_text("paused")
+    expect(card.locator('[data-field="waiting"]')).to_have_text("4")
+    screenshot(page, "dashboard-3-index")

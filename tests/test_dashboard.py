@@ -1,0 +1,375 @@
+"""The staff dashboard: who may see and steer, the stats snapshots, the wait-estimate truth, controls
+that change the engine, the audit log, exports and the live socket (real Redis and channel layer)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.test import Client
+
+from admin_dashboard import selectors, services, tasks
+from admin_dashboard.models import QueueSnapshot, WaitSample
+from queueing import services as engine
+from queueing import store
+from queueing.models import Queue, QueueChange
+from waitingroom_site.asgi import application
+
+from .factories import access_token, join, ticket_claims
+
+
+@pytest.fixture
+def queue(make_queue):
+    return make_queue(capacity=3, outflow_per_minute=600, burst=10)
+
+
+def user_client(name: str, *, staff: bool = False, change: bool = False, csrf: bool = False) -> Client:
+    user = get_user_model().objects.create_user(name, password="pw-1234567", is_staff=staff)
+    if change:
+        user.user_permissions.add(Permission.objects.get(codename="change_queue"))
+    client = Client(enforce_csrf_checks=csrf)
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def people(db) -> dict[str, Client]:
+    return {
+        "anonymous": Client(),
+        "member": user_client("member"),
+        "looker": user_client("looker", staff=True),
+        "operator": user_client("operator", staff=True, change=True),
+    }
+
+
+def pages(slug: str) -> list[str]:
+    return [
+        "/dashboard/",
+        "/dashboard/live.json",
+        f"/dashboard/{slug}/",
+        f"/dashboard/{slug}/data.json",
+        f"/dashboard/{slug}/snapshots.csv",
+        f"/dashboard/{slug}/audit.csv",
+    ]
+
+
+# --- Permissions --------------------------------------------------------------------------------------
+
+
+def test_every_page_sends_anonymous_visitors_to_login_refuses_non_staff_and_serves_staff(people, queue):
+    for url in pages(queue.slug):
+        answer = people["anonymous"].get(url)
+        assert answer.status_code == 302 and answer["Location"].startswith("/admin/login/?next="), url
+        assert people["member"].get(url).status_code == 403, url
+        assert people["looker"].get(url).status_code == 200, url
+        assert people["operator"].get(url).status_code == 200, url
+
+
+def test_only_staff_with_the_change_permission_may_use_the_controls(people, queue):
+    url = f"/dashboard/{queue.slug}/control"
+    assert people["anonymous"].post(url, {"action": "pause"}).status_code == 302
+    assert people["member"].post(url, {"action": "pause"}).status_code == 403
+    assert people["looker"].post(url, {"action": "pause"}).status_code == 403
+    queue.refresh_from_db()
+    assert queue.state == Queue.State.OPEN  # nobody without the permission changed anything
+    assert people["operator"].post(url, {"action": "pause"}).status_code == 302
+    queue.refresh_from_db()
+    assert queue.state == Queue.State.PAUSED
+
+
+def test_the_controls_are_hidden_from_staff_who_may_only_look(people, queue):
+    assert b'value="pause"' not in people["looker"].get(f"/dashboard/{queue.slug}/").content
+    assert b'value="pause"' in people["operator"].get(f"/dashboard/{queue.slug}/").content
+
+
+def test_controls_need_the_csrf_token(db, queue):
+    operator = user_client("csrf-operator", staff=True, change=True, csrf=True)
+    url = f"/dashboard/{queue.slug}/control"
+    assert operator.post(url, {"action": "pause"}).status_code == 403
+    page = operator.get(f"/dashboard/{queue.slug}/")
+    token = page.context["csrf_token"]
+    assert operator.post(url, {"action": "pause", "csrfmiddlewaretoken": str(token)}).status_code == 302
+    queue.refresh_from_db()
+    assert queue.state == Queue.State.PAUSED
+
+
+def test_get_is_not_a_control(people, queue):
+    assert people["operator"].get(f"/dashboard/{queue.slug}/control?action=pause").status_code == 405
+    queue.refresh_from_db()
+    assert queue.state == Queue.State.OPEN
+
+
+def test_an_unknown_queue_is_404(people):
+    assert people["looker"].get("/dashboard/no-such-queue/").status_code == 404
+    assert people["operator"].post("/dashboard/no-such-queue/control", {"action": "pause"}).status_code == 404
+
+
+# --- Snapshots and the wait-estimate truth ------------------------------------------------------------
+
+
+def test_the_snapshot_task_stores_the_figures_of_a_queue_driven_through_known_transitions(queue, clock):
+    slug, t0 = queue.slug, clock.now
+    first = join(slug, "v0", now=t0)  # an open, empty line with free slots: admitted at once
+    waiting = [join(slug, f"v{i}", now=t0) for i in range(1, 8)]  # v1 and v2 too (capacity 3)
+    assert [t.status for t in (first, *waiting[:3])] == [store.TicketStatus.ADMITTED] * 3 + [store.TicketStatus.WAITING]
+    assert engine.queue_tick(slug=slug, now=t0 + 20).admitted == []  # type: ignore[union-attr]  # full
+
+    a = services.queue_snapshot_take(queue, now=t0 + 21)
+    assert (a.state, a.waiting, a.admitted, a.active, a.capacity, a.capacity_in_use) == ("open", 5, 3, 0, 3, 3)
+    assert (a.total_joined, a.total_admitted, a.admissions, a.period_seconds) == (8, 3, 0, 0)
+    assert a.capacity_use == 1.0
+
+    engine.session_verify(slug=slug, raw_token=access_token(slug, first), now=t0 + 25)  # v0 at the site
+    engine.session_complete(slug=slug, claims=_access(slug, first), now=t0 + 25)  # frees a slot: v3 in
+    engine.session_revoke(slug=slug, ticket_id=waiting[0].ticket_id, now=t0 + 26)  # v1 thrown out: v4 in
+    engine.ticket_leave(slug=slug, claims=ticket_claims(slug, waiting[6]), now=t0 + 27)  # v7 gives up
+
+    b = services.queue_snapshot_take(queue, now=t0 + 31)
+    assert (b.waiting, b.admitted, b.active, b.capacity_in_use) == (2, 3, 0, 3)
+    assert (b.total_admitted, b.total_completed, b.total_expired, b.total_abandoned) == (5, 1, 1, 1)
+    assert (b.admissions, b.period_seconds) == (2, 10)
+    assert b.outflow_observed == pytest.approx(12.0)  # 2 admissions in 10 s
+    assert b.outflow_configured == 600
+
+    # Every admission left its sample: told at join, waited until admitted.
+    samples = {s.ticket_id: s for s in WaitSample.objects.filter(queue=queue)}
+    assert set(samples) == {first.ticket_id, *(t.ticket_id for t in waiting[:4])}
+    assert samples[first.ticket_id].actual_seconds == pytest.approx(0, abs=0.01)
+    assert samples[waiting[1].ticket_id].actual_seconds == pytest.approx(0, abs=0.01)
+    assert samples[waiting[2].ticket_id].actual_seconds == pytest.approx(25, abs=0.01)  # after the completion
+    assert samples[waiting[3].ticket_id].actual_seconds == pytest.approx(26, abs=0.01)  # after the revocation
+    for ticket in waiting[:4]:
+        assert samples[ticket.ticket_id].estimated_seconds == ticket.est_wait_s
+    assert store.wait_samples_take(slug) == []  # drained: taken once
+
+
+def _access(slug: str, ticket: store.TicketState) -> Any:
+    from .factories import access_claims
+
+    return access_claims(slug, ticket)
+
+
+def test_the_beat_task_snapshots_open_and_paused_queues_but_not_closed_ones(make_queue):
+    open_q, paused_q, closed_q = make_queue(), make_queue(state="paused"), make_queue(state="closed")
+    assert tasks.stats_snapshot.apply().get() >= 2
+    assert QueueSnapshot.objects.filter(queue=open_q).count() == 1
+    assert QueueSnapshot.objects.filter(queue=paused_q).count() == 1
+    assert not QueueSnapshot.objects.filter(queue=closed_q).exists()
+
+
+def test_the_estimate_truth_is_the_median_and_90th_percentile_of_the_absolute_error(queue):
+    now = datetime.now(tz=UTC)
+    told_waited = [(10, 12), (10, 7), (20, 20), (30, 45), (60, 50), (5, 6), (40, 41), (8, 8), (100, 160), (15, 10)]
+    for i, (told, waited) in enumerate(told_waited):
+        WaitSample.objects.create(
+            queue=queue,
+            ticket_id=f"{i:010d}.x",
+            joined_at=now - timedelta(seconds=waited),
+            admitted_at=now,
+            estimated_seconds=told,
+            actual_seconds=waited,
+        )
+    WaitSample.objects.create(  # joined while paused: no estimate to judge
+        queue=queue, ticket_id="0000000099.x", joined_at=now, admitted_at=now, estimated_seconds=None, actual_seconds=3
+    )
+    truth = selectors.estimate_truth(queue, start=now - timedelta(hours=1))
+    errors = sorted(abs(w - t) for t, w in told_waited)
+    assert errors == [0, 0, 1, 1, 2, 3, 5, 10, 15, 60]
+    assert truth["samples"] == 11 and truth["with_estimate"] == 10
+    assert truth["p50_abs_error_seconds"] == 2  # nearest rank: the 5th of 10
+    assert truth["p90_abs_error_seconds"] == 15  # the 9th of 10
+    assert truth["mean_error_seconds"] == pytest.approx(sum(w - t for t, w in told_waited) / 10, abs=0.05)
+    later = selectors.estimate_truth(queue, start=now + timedelta(seconds=1))
+    assert later["samples"] == 0 and later["p50_abs_error_seconds"] is None
+
+
+def test_the_queue_page_shows_the_estimate_truth(people, queue):
+    now = datetime.now(tz=UTC)
+    WaitSample.objects.create(
+        queue=queue, ticket_id="0000000001.x", joined_at=now, admitted_at=now, estimated_seconds=30, actual_seconds=42
+    )
+    body = people["looker"].get(f"/dashboard/{queue.slug}/data.json").json()
+    assert body["truth"]["p50_abs_error_seconds"] == 12
+    page = people["looker"].get(f"/dashboard/{queue.slug}/").content.decode()
+    assert 'data-truth="p50_abs_error_seconds">12' in page
+
+
+def test_old_snapshots_and_samples_are_pruned_after_the_retention(queue, settings, clock):
+    settings.WR_DASHBOARD_RETENTION_HOURS = 1
+    services.queue_snapshot_take(queue, now=clock.now - 7200)
+    services.queue_snapshot_take(queue, now=clock.now - 60)
+    old = datetime.fromtimestamp(clock.now - 7200, tz=UTC)
+    WaitSample.objects.create(
+        queue=queue, ticket_id="0000000001.x", joined_at=old, admitted_at=old, estimated_seconds=1, actual_seconds=1
+    )
+    assert services.stats_prune(now=clock.now) == (1, 1)
+    assert QueueSnapshot.objects.filter(queue=queue).count() == 1
+
+
+# --- Controls change the engine, and are audited ------------------------------------------------------
+
+
+def test_a_paused_queue_admits_nobody_on_the_next_tick_and_resuming_lets_them_in(people, make_queue, clock):
+    queue = make_queue(capacity=2)
+    join(queue.slug, "first", now=clock.now)  # admitted at once (open, empty): one slot stays free
+    url = f"/dashboard/{queue.slug}/control"
+    answer = people["operator"].post(url, {"action": "pause"}, headers={"Accept": "application/json"})
+    assert answer.status_code == 200 and answer.json()["live"]["state"] == "paused"
+    join(queue.slug, "second", now=clock.now)
+    reply = engine.queue_tick(slug=queue.slug, now=clock.advance(5))
+    assert reply is not None and reply.admitted == []  # a free slot, a waiting visitor, and nobody goes in
+    assert store.snapshot(queue.slug).waiting == 1
+    people["operator"].post(url, {"action": "resume"})
+    reply = engine.queue_tick(slug=queue.slug, now=clock.advance(5))
+    assert reply is not None and len(reply.admitted) == 1
+
+
+def test_capacity_and_outflow_changes_take_effect_and_bad_values_change_nothing(people, queue, clock):
+    url = f"/dashboard/{queue.slug}/control"
+    for i in range(6):
+        join(queue.slug, f"v{i}", now=clock.now)
+    answer = people["operator"].post(
+        url, {"action": "update", "capacity": 5, "outflow_per_minute": 120}, headers={"Accept": "application/json"}
+    )
+    assert answer.status_code == 200, answer.content
+    assert (answer.json()["live"]["capacity"], answer.json()["live"]["outflow_per_minute_configured"]) == (5, 120)
+    engine.queue_tick(slug=queue.slug, now=clock.advance(30))
+    assert store.snapshot(queue.slug).admitted == 5  # the new capacity, on the next tick
+
+    for bad in ({"capacity": 0, "outflow_per_minute": 60}, {"capacity": 5, "outflow_per_minute": -1}, {"capacity": 5}):
+        answer = people["operator"].post(url, {"action": "update", **bad}, headers={"Accept": "application/json"})
+        assert answer.status_code == 400, bad
+        assert "fields" in answer.json()["error"]
+    queue.refresh_from_db()
+    assert (queue.capacity, queue.outflow_per_minute) == (5, 120)
+    answer = people["operator"].post(url, {"action": "update", "capacity": 0, "outflow_per_minute": 60}, follow=True)
+    assert "capacity" in answer.content.decode().lower()  # the plain form shows the error too
+
+
+def test_revoking_a_session_frees_its_slot_for_the_next_visitor_at_once(people, queue, clock):
+    tickets = [join(queue.slug, f"v{i}", now=clock.now) for i in range(5)]
+    engine.queue_tick(slug=queue.slug, now=clock.advance(1))
+    assert store.snapshot(queue.slug).admitted == 3
+    page = people["operator"].get(f"/dashboard/{queue.slug}/").content.decode()
+    assert tickets[0].ticket_id in page  # listed with a revoke button
+    url = f"/dashboard/{queue.slug}/control"
+    answer = people["operator"].post(
+        url, {"action": "revoke", "ticket_id": tickets[0].ticket_id}, headers={"Accept": "application/json"}
+    )
+    assert answer.status_code == 200 and "revoked" in answer.json()["done"]
+    snap = store.snapshot(queue.slug)
+    assert (snap.admitted, snap.waiting) == (3, 1)  # the fourth went in at once
+    missing = people["operator"].post(url, {"action": "revoke", "ticket_id": "0000000999.nobody"})
+    assert missing.status_code == 302  # told on the page, nothing changed
+    assert store.snapshot(queue.slug).admitted == 3
+
+
+def test_every_change_is_in_the_audit_log_with_who_what_before_and_after(people, queue):
+    url = f"/dashboard/{queue.slug}/control"
+    people["operator"].post(url, {"action": "pause"})
+    people["operator"].post(url, {"action": "update", "capacity": 7, "outflow_per_minute": 30})
+    people["operator"].post(url, {"action": "resume"})
+    ticket = join(queue.slug, "gone")
+    people["operator"].post(url, {"action": "revoke", "ticket_id": ticket.ticket_id})
+    changes = list(QueueChange.objects.filter(queue=queue, actor__username="operator").order_by("id"))
+    assert [(c.action, c.before, c.after) for c in changes] == [
+        ("update", {"state": "open"}, {"state": "paused"}),
+        ("update", {"capacity": 3, "outflow_per_minute": 600.0}, {"capacity": 7, "outflow_per_minute": 30.0}),
+        ("update", {"state": "paused"}, {"state": "open"}),
+        ("revoke", {"ticket_id": ticket.ticket_id}, {"ticket_id": ticket.ticket_id, "status": "revoked"}),
+    ]
+    page = people["looker"].get(f"/dashboard/{queue.slug}/").content.decode()
+    assert page.count("<td>operator</td>") == 4
+    rows = list(csv.reader(io.StringIO(b"".join(people["looker"].get(f"/dashboard/{queue.slug}/audit.csv")).decode())))
+    assert rows[0] == ["when", "who", "action", "before", "after"]
+    assert [r[1:3] for r in rows[1:5]] == [["operator", "revoke"], ["operator", "update"]] + [
+        ["operator", "update"]
+    ] * 2
+
+
+def test_snapshots_export_as_csv(people, queue, clock):
+    services.queue_snapshot_take(queue, now=clock.now - 10)
+    services.queue_snapshot_take(queue, now=clock.now)
+    answer = people["looker"].get(f"/dashboard/{queue.slug}/snapshots.csv")
+    assert answer["Content-Type"].startswith("text/csv")
+    assert f"{queue.slug}-snapshots.csv" in answer["Content-Disposition"]
+    rows = list(csv.DictReader(io.StringIO(b"".join(answer.streaming_content).decode())))
+    assert len(rows) == 2 and rows[0]["state"] == "open" and rows[1]["capacity"] == "3"
+    assert float(rows[1]["period_seconds"]) == pytest.approx(10, abs=0.01)
+
+
+def test_the_data_endpoint_carries_live_figures_and_the_chart_series(people, queue, clock):
+    for offset in (30, 20, 10):
+        services.queue_snapshot_take(queue, now=clock.now - offset)
+    body = people["looker"].get(f"/dashboard/{queue.slug}/data.json?hours=1").json()
+    assert body["live"]["slug"] == queue.slug and body["live"]["name"] == queue.name
+    assert [round(p["t"]) for p in body["series"]] == [round(clock.now - o) for o in (30, 20, 10)]
+    assert people["looker"].get(f"/dashboard/{queue.slug}/data.json?hours=nonsense").status_code == 200
+
+
+# --- Admin ----------------------------------------------------------------------------------------------
+
+
+def test_admin_lists_queues_with_live_counts_and_pauses_them(make_queue, clock):
+    queue = make_queue(state="paused")
+    admin = get_user_model().objects.create_superuser("root", password="pw-root-123")
+    client = Client()
+    client.force_login(admin)
+    for i in range(3):
+        join(queue.slug, f"v{i}", now=clock.now)
+    page = client.get("/admin/queueing/queue/").content.decode()
+    assert '<td class="field-live_waiting">3</td>' in page  # counted in Redis, not stored in the row
+    assert '<td class="field-live_admitted">0</td>' in page
+    engine.queue_resume(queue, actor_label="tests")
+    answer = client.post(
+        "/admin/queueing/queue/", {"action": "pause_queues", "_selected_action": [queue.pk]}, follow=True
+    )
+    assert answer.status_code == 200
+    queue.refresh_from_db()
+    assert queue.state == Queue.State.PAUSED
+    assert QueueChange.objects.filter(queue=queue, actor=admin, after={"state": "paused"}).exists()
+    change_list = client.get("/admin/queueing/queuechange/").content.decode()
+    assert "root" in change_list and queue.slug in change_list  # the audit log, in admin
+
+
+# --- The live socket ------------------------------------------------------------------------------------
+
+ORIGIN = [(b"origin", b"http://localhost"), (b"host", b"localhost")]
+
+
+def _session_headers(client: Client) -> list[tuple[bytes, bytes]]:
+    cookie = client.cookies.get("sessionid")
+    return ORIGIN + ([(b"cookie", f"sessionid={cookie.value}".encode())] if cookie else [])
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+async def test_the_dashboard_socket_is_for_staff_only_and_streams_live_figures(make_queue):
+    queue = await sync_to_async(make_queue)()
+    clients = {
+        "anonymous": Client(),
+        "member": await sync_to_async(user_client)("ws-member"),
+        "looker": await sync_to_async(user_client)("ws-looker", staff=True),
+    }
+    for name in ("anonymous", "member"):
+        communicator = WebsocketCommunicator(application, "/ws/dashboard/", headers=_session_headers(clients[name]))
+        connected, code = await communicator.connect(timeout=5)
+        assert not connected and code == 4403, name
+    communicator = WebsocketCommunicator(application, "/ws/dashboard/", headers=_session_headers(clients["looker"]))
+    connected, _ = await communicator.connect(timeout=5)
+    assert connected
+    live = await communicator.receive_json_from(timeout=5)
+    assert live["type"] == "live"
+    assert queue.slug in [q["slug"] for q in live["queues"]]
+    await sync_to_async(tasks.stats_snapshot.apply)()  # a new point reaches open dashboards
+    while (event := await communicator.receive_json_from(timeout=5))["type"] != "snapshot":
+        pass
+    assert event["slug"] in {q["slug"] for q in live["queues"]} and "waiting" in event["point"]
+    await communicator.disconnect()
