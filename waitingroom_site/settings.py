@@ -122,8 +122,13 @@ DATABASES = {
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # Several processes (web, worker, beat) share the file: wait for locks instead of failing.
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    # Several processes (web, worker, beat) share the file: wait for locks instead of failing. A
+    # transaction that reads, then writes, while another process writes fails at once ("database is
+    # locked") whatever the timeout, unless it takes the write lock when it begins (IMMEDIATE); WAL lets
+    # readers carry on meanwhile.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        timeout=20, transaction_mode="IMMEDIATE", init_command="PRAGMA journal_mode=WAL;"
+    )
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     _test_db = os.environ.get("WR_TEST_DB_PATH")
     if _test_db:
