@@ -126,7 +126,8 @@ class _Connection:
                         socket_connect_timeout=3,
                         health_check_interval=30,
                     )
-                    self._scripts = {name: client.register_script(src) for name, src in _sources().items()}
+                    sources = {**_sources(), **_limit_sources()}
+                    self._scripts = {name: client.register_script(src) for name, src in sources.items()}
                     self._client, self._pid, self._url = client, os.getpid(), url
         assert self._client is not None
         return self._client, self._scripts
@@ -176,6 +177,12 @@ def _sources() -> dict[str, str]:
         for path in sorted(LUA_DIR.glob("*.lua"))
         if not path.name.startswith("_")
     }
+
+
+@lru_cache(maxsize=1)
+def _limit_sources() -> dict[str, str]:
+    """The rate limiters (lua/limits/): one key each, no queue library."""
+    return {f"limits/{path.stem}": path.read_text() for path in sorted((LUA_DIR / "limits").glob("*.lua"))}
 
 
 def _run(name: str, slug: str, *args: str | int | float) -> Any:
@@ -586,6 +593,21 @@ def sessions_list(slug: str, *, limit: int) -> list[tuple[str, str, int]]:
     claims, sessions = pipe.execute()
     found = [(str(t), "admitted", int(s)) for t, s in claims] + [(str(t), "active", int(s)) for t, s in sessions]
     return sorted(found, key=lambda row: row[2])[:limit]
+
+
+# --- Rate limiting ------------------------------------------------------------------------------------
+
+
+def limit_key(scope: str, ident: str) -> str:
+    """The key of one limited subject (a client address, a ticket, an API key, a user) in one scope."""
+    return f"{settings.WR_REDIS_PREFIX}:rl:{scope}:{{{ident}}}"
+
+
+def limit_hit(algorithm: str, key: str, *args: str | int | float) -> tuple[bool, int, float, int]:
+    """Run one limiter script: (allowed, retry after ms, remaining or weighted count, wait ms)."""
+    _, scripts = _connection.get()
+    allowed, retry_ms, remaining, wait_ms = scripts[f"limits/{algorithm}"](keys=[key], args=args)
+    return bool(int(allowed)), int(retry_ms), float(remaining), int(wait_ms)
 
 
 VIEWERS_FRESH_SECONDS = 15

@@ -19,10 +19,10 @@ from django.urls import reverse
 from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from . import selectors, services, store, tokens
+from . import ratelimit, selectors, services, store, tokens
 from .middleware import QueueAccess, access_cookie_name, queue_access_check, waiting_page_url
 from .models import Queue
-from .visitors import InvalidVisitorId, VisitorIdentity, visitor_cookie_set, visitor_identity
+from .visitors import InvalidVisitorId, VisitorIdentity, client_address, visitor_cookie_set, visitor_identity
 
 DEMO_QUEUE = "demo"
 
@@ -80,7 +80,7 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
     with contextlib.suppress(selectors.TicketGone):  # no ticket yet (or long finished)
         view = selectors.visitor_status_get(slug=slug, visitor_key=identity.key)
     requested = request.GET.get("state", "")  # after a no-JavaScript join was refused
-    state = requested if requested in ("closed", "full") else page_state(view, policy)
+    state = requested if requested in ("closed", "full", "limited") else page_state(view, policy)
     refresh = _refresh(state, view)
     context: dict[str, Any] = {
         "queue": {"slug": slug, "name": policy.get("name") or slug},
@@ -116,6 +116,8 @@ def _refresh(state: str, view: selectors.TicketView | None) -> int | None:
 def _join_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity) -> HttpResponse:
     """The join button without JavaScript: join, then show the page (post/redirect/get)."""
     target = request.path
+    if not ratelimit.hit("join", client_address(request.META)).allowed:
+        return HttpResponseRedirect(target + "?state=limited", status=303)
     try:
         services.queue_join(
             slug=slug,

@@ -7,10 +7,12 @@ opaque random value of at least 128 bits (a UUID4 qualifies). Shorter or pattern
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import secrets
 import uuid
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
@@ -110,3 +112,41 @@ def visitor_cookie_set(response: Any, value: str) -> None:
         httponly=True,
         samesite="Lax",
     )
+
+
+# --- Client addresses ----------------------------------------------------------------------------------
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@lru_cache(maxsize=8)
+def _networks(proxies: tuple[str, ...]) -> tuple[IPNetwork, ...]:
+    return tuple(ipaddress.ip_network(p, strict=False) for p in proxies)
+
+
+def _trusted(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in network for network in _networks(tuple(settings.WR_TRUSTED_PROXIES)))
+
+
+def client_address(meta: Any) -> str:
+    """The address a request came from, for per-client limits.
+
+    X-Forwarded-For is believed only when the direct peer is a trusted proxy (settings
+    WR_TRUSTED_PROXIES), and then only as far back as the chain stays trusted: the first untrusted hop
+    from the right is the client. Anything else the header says could have been written by the client.
+    """
+    remote = str(meta.get("REMOTE_ADDR", ""))
+    if not _trusted(remote):
+        return remote
+    hops = [hop.strip() for hop in str(meta.get("HTTP_X_FORWARDED_FOR", "")).split(",") if hop.strip()]
+    for hop in reversed(hops):
+        if not _trusted(hop):
+            try:
+                return str(ipaddress.ip_address(hop))
+            except ValueError:
+                return remote  # garbage from beyond the proxies: the proxy is all we know
+    return hops[0] if hops else remote

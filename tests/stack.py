@@ -119,6 +119,13 @@ def run_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         CELERY_TASK_DEFAULT_QUEUE=f"{prefix}-tasks",
         WR_VAR_DIR=str(var),
         LOG_LEVEL=os.environ.get("WR_E2E_LOG_LEVEL", "INFO"),
+        # The limiters run, with room for tests that join and poll from one address faster than people.
+        WR_RATE_LIMITS=json.dumps(
+            {
+                "join": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 60, "max_requests": 5000},
+                "status": {"algorithm": "token_bucket", "capacity": 100, "refill_per_second": 20},
+            }
+        ),
     )
     log = var / "stack.log"
     process = start_runstack(var, env, log, port=port, ws_port=ws_port)

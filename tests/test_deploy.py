@@ -96,6 +96,10 @@ def test_the_proxy_config_forwards_to_the_web_service():
     assert "server web:8000" in config and "proxy_pass http://web" in config
     websockets = config[config.index("location /ws/") :].split("}")[0]
     assert "proxy_pass http://ws" in websockets and "Upgrade $http_upgrade" in websockets
+    # The proxy adds the client's address, and the app believes it from the compose network only.
+    assert config.count("X-Forwarded-For $proxy_add_x_forwarded_for") >= 2
+    trusted = services["web"]["environment"]["WR_TRUSTED_PROXIES"]
+    assert "172.16.0.0/12" in trusted and "0.0.0.0/0" not in trusted
 
 
 def test_the_dockerfile_installs_the_pinned_requirements_and_runs_as_a_user():

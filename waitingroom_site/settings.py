@@ -7,6 +7,7 @@ every variable.
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -227,6 +228,22 @@ WR_CLEANUP_CHUNK = envint("WR_CLEANUP_CHUNK", 500)
 # how often one full collection runs over everything (queueing.consumers._Collector). 0 turns it off.
 WR_WS_GC_FREEZE_SECONDS = envint("WR_WS_GC_FREEZE_SECONDS", 10)
 WR_WS_GC_FULL_SECONDS = envint("WR_WS_GC_FULL_SECONDS", 900)
+# Rate limiting (queueing/ratelimit.py): the limiter per scope, by algorithm and its parameters; a scope
+# left out (or None) is not limited. WR_RATE_LIMITS (JSON) replaces the whole table.
+#   join: per client address · status: per ticket · protected: per API key · staff: per user
+# An honest visitor polls no faster than every 1.6 s (2 s less the 20 % jitter): 1 a second sustained
+# with bursts of 10 never refuses it.
+WR_RATE_LIMIT_ROUNDING = os.environ.get("WR_RATE_LIMIT_ROUNDING", "down")  # sliding window counter
+WR_RATE_LIMITS: dict[str, Any] = {
+    "join": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 60, "max_requests": 120},
+    "status": {"algorithm": "token_bucket", "capacity": 10, "refill_per_second": 1},
+    "protected": {"algorithm": "token_bucket", "capacity": 2000, "refill_per_second": 1000},
+    "staff": {"algorithm": "sliding_log", "window_seconds": 60, "max_requests": 600},
+}
+if os.environ.get("WR_RATE_LIMITS"):
+    WR_RATE_LIMITS = json.loads(os.environ["WR_RATE_LIMITS"])
+# Client addresses: X-Forwarded-For is believed only from these proxies (addresses or networks).
+WR_TRUSTED_PROXIES = envlist("WR_TRUSTED_PROXIES", "")
 # Staff dashboard: live figures over its socket every this many seconds; snapshots and wait samples
 # are kept this long.
 WR_DASHBOARD_LIVE_SECONDS = envint("WR_DASHBOARD_LIVE_SECONDS", 2)

@@ -66,14 +66,15 @@ def _response(code: str, message: str, headers: dict[str, str] | None = None, **
     return Response(error_body(code, message, **extra), status=ERROR_CODES[code], headers=headers)
 
 
-def _retry_after(seconds: float | None) -> tuple[dict[str, str], dict[str, int]]:
+def retry_after(seconds: float | None) -> tuple[dict[str, str], dict[str, int]]:
+    """The Retry-After header and the body's `retry_after_seconds` (whole seconds, at least 1)."""
     wait = max(1, math.ceil(seconds or 1))
     return {"Retry-After": str(wait)}, {"retry_after_seconds": wait}
 
 
 def service_unavailable() -> tuple[int, dict[str, Any], dict[str, str]]:
     """What any caller answers when Redis cannot be reached: 503 with a short Retry-After."""
-    headers, extra = _retry_after(5)
+    headers, extra = retry_after(5)
     return 503, error_body("service_unavailable", "The queue is briefly unavailable; retry soon.", **extra), headers
 
 
@@ -118,7 +119,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, exceptions.NotAcceptable):
         return _response("not_acceptable", str(exc.detail))
     if isinstance(exc, exceptions.Throttled):
-        headers, extra = _retry_after(getattr(exc, "wait", None))
+        headers, extra = retry_after(getattr(exc, "wait", None))
         return _response("rate_limited", "Too many requests; retry later.", headers, **extra)
     if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
         challenge = getattr(exc, "auth_header", None)

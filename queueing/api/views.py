@@ -24,10 +24,11 @@ from rest_framework_simplejwt.authentication import JWTAuthentication
 
 from .. import realtime, selectors, services, tokens
 from ..models import Queue
-from ..visitors import InvalidVisitorId, visitor_cookie_set, visitor_identity
+from ..visitors import InvalidVisitorId, client_address, visitor_cookie_set, visitor_identity
 from . import serializers as s
 from .errors import ApiError, error_body, service_unavailable
 from .permissions import CanChangeQueue, HasQueueApiKey, IsStaff
+from .throttling import ProtectedSiteThrottle, StaffThrottle, limit
 
 ERRORS = {
     code: OpenApiResponse(s.ErrorSerializer, description=desc)
@@ -122,6 +123,7 @@ def join_answer(request: HttpRequest, slug: str, data: Any, *, user: Any) -> Ans
     Shared by JoinView (signed-in visitors, and the schema) and join_fast (everyone without a session).
     """
     try:
+        limit("join", client_address(request.META))
         fields = s.join_request_validate(data)
         try:
             identity = visitor_identity(request, user=user)
@@ -219,6 +221,7 @@ def status_answer(authorization: str, slug: str) -> Answer:
     """
     try:
         claims = _ticket_claims(authorization, slug)
+        limit("status", claims.visitor_key)
     except ApiError as exc:
         return Answer.error(exc)
     try:
@@ -302,6 +305,7 @@ class LeaveView(APIView):
 class _ProtectedSiteView(APIView):
     authentication_classes: list[Any] = []
     permission_classes = [HasQueueApiKey]
+    throttle_classes = [ProtectedSiteThrottle]
 
 
 class VerifyView(_ProtectedSiteView):
@@ -391,6 +395,7 @@ def _queue_payload(queue: Queue) -> dict[str, Any]:
 class _StaffView(APIView):
     authentication_classes = [JWTAuthentication, SessionAuthentication]
     permission_classes: list[Any] = [CanChangeQueue]
+    throttle_classes = [StaffThrottle]
 
     def queue(self, slug: str) -> Queue:
         return get_object_or_404(Queue, slug=slug)

@@ -329,7 +329,7 @@
     request("GET", config.statusUrl).then(function (r) {
       if (r.status === 200) { apply(r.data); }
       else if (r.status === 401) { S.ticket = null; join(); return; } // the ticket is no longer good: start again
-      else if (r.status === 429) { setState("limited"); }
+      else if (r.status === 429) { retryLater("limited", "wr-limited-in", r.retryAfter || 5, poll); return; }
       else { setState("offline"); }
       schedulePoll(r.retryAfter);
     }).catch(function () { setState("offline"); schedulePoll(); });

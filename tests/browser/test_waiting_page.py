@@ -97,7 +97,8 @@ def test_reloading_or_a_second_tab_keeps_the_same_ticket(stack, contexts):
     ticket_id = page.evaluate("window.waitingRoom.ticketId")
     assert ticket_id
     page.reload()
-    expect_state(page, "paused")
+    expect_state(page, "paused")  # rendered by the server: the page's script may still be joining
+    page.wait_for_function("window.waitingRoom.ticketId !== null && window.waitingRoom.ticketId !== undefined")
     assert page.evaluate("window.waitingRoom.ticketId") == ticket_id
     other_tab = context.new_page()
     other_tab.goto(f"{stack.url}/q/{slug}/")

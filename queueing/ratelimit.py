@@ -1,0 +1,186 @@
+"""Rate limiting (SPEC 6.4, seed 002): five algorithms, each one atomic Lua script in Redis.
+
+Use a limiter on its own::
+
+    decision = TokenBucket(capacity=10, refill_per_second=1).hit("some-key")
+    if not decision.allowed: ...  # decision.retry_after seconds
+
+or by scope, as the API does (`queueing/api/throttling.py`): `hit("join", client_address)` applies the
+limiter that settings.WR_RATE_LIMITS configures for the scope (no entry, or None: unlimited).
+
+The algorithms, as seed 002 defines them:
+
+* token bucket (capacity N, refill R/s): a request takes a token; tokens refill continuously.
+* leaking bucket (queue size S, outflow R/s): a request joins a FIFO queue drained at R/s if there is
+  room. An HTTP request cannot be held in a queue, so it is let through at once, and the decision says
+  when its turn in the queue would have come (`wait`) for callers that pace their own work.
+* fixed window counter (window S, max C): at most C per window; up to 2C pass around a boundary.
+* sliding window log (max C per window T): request times are logged; a request passes if fewer than C
+  are logged in the last T. Refused requests are logged too (`keep_refused`, the seed's rule).
+* sliding window counter (fixed window FW, rolling window RW, max C): this window's count plus the
+  previous window's count weighted by the rolling window's overlap with it (3 + 7 x 0.7 = 6.5), rounded
+  as `rounding` says (down, up or none; default settings.WR_RATE_LIMIT_ROUNDING), must stay ≤ C - 1.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, ClassVar
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from . import store
+
+ROUNDINGS = ("down", "up", "none")
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    retry_after: float  # seconds until a request would pass (0 when allowed)
+    remaining: float  # tokens, places or requests left; the weighted count for the sliding window counter
+    wait: float = 0.0  # leaking bucket: seconds until this request's turn in the queue
+
+
+def _now_ms(now: float | None) -> int:
+    return int((time.time() if now is None else now) * 1000)
+
+
+def _positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ImproperlyConfigured(f"Rate limit setting {name} must be positive, not {value!r}.")
+
+
+class Limiter:
+    algorithm: ClassVar[str]
+
+    def arguments(self, now_ms: int) -> tuple[str | int | float, ...]:
+        raise NotImplementedError
+
+    def hit(self, key: str, *, now: float | None = None) -> Decision:
+        allowed, retry_ms, remaining, wait_ms = store.limit_hit(self.algorithm, key, *self.arguments(_now_ms(now)))
+        return Decision(allowed, retry_ms / 1000, remaining, wait_ms / 1000)
+
+
+@dataclass(frozen=True)
+class TokenBucket(Limiter):
+    algorithm: ClassVar[str] = "token_bucket"
+    capacity: float
+    refill_per_second: float
+    cost: float = 1
+
+    def __post_init__(self) -> None:
+        _positive("capacity", self.capacity)
+        _positive("refill_per_second", self.refill_per_second)
+        _positive("cost", self.cost)
+
+    def arguments(self, now_ms: int) -> tuple[str | int | float, ...]:
+        return now_ms, self.capacity, self.refill_per_second, self.cost
+
+
+@dataclass(frozen=True)
+class LeakingBucket(Limiter):
+    algorithm: ClassVar[str] = "leaking_bucket"
+    size: int
+    outflow_per_second: float
+
+    def __post_init__(self) -> None:
+        _positive("size", self.size)
+        _positive("outflow_per_second", self.outflow_per_second)
+
+    def arguments(self, now_ms: int) -> tuple[str | int | float, ...]:
+        return now_ms, self.size, self.outflow_per_second
+
+
+@dataclass(frozen=True)
+class FixedWindow(Limiter):
+    algorithm: ClassVar[str] = "fixed_window"
+    window_seconds: float
+    max_requests: int
+
+    def __post_init__(self) -> None:
+        _positive("window_seconds", self.window_seconds)
+        _positive("max_requests", self.max_requests)
+
+    def arguments(self, now_ms: int) -> tuple[str | int | float, ...]:
+        return now_ms, round(self.window_seconds * 1000), self.max_requests
+
+
+@dataclass(frozen=True)
+class SlidingLog(Limiter):
+    algorithm: ClassVar[str] = "sliding_log"
+    window_seconds: float
+    max_requests: int
+    keep_refused: bool = True
+
+    def __post_init__(self) -> None:
+        _positive("window_seconds", self.window_seconds)
+        _positive("max_requests", self.max_requests)
+
+    def arguments(self, now_ms: int) -> tuple[str | int | float, ...]:
+        member = uuid.uuid4().hex[:12]  # two requests in one millisecond are two entries
+        return now_ms, round(self.window_seconds * 1000), self.max_requests, member, int(self.keep_refused)
+
+
+@dataclass(frozen=True)
+class SlidingWindowCounter(Limiter):
+    algorithm: ClassVar[str] = "sliding_window_counter"
+    fixed_window_seconds: float
+    max_requests: int
+    rolling_window_seconds: float = 0  # 0: the same as the fixed window
+    rounding: str = field(default_factory=lambda: str(settings.WR_RATE_LIMIT_ROUNDING))
+
+    def __post_init__(self) -> None:
+        _positive("fixed_window_seconds", self.fixed_window_seconds)
+        _positive("max_requests", self.max_requests)
+        if not self.rolling_window_seconds:
+            object.__setattr__(self, "rolling_window_seconds", self.fixed_window_seconds)
+        if not self.fixed_window_seconds <= self.rolling_window_seconds <= 2 * self.fixed_window_seconds:
+            raise ImproperlyConfigured("rolling_window_seconds must lie between the fixed window and twice it.")
+        if self.rounding not in ROUNDINGS:
+            raise ImproperlyConfigured(f"rounding must be one of {', '.join(ROUNDINGS)}, not {self.rounding!r}.")
+
+    def arguments(self, now_ms: int) -> tuple[str | int | float, ...]:
+        fw, rw = round(self.fixed_window_seconds * 1000), round(self.rolling_window_seconds * 1000)
+        return now_ms, fw, rw, self.max_requests, self.rounding
+
+
+ALGORITHMS: dict[str, type[Limiter]] = {
+    cls.algorithm: cls for cls in (TokenBucket, LeakingBucket, FixedWindow, SlidingLog, SlidingWindowCounter)
+}
+
+
+def limiter_from_config(config: dict[str, Any]) -> Limiter:
+    """A limiter from a settings entry: {"algorithm": "token_bucket", "capacity": 10, ...}."""
+    options = dict(config)
+    name = options.pop("algorithm", None)
+    if name not in ALGORITHMS:
+        raise ImproperlyConfigured(f"Unknown rate limit algorithm {name!r}; use one of {', '.join(ALGORITHMS)}.")
+    try:
+        return ALGORITHMS[name](**options)
+    except TypeError as exc:
+        raise ImproperlyConfigured(f"Rate limit {name}: {exc}") from exc
+
+
+@lru_cache(maxsize=64)
+def _scope_limiter(scope: str, config_key: str) -> Limiter | None:
+    config = settings.WR_RATE_LIMITS.get(scope)
+    return limiter_from_config(config) if config else None
+
+
+def scope_limiter(scope: str) -> Limiter | None:
+    """The limiter settings configure for a scope (cached per configuration), or None: unlimited."""
+    config = settings.WR_RATE_LIMITS.get(scope)
+    return _scope_limiter(scope, repr(sorted(config.items())) if config else "")
+
+
+def hit(scope: str, ident: str, *, now: float | None = None) -> Decision:
+    """Count one request of `ident` (a client address, ticket, API key or user) in `scope`."""
+    limiter = scope_limiter(scope)
+    if limiter is None:
+        return Decision(True, 0, float("inf"))
+    return limiter.hit(store.limit_key(scope, ident), now=now)
