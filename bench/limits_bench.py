@@ -168,7 +168,7 @@ def redis_throughput(calls: int) -> dict[str, Any]:
         for start in range(0, calls, 1000):
             pipe = client.pipeline(transaction=False)
             for i in range(start, min(calls, start + 1000)):
-                key = store.limit_key("bench", f"k{i % 10000}")
+                key = store.limit_key(f"bench-{name}", f"k{i % 10000}")
                 script(keys=[key], args=limiter.arguments(now_ms + i // 100), client=pipe)
             pipe.execute()
         wall = time.perf_counter() - t0

@@ -33,6 +33,9 @@ def validate_target_url(value: str) -> None:
         raise ValidationError("Enter an absolute http(s) URL or a path starting with '/'.")
 
 
+POW_MAX_BITS = 32  # about 4 x 10^9 hashes on average: far beyond any honest client
+
+
 class Queue(models.Model):
     class State(models.TextChoices):
         OPEN = "open", "Open"
@@ -98,6 +101,20 @@ class Queue(models.Model):
     max_waiting = models.PositiveIntegerField(
         default=0, help_text="Joins beyond this many waiting get 'queue_full'. 0 means no limit."
     )
+    max_tickets_per_address = models.PositiveIntegerField(
+        "live tickets per client address",
+        default=0,
+        help_text="Joins from an address that already holds this many live tickets for this queue are "
+        "refused ('ticket_cap_reached'). 0 means no cap; mind shared networks (offices, mobile carriers).",
+    )
+    pow_difficulty = models.PositiveSmallIntegerField(
+        "proof-of-work difficulty (bits)",
+        default=0,
+        validators=[MaxValueValidator(POW_MAX_BITS)],
+        help_text="Before joining, a client must find a nonce whose SHA-256 has this many leading zero bits "
+        "(each bit doubles the work: 16 takes a phone about a second). 0 turns the gate off. Raise it live "
+        "during a flood.",
+    )
     starts_at = models.DateTimeField(
         null=True,
         blank=True,
@@ -119,6 +136,8 @@ class Queue(models.Model):
         "presence_timeout",
         "abandon_timeout",
         "max_waiting",
+        "max_tickets_per_address",
+        "pow_difficulty",
         "starts_at",
     )
 
@@ -155,6 +174,8 @@ class Queue(models.Model):
             "presence_timeout": self.presence_timeout,
             "abandon_timeout": self.abandon_timeout,
             "max_waiting": self.max_waiting,
+            "max_tickets_per_address": self.max_tickets_per_address,
+            "pow_difficulty": self.pow_difficulty,
             "target_url": self.target_url,
             "epoch": self.epoch,
             "name": self.name,

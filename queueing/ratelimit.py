@@ -183,4 +183,6 @@ def hit(scope: str, ident: str, *, now: float | None = None) -> Decision:
     limiter = scope_limiter(scope)
     if limiter is None:
         return Decision(True, 0, float("inf"))
-    return limiter.hit(store.limit_key(scope, ident), now=now)
+    # The algorithm is part of the key: an operator who switches a scope to another algorithm must not
+    # meet the old one's state (another Redis type) in its place.
+    return limiter.hit(store.limit_key(f"{scope}:{limiter.algorithm}", ident), now=now)

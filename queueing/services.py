@@ -24,13 +24,29 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from . import realtime, selectors, store, tokens
+from . import pow, realtime, selectors, store, tokens
 from .models import PriorityCode, PriorityLevel, Queue, QueueAPIKey, QueueChange
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 EDITABLE_FIELDS = ("name", "target_url", "state", *Queue.POLICY_FIELDS)
+
+
+class ProofOfWorkRequired(Exception):
+    """The queue's gate is on and the join showed no (or too little) proof of work."""
+
+    def __init__(self, difficulty: int) -> None:
+        super().__init__(difficulty)
+        self.difficulty = difficulty
+
+
+class ProofOfWorkReused(Exception):
+    """The challenge was already spent on a join."""
+
+
+class TicketCapReached(Exception):
+    """The client address already holds the queue's max_tickets_per_address live tickets."""
 
 
 class QueueNotFound(Exception):
@@ -257,6 +273,8 @@ def queue_join(
     priority: int = 0,
     priority_code: str = "",
     display_name: str = "",
+    address: str = "",
+    proof: pow.Solved | None = None,
     now: float | None = None,
 ) -> JoinResult:
     """Give the visitor a ticket, or its existing live one (idempotent per visitor).
@@ -270,7 +288,15 @@ def queue_join(
         reply = _with_config(
             slug,
             lambda: store.join(
-                slug, visitor_key=visitor_key, now_ms=_now_ms(now), priority=priority, display_name=display_name
+                slug,
+                visitor_key=visitor_key,
+                now_ms=_now_ms(now),
+                priority=priority,
+                display_name=display_name,
+                address=address,
+                pow_bits=proof.bits if proof else 0,
+                pow_id=proof.challenge_id if proof else "",
+                pow_ttl_ms=pow.CHALLENGE_TTL_SECONDS * 1000 + 1000,
             ),
             _no_config,
         )
@@ -283,6 +309,12 @@ def queue_join(
     realtime.send(realtime.queue_move(slug, reply.moves, reply.figures.waiting if reply.figures else None))
     if reply.outcome == "closed":
         raise QueueClosed(slug)
+    if reply.outcome == "capped":
+        raise TicketCapReached(slug)
+    if reply.outcome == "pow_required":
+        raise ProofOfWorkRequired(store.pow_difficulty(slug))
+    if reply.outcome == "pow_reused":
+        raise ProofOfWorkReused(slug)
     if reply.outcome == "full":
         figures = reply.figures
         retry = 30
@@ -293,6 +325,16 @@ def queue_join(
     if reply.ticket.freed:
         queue_admit(slug=slug, now=now)
     return JoinResult(created=reply.outcome == "created", reply=reply)
+
+
+def pow_challenge_issue(*, slug: str) -> dict[str, Any]:
+    """A proof-of-work challenge at the queue's difficulty now (no SQL: the policy is in Redis)."""
+    config = _with_config(slug, lambda: store.config_read(slug) or None, _none)
+    return pow.challenge_issue(slug, int((config or {}).get("pow_difficulty") or 0))
+
+
+def _none(value: object) -> bool:
+    return value is None
 
 
 def ticket_leave(*, slug: str, claims: tokens.TicketClaims, now: float | None = None) -> bool:

@@ -352,8 +352,25 @@ class SessionReply:
 # --- Transitions (one wrapper per script) -----------------------------------------------------------
 
 
-def join(slug: str, *, visitor_key: str, now_ms: int, priority: int, display_name: str) -> TicketReply:
-    return TicketReply.parse(_run("join", slug, visitor_key, now_ms, priority, display_name))
+def join(
+    slug: str,
+    *,
+    visitor_key: str,
+    now_ms: int,
+    priority: int,
+    display_name: str,
+    address: str = "",
+    pow_bits: int = 0,
+    pow_id: str = "",
+    pow_ttl_ms: int = 0,
+) -> TicketReply:
+    """A join. With `address`, the queue's per-address cap (if it has one) applies; with a solved
+    proof-of-work challenge (`pow_bits` shown, `pow_id` its id), the queue's gate (if on) lets it in once."""
+    _, scripts = _connection.get()
+    base = f"{settings.WR_REDIS_PREFIX}:{{{slug}}}:"
+    keys = [*queue_keys(slug).script_keys(), f"{base}addr:{address}", f"{base}pow:{pow_id}"]
+    args = (visitor_key, now_ms, priority, display_name, int(bool(address)), pow_bits, pow_ttl_ms)
+    return TicketReply.parse(scripts["join"](keys=keys, args=args))
 
 
 def status(slug: str, *, visitor_key: str, seq: int, now_ms: int) -> TicketReply:
@@ -593,6 +610,11 @@ def sessions_list(slug: str, *, limit: int) -> list[tuple[str, str, int]]:
     claims, sessions = pipe.execute()
     found = [(str(t), "admitted", int(s)) for t, s in claims] + [(str(t), "active", int(s)) for t, s in sessions]
     return sorted(found, key=lambda row: row[2])[:limit]
+
+
+def pow_difficulty(slug: str) -> int:
+    """The queue's proof-of-work difficulty in force (0: no gate), from its mirrored policy."""
+    return int(client().hget(queue_keys(slug).cfg, "pow_difficulty") or 0)
 
 
 # --- Rate limiting ------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, Ht
 from django.shortcuts import render
 from django.template.loader import select_template
 from django.template.response import TemplateResponse
+from django.templatetags.static import static
 from django.urls import reverse
 from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -80,7 +81,7 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
     with contextlib.suppress(selectors.TicketGone):  # no ticket yet (or long finished)
         view = selectors.visitor_status_get(slug=slug, visitor_key=identity.key)
     requested = request.GET.get("state", "")  # after a no-JavaScript join was refused
-    state = requested if requested in ("closed", "full", "limited") else page_state(view, policy)
+    state = requested if requested in ("closed", "full", "limited", "pow") else page_state(view, policy)
     refresh = _refresh(state, view)
     context: dict[str, Any] = {
         "queue": {"slug": slug, "name": policy.get("name") or slug},
@@ -94,6 +95,7 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
             "joinUrl": reverse("queue-join", args=[slug]),
             "statusUrl": reverse("queue-status", args=[slug]),
             "neighboursUrl": reverse("queue-neighbours", args=[slug]),
+            "powWorkerUrl": static("queueing/pow-worker.js"),
             "pageUrl": request.path,
         },
     }
@@ -116,14 +118,20 @@ def _refresh(state: str, view: selectors.TicketView | None) -> int | None:
 def _join_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity) -> HttpResponse:
     """The join button without JavaScript: join, then show the page (post/redirect/get)."""
     target = request.path
-    if not ratelimit.hit("join", client_address(request.META)).allowed:
+    address = client_address(request.META)
+    if not ratelimit.hit("join", address).allowed:
         return HttpResponseRedirect(target + "?state=limited", status=303)
     try:
         services.queue_join(
             slug=slug,
             visitor_key=identity.key,
             priority=services.priority_for_user(slug=slug, user=identity.user),
+            address=address,
         )
+    except services.TicketCapReached:
+        target += "?state=limited"
+    except services.ProofOfWorkRequired:
+        target += "?state=pow"  # the gate's puzzle needs JavaScript
     except services.QueueClosed:
         target += "?state=closed"
     except services.QueueFull:

@@ -261,3 +261,16 @@ def test_the_page_without_javascript_says_calmly_that_there_were_too_many_attemp
     page = second.get(refused["Location"]).content.decode()
     assert 'data-state="limited"' in page and "Too many attempts from here" in page
     assert store.snapshot(queue.slug).waiting == 1  # only the first joined
+
+
+def test_switching_a_scope_to_another_algorithm_starts_afresh_instead_of_failing(settings):
+    ident = uuid.uuid4().hex
+    for config in LIMITERS:  # every algorithm keeps state of another Redis type under the same scope
+        settings.WR_RATE_LIMITS = {"switch": {"algorithm": config.algorithm, **_params(config)}}
+        assert ratelimit.hit("switch", ident).allowed
+
+
+def _params(limiter: ratelimit.Limiter) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(limiter)  # type: ignore[call-overload]

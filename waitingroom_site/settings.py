@@ -236,6 +236,7 @@ WR_WS_GC_FULL_SECONDS = envint("WR_WS_GC_FULL_SECONDS", 900)
 WR_RATE_LIMIT_ROUNDING = os.environ.get("WR_RATE_LIMIT_ROUNDING", "down")  # sliding window counter
 WR_RATE_LIMITS: dict[str, Any] = {
     "join": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 60, "max_requests": 120},
+    "challenge": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 60, "max_requests": 120},
     "status": {"algorithm": "token_bucket", "capacity": 10, "refill_per_second": 1},
     "protected": {"algorithm": "token_bucket", "capacity": 2000, "refill_per_second": 1000},
     "staff": {"algorithm": "sliding_log", "window_seconds": 60, "max_requests": 600},

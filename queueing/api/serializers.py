@@ -56,6 +56,7 @@ def _clean_display_name(value: str) -> str:
 
 PRIORITY_CODE_MAX = 64
 DISPLAY_NAME_MAX = 40
+POW_FIELD_MAX = 200
 
 
 class JoinRequestSerializer(StrictSerializer):
@@ -64,6 +65,14 @@ class JoinRequestSerializer(StrictSerializer):
 
     priority_code = StrictCharField(required=False, max_length=PRIORITY_CODE_MAX, allow_blank=True)
     display_name = StrictCharField(required=False, max_length=DISPLAY_NAME_MAX, allow_blank=True)
+    pow_challenge = StrictCharField(
+        required=False, max_length=POW_FIELD_MAX, help_text="A challenge from POST .../challenge (gate on)."
+    )
+    pow_nonce = StrictCharField(
+        required=False,
+        max_length=64,
+        help_text="A nonce such that SHA-256(pow_challenge + ':' + pow_nonce) starts with `difficulty` zero bits.",
+    )
 
 
 def join_request_validate(data: Any) -> dict[str, str]:
@@ -74,11 +83,17 @@ def join_request_validate(data: Any) -> dict[str, str]:
             "The body must be a JSON object.",
             fields={"non_field_errors": ["The body must be a JSON object."]},
         )
-    unknown = sorted(set(data) - {"priority_code", "display_name"})
+    unknown = sorted(set(data) - {"priority_code", "display_name", "pow_challenge", "pow_nonce"})
     if unknown:
         raise ApiError("unknown_fields", f"Unknown field(s): {', '.join(unknown)}.", fields=unknown)
     problems: dict[str, list[str]] = {}
-    for name, limit in (("priority_code", PRIORITY_CODE_MAX), ("display_name", DISPLAY_NAME_MAX)):
+    limits = (
+        ("priority_code", PRIORITY_CODE_MAX),
+        ("display_name", DISPLAY_NAME_MAX),
+        ("pow_challenge", POW_FIELD_MAX),
+        ("pow_nonce", 64),
+    )
+    for name, limit in limits:
         value = data.get(name, "")
         if not isinstance(value, str):
             problems[name] = ["Not a valid string."]
@@ -89,6 +104,8 @@ def join_request_validate(data: Any) -> dict[str, str]:
     return {
         "priority_code": data.get("priority_code", ""),
         "display_name": _clean_display_name(data.get("display_name", "")),
+        "pow_challenge": data.get("pow_challenge", ""),
+        "pow_nonce": data.get("pow_nonce", ""),
     }
 
 
@@ -109,6 +126,8 @@ class QueuePatchSerializer(StrictSerializer):
     outflow_per_minute = StrictFloatField(required=False, min_value=0.1)
     burst = StrictIntegerField(required=False, min_value=1)
     max_waiting = StrictIntegerField(required=False, min_value=0)
+    max_tickets_per_address = StrictIntegerField(required=False, min_value=0)
+    pow_difficulty = StrictIntegerField(required=False, min_value=0, max_value=32)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if not attrs:
@@ -194,6 +213,15 @@ class QueueSerializer(serializers.Serializer):
     outflow_per_minute = serializers.FloatField()
     burst = serializers.IntegerField()
     max_waiting = serializers.IntegerField()
+    max_tickets_per_address = serializers.IntegerField()
+    pow_difficulty = serializers.IntegerField()
+
+
+class ChallengeResponseSerializer(serializers.Serializer):
+    challenge = serializers.CharField(help_text="Opaque, signed; send it back as pow_challenge.")
+    difficulty = serializers.IntegerField(help_text="Leading zero bits the hash must have (0: gate off).")
+    algorithm = serializers.CharField(help_text="Always sha256.")
+    expires_in = serializers.IntegerField(help_text="Seconds the challenge stays valid.")
 
 
 class StatsResponseSerializer(serializers.Serializer):

@@ -22,7 +22,7 @@ from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 from rest_framework_simplejwt.authentication import JWTAuthentication
 
-from .. import realtime, selectors, services, tokens
+from .. import pow, realtime, selectors, services, tokens
 from ..models import Queue
 from ..visitors import InvalidVisitorId, client_address, visitor_cookie_set, visitor_identity
 from . import serializers as s
@@ -33,12 +33,13 @@ from .throttling import ProtectedSiteThrottle, StaffThrottle, limit
 ERRORS = {
     code: OpenApiResponse(s.ErrorSerializer, description=desc)
     for code, desc in {
-        400: "Bad request (malformed_json, invalid_request, unknown_fields, ...)",
+        400: "Bad request (malformed_json, invalid_request, unknown_fields, invalid_proof_of_work, ...)",
         401: "Not authenticated",
         403: "Not allowed",
         404: "Unknown queue",
-        409: "Conflict (queue_closed, session_not_active)",
-        429: "rate_limited (with Retry-After)",
+        409: "Conflict (queue_closed, session_not_active, proof_of_work_reused)",
+        428: "proof_of_work_required: the error object carries a challenge to solve",
+        429: "rate_limited or ticket_cap_reached (with Retry-After)",
         503: "queue_full or service_unavailable (with Retry-After)",
     }.items()
 }
@@ -123,8 +124,15 @@ def join_answer(request: HttpRequest, slug: str, data: Any, *, user: Any) -> Ans
     Shared by JoinView (signed-in visitors, and the schema) and join_fast (everyone without a session).
     """
     try:
-        limit("join", client_address(request.META))
+        address = client_address(request.META)
+        limit("join", address)
         fields = s.join_request_validate(data)
+        proof = None
+        if fields["pow_challenge"] or fields["pow_nonce"]:
+            try:
+                proof = pow.solution_check(slug, fields["pow_challenge"], fields["pow_nonce"])
+            except pow.InvalidProof as exc:
+                raise ApiError("invalid_proof_of_work", str(exc)) from exc
         try:
             identity = visitor_identity(request, user=user)
         except InvalidVisitorId as exc:
@@ -136,7 +144,24 @@ def join_answer(request: HttpRequest, slug: str, data: Any, *, user: Any) -> Ans
                 priority=services.priority_for_user(slug=slug, user=identity.user),
                 priority_code=fields.get("priority_code", ""),
                 display_name=fields.get("display_name", ""),
+                address=address,
+                proof=proof,
             )
+        except services.ProofOfWorkRequired as exc:
+            raise ApiError(
+                "proof_of_work_required",
+                "Solve this challenge and join again with pow_challenge and pow_nonce.",
+                **services.pow_challenge_issue(slug=slug),
+            ) from exc
+        except services.ProofOfWorkReused as exc:
+            raise ApiError("proof_of_work_reused", "That challenge was already used; ask for a new one.") from exc
+        except services.TicketCapReached as exc:
+            raise ApiError(
+                "ticket_cap_reached",
+                "This network already holds as many tickets for this queue as it may.",
+                headers={"Retry-After": "60"},
+                retry_after_seconds=60,
+            ) from exc
         except services.QueueNotFound as exc:
             raise ApiError("queue_not_found", f"There is no queue '{slug}'.") from exc
         except services.QueueClosed as exc:
@@ -174,11 +199,18 @@ class JoinView(APIView):
         description=(
             "Idempotent per visitor: 201 with a new ticket, 200 with the visitor's live ticket. The visitor is "
             "the signed-in user, else the visitor cookie, else `X-Visitor-Id` (a random value of at least 128 "
-            "bits, e.g. a UUID4), else a fresh identity set as the cookie."
+            "bits, e.g. a UUID4), else a fresh identity set as the cookie. When the queue's proof-of-work gate "
+            "is on, a new ticket needs `pow_challenge` and `pow_nonce` (see POST .../challenge); a visitor who "
+            "already holds a ticket gets it back without. Joins per client address are rate-limited, and a "
+            "queue may cap the live tickets per address (429 `ticket_cap_reached`)."
         ),
         request=s.JoinRequestSerializer,
         parameters=[OpenApiParameter("X-Visitor-Id", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False)],
-        responses={201: s.JoinResponseSerializer, 200: s.JoinResponseSerializer, **_errors(400, 404, 409, 429, 503)},
+        responses={
+            201: s.JoinResponseSerializer,
+            200: s.JoinResponseSerializer,
+            **_errors(400, 404, 409, 428, 429, 503),
+        },
         auth=[],
     )
     def post(self, request: Request, slug: str) -> Response:
@@ -280,6 +312,33 @@ class NeighboursView(APIView):
         return Response(
             {"neighbours": [{"position": r.position, "display_name": r.display_name, "you": r.is_me} for r in rows]}
         )
+
+
+class ChallengeView(APIView):
+    authentication_classes: list[Any] = []
+    permission_classes: list[Any] = []
+
+    @extend_schema(
+        operation_id="pow_challenge",
+        summary="A proof-of-work challenge for joining (when the queue's gate is on)",
+        description=(
+            "When a queue's proof-of-work gate is on (`difficulty` > 0), a join must carry `pow_challenge` "
+            "(from here) and a `pow_nonce` such that SHA-256 of `pow_challenge + ':' + pow_nonce` (UTF-8) "
+            "starts with `difficulty` zero bits. A challenge is valid for `expires_in` seconds, for this queue "
+            "only, and buys one join. A join without a good enough solution gets 428 "
+            "`proof_of_work_required` with a fresh challenge in the error object; a spent one gets 409 "
+            "`proof_of_work_reused`; a wrong, expired or foreign one gets 400 `invalid_proof_of_work`. "
+            "With the gate off, `difficulty` is 0 and joins need nothing."
+        ),
+        request=None,
+        responses={201: s.ChallengeResponseSerializer, **_errors(404, 429)},
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        limit("challenge", client_address(request.META))
+        try:
+            return Response(services.pow_challenge_issue(slug=slug), status=201)
+        except services.QueueNotFound as exc:
+            raise ApiError("queue_not_found", f"There is no queue '{slug}'.") from exc
 
 
 class LeaveView(APIView):
@@ -389,6 +448,8 @@ def _queue_payload(queue: Queue) -> dict[str, Any]:
         "outflow_per_minute": queue.outflow_per_minute,
         "burst": queue.burst,
         "max_waiting": queue.max_waiting,
+        "max_tickets_per_address": queue.max_tickets_per_address,
+        "pow_difficulty": queue.pow_difficulty,
     }
 
 

@@ -89,6 +89,8 @@ local function policy()
     presence_timeout = num(c, 'presence_timeout', 60),
     abandon_timeout = num(c, 'abandon_timeout', 600),
     max_waiting = num(c, 'max_waiting', 0),
+    max_per_address = num(c, 'max_tickets_per_address', 0),
+    pow_difficulty = num(c, 'pow_difficulty', 0),
     target_url = c.target_url or '',
     epoch = num(c, 'epoch', 1),
     leader_ttl_ms = num(c, 'leader_ttl_ms', 3000),

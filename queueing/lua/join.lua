@@ -3,6 +3,11 @@
 -- KEYS: the standard queue keys (see _lib.lua).
 -- ARGV[1] visitor key      ARGV[2] now (ms)     ARGV[3] priority level 0-3
 -- ARGV[4] display name ('' for none)
+-- ARGV[5] 1 when KEYS[11] is the client's address key   ARGV[6] proof-of-work bits solved (0: none)
+-- ARGV[7] how long a proof-of-work challenge stays valid (ms)
+-- KEYS[11] the client address's live tickets in this queue: ZSET member = ticket id, for the per-address
+--          cap (max_tickets_per_address); pruned of finished tickets here, lazily
+-- KEYS[12] the solved challenge's single-use marker (when ARGV[6] > 0)
 -- The level's placement fraction (0 back .. 1 front) comes from the mirrored policy (pf1..pf3).
 --
 -- Returns {outcome, ticket, figures, moves} where outcome is
@@ -10,6 +15,9 @@
 --                             reason, freed, priority} as in status.lua; freed = 1 when the
 --                             visitor's overdue previous ticket released a slot
 --   'closed' | 'full'        ticket = {}
+--   'capped'                 ticket = {}: the address already holds max_tickets_per_address live tickets
+--   'pow_required'           ticket = {}: the queue's gate wants more proof of work than was shown
+--   'pow_reused'             ticket = {}: that challenge was already spent on a join
 --   'no_config'              the queue's policy is not in Redis: sync it and retry
 -- figures: see _lib.lua figures(); moves: see _lib.lua moves_reply() (a priority joiner placed ahead
 -- of others moves them back).
@@ -53,6 +61,28 @@ if p.state == 'closed' then return {'closed', {}, figures(p, st), moves_reply()}
 local n = redis.call('ZCARD', K_LINE)
 if p.max_waiting > 0 and n + redis.call('ZCARD', K_AWAY) >= p.max_waiting then
   return {'full', {}, figures(p, st), moves_reply()}
+end
+
+local K_ADDRESS = nil
+if ARGV[5] == '1' then K_ADDRESS = KEYS[11] end
+local pow_bits, pow_ttl = tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or 0
+if p.pow_difficulty > 0 and pow_bits < p.pow_difficulty then
+  return {'pow_required', {}, figures(p, st), moves_reply()}
+end
+if K_ADDRESS and p.max_per_address > 0 then
+  local live = 0
+  for _, held in ipairs(redis.call('ZRANGE', K_ADDRESS, 0, -1)) do
+    local r = load(vk_of(held))
+    if r and r[R_STATUS] <= ACTIVE and ticket_id(r[R_SEQ], vk_of(held)) == held then
+      live = live + 1
+    else
+      redis.call('ZREM', K_ADDRESS, held)  -- finished, or replaced by that visitor's newer ticket
+    end
+  end
+  if live >= p.max_per_address then return {'capped', {}, figures(p, st), moves_reply()} end
+end
+if p.pow_difficulty > 0 and not redis.call('SET', KEYS[12], '1', 'NX', 'PX', pow_ttl) then
+  return {'pow_reused', {}, figures(p, st), moves_reply()}  -- spent: one challenge, one join
 end
 
 local fraction = p.fractions[pri] or 0
@@ -111,6 +141,11 @@ end
 if not admitted then
   save(vk, rec)
   if rank < n then moved('+', rank) end  -- placed ahead of others
+end
+
+if K_ADDRESS and p.max_per_address > 0 then
+  redis.call('ZADD', K_ADDRESS, now, tid)
+  redis.call('PEXPIRE', K_ADDRESS, (p.abandon_timeout + p.claim_ttl + p.session_ttl) * 1000)
 end
 
 local moves = moves_reply()

@@ -114,6 +114,7 @@
         closed: "This line is closed.",
         full: "The line is full. Trying again shortly.",
         offline: "Reconnecting to the waiting room.",
+        pow: "Checking your browser before you join.",
       };
       if (messages[name]) announce(messages[name], true);
     }
@@ -293,9 +294,9 @@
     });
   }
 
-  function join() {
+  function join(proof) {
     S.stopped = false;
-    request("POST", config.joinUrl, {}).then(function (r) {
+    request("POST", config.joinUrl, proof || {}).then(function (r) {
       if (r.status === 200 || r.status === 201) {
         S.ticket = r.data.ticket;
         S.ticketId = r.data.ticket_id;
@@ -307,9 +308,33 @@
       var code = r.data && r.data.error ? r.data.error.code : "";
       if (code === "queue_closed") { setState("closed"); return; }
       if (code === "queue_full") { retryLater("full", "wr-full-retry", r.retryAfter || 30, join); return; }
-      if (code === "rate_limited") { retryLater("limited", "wr-limited-in", r.retryAfter || 5, join); return; }
+      if (code === "rate_limited" || code === "ticket_cap_reached") {
+        retryLater("limited", "wr-limited-in", r.retryAfter || 5, join);
+        return;
+      }
+      if (code === "proof_of_work_required") { solveThenJoin(r.data.error); return; }
+      if (code === "proof_of_work_reused" || code === "invalid_proof_of_work") { join(); return; } // a new challenge
       retryLater("offline", null, r.retryAfter || 5, join);
     }).catch(function () { retryLater("offline", null, 5, join); });
+  }
+
+  // The queue's proof-of-work gate: solve the challenge in a Web Worker, showing progress, then join.
+  function solveThenJoin(challenge) {
+    setState("pow");
+    var bar = document.getElementById("wr-pow-bar");
+    var worker = new Worker(config.powWorkerUrl);
+    worker.onmessage = function (event) {
+      if (event.data.nonce === undefined) {
+        var share = 1 - Math.exp(-event.data.tries / event.data.expected); // expected progress, never 100 %
+        if (bar) bar.style.width = Math.round(share * 100) + "%";
+        return;
+      }
+      worker.terminate();
+      if (bar) bar.style.width = "100%";
+      join({ pow_challenge: challenge.challenge, pow_nonce: event.data.nonce });
+    };
+    worker.onerror = function () { worker.terminate(); retryLater("offline", null, 5, join); };
+    worker.postMessage({ challenge: challenge.challenge, difficulty: challenge.difficulty });
   }
 
   function retryLater(state, counterId, seconds, then) {

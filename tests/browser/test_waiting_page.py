@@ -258,3 +258,19 @@ def test_the_page_fits_a_phone_screen(stack, visitor):
     assert page.evaluate("document.documentElement.scrollWidth") <= 390  # no sideways scrolling
     assert page.locator("#wr-live").get_attribute("aria-live") == "polite"
     assert page.locator("#wr-progress").get_attribute("role") == "progressbar"
+
+
+def test_with_the_proof_of_work_gate_on_the_page_solves_the_puzzle_in_a_worker_and_joins(stack, visitor, screenshot):
+    slug = stack.new_queue(state="paused", pow_difficulty=15)
+    page = visitor()
+    page.goto(f"{stack.url}/q/{slug}/")
+    expect_state(page, "pow")  # the join was answered 428 with a challenge: the worker is at it
+    screenshot(page, "state-pow")
+    expect_state(page, "paused")  # solved, joined
+    expect(page.locator("#wr-position")).to_have_text("1")
+    assert page.evaluate("document.getElementById('wr-pow-bar').style.width") == "100%"
+    assert stack.waiting(slug) == 1
+    page.reload()  # the visitor's ticket comes back without another puzzle
+    page.wait_for_function("window.waitingRoom.ticketId !== null && window.waitingRoom.ticketId !== undefined")
+    expect_state(page, "paused")
+    assert stack.waiting(slug) == 1

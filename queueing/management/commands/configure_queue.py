@@ -25,6 +25,8 @@ OPTIONS: list[tuple[str, type, str]] = [
     ("presence_timeout", int, "Seconds unseen before admission skips a visitor"),
     ("abandon_timeout", int, "Seconds unseen before a waiting ticket expires"),
     ("max_waiting", int, "Most visitors waiting (0: no limit)"),
+    ("max_tickets_per_address", int, "Most live tickets per client address (0: no cap)"),
+    ("pow_difficulty", int, "Proof-of-work leading zero bits before a join (0: off)"),
     ("state", str, "open | paused | closed"),
     ("starts_at", str, "When admission starts (ISO 8601, e.g. 2026-12-01T10:00:00Z; 'none' to clear)"),
 ]

@@ -1,0 +1,166 @@
+"""Join caps per client address, and the proof-of-work gate: real Redis, real HTTP handling."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from queueing import pow, services, store
+from queueing.models import Queue
+
+
+def join(client: Client, slug: str, body: dict[str, Any] | None = None, *, address: str = "198.51.100.1"):
+    return client.post(
+        f"/api/v1/queues/{slug}/join",
+        data=body or {},
+        content_type="application/json",
+        HTTP_X_VISITOR_ID=str(uuid.uuid4()),
+        REMOTE_ADDR=address,
+    )
+
+
+def live_tickets(slug: str) -> int:
+    snap = store.snapshot(slug)
+    return snap.waiting + snap.admitted + snap.active
+
+
+# --- Join caps ----------------------------------------------------------------------------------------
+
+
+def test_join_caps_are_off_by_default(make_queue):
+    queue = make_queue(state="paused")
+    assert queue.max_tickets_per_address == 0
+    assert [join(Client(), queue.slug).status_code for _ in range(5)] == [201] * 5
+
+
+def test_an_address_holding_its_cap_of_live_tickets_is_refused_with_its_own_code(make_queue):
+    queue = make_queue(state="paused", max_tickets_per_address=2)
+    client = Client()
+    first = join(client, queue.slug)
+    assert join(client, queue.slug).status_code == 201
+    refused = join(client, queue.slug)
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "ticket_cap_reached" and refused["Retry-After"] == "60"
+    assert join(client, queue.slug, address="198.51.100.2").status_code == 201  # another address
+    # A visitor asking again for its own ticket is not a new ticket: never capped.
+    again = client.post(
+        f"/api/v1/queues/{queue.slug}/join",
+        data={},
+        content_type="application/json",
+        HTTP_X_VISITOR_ID=first.request["HTTP_X_VISITOR_ID"],
+        REMOTE_ADDR="198.51.100.1",
+    )
+    assert again.status_code == 200 and again.json()["ticket_id"] == first.json()["ticket_id"]
+    # A ticket that ends frees its place under the cap.
+    left = client.post(f"/api/v1/queues/{queue.slug}/leave", HTTP_AUTHORIZATION=f"Bearer {first.json()['ticket']}")
+    assert left.status_code == 204
+    assert join(client, queue.slug).status_code == 201
+    assert live_tickets(queue.slug) == 3
+
+
+def test_twenty_parallel_joins_from_one_address_get_exactly_the_cap(make_queue):
+    queue = make_queue(state="paused", max_tickets_per_address=3)
+    with ThreadPoolExecutor(20) as pool:
+        codes = list(pool.map(lambda _: join(Client(), queue.slug, address="203.0.113.5").status_code, range(20)))
+    assert sorted(codes) == [201] * 3 + [429] * 17
+    assert live_tickets(queue.slug) == 3
+
+
+# --- Proof of work ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def gated(make_queue) -> Queue:
+    return make_queue(state="paused", pow_difficulty=8)
+
+
+def challenge(client: Client, slug: str) -> dict[str, Any]:
+    answer = client.post(f"/api/v1/queues/{slug}/challenge")
+    assert answer.status_code == 201, answer.content
+    return dict(answer.json())
+
+
+def test_a_join_without_proof_gets_428_with_a_challenge_and_a_solution_gets_in_once(gated):
+    client = Client()
+    refused = join(client, gated.slug)
+    assert refused.status_code == 428
+    error = refused.json()["error"]
+    assert error["code"] == "proof_of_work_required" and error["difficulty"] == 8 and error["algorithm"] == "sha256"
+    nonce = pow.solve(error["challenge"], error["difficulty"])
+    digest = hashlib.sha256(f"{error['challenge']}:{nonce}".encode()).digest()
+    assert pow.leading_zero_bits(digest) >= 8
+    body = {"pow_challenge": error["challenge"], "pow_nonce": nonce}
+    assert join(client, gated.slug, body).status_code == 201
+    reused = join(client, gated.slug, body)  # another visitor with the same solution
+    assert reused.status_code == 409 and reused.json()["error"]["code"] == "proof_of_work_reused"
+    assert live_tickets(gated.slug) == 1
+
+
+def test_parallel_joins_with_one_solution_get_one_ticket(gated):
+    data = challenge(Client(), gated.slug)
+    body = {"pow_challenge": data["challenge"], "pow_nonce": pow.solve(data["challenge"], data["difficulty"])}
+    with ThreadPoolExecutor(20) as pool:
+        codes = list(pool.map(lambda _: join(Client(), gated.slug, body).status_code, range(20)))
+    assert sorted(codes) == [201] + [409] * 19
+
+
+def test_wrong_expired_and_foreign_solutions_are_refused(gated, make_queue, monkeypatch):
+    client = Client()
+    data = challenge(client, gated.slug)
+    good = pow.solve(data["challenge"], 8)
+    wrong = next(
+        n
+        for n in (format(i, "x") for i in range(10_000))
+        if pow.leading_zero_bits(hashlib.sha256(f"{data['challenge']}:{n}".encode()).digest()) < 8
+    )
+    for body in (
+        {"pow_challenge": data["challenge"], "pow_nonce": wrong},
+        {"pow_challenge": data["challenge"] + "x", "pow_nonce": good},  # tampered signature
+        {"pow_challenge": data["challenge"], "pow_nonce": ""},
+    ):
+        answer = join(client, gated.slug, body)
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_proof_of_work", body
+    other = make_queue(state="paused", pow_difficulty=8)
+    foreign = join(client, other.slug, {"pow_challenge": data["challenge"], "pow_nonce": good})
+    assert foreign.status_code == 400 and "another queue" in foreign.json()["error"]["message"]
+    later = time.time() + pow.CHALLENGE_TTL_SECONDS + 1
+    monkeypatch.setattr(time, "time", lambda: later)  # what TimestampSigner reads
+    expired = join(client, gated.slug, {"pow_challenge": data["challenge"], "pow_nonce": good})
+    assert expired.status_code == 400 and "expired" in expired.json()["error"]["message"]
+    assert live_tickets(gated.slug) == 0
+
+
+def test_raising_the_difficulty_live_refuses_easier_solutions(gated):
+    client = Client()
+    data = challenge(client, gated.slug)
+    nonce = pow.solve(data["challenge"], 8)
+    services.queue_configure(slug=gated.slug, changes={"pow_difficulty": 12}, actor_label="flood")
+    answer = join(client, gated.slug, {"pow_challenge": data["challenge"], "pow_nonce": nonce})
+    assert answer.status_code == 428 and answer.json()["error"]["difficulty"] == 12
+
+
+def test_with_the_gate_off_the_challenge_says_difficulty_zero_and_joins_need_nothing(make_queue):
+    queue = make_queue(state="paused")
+    assert challenge(Client(), queue.slug)["difficulty"] == 0
+    assert join(Client(), queue.slug).status_code == 201
+    assert Client().post("/api/v1/queues/no-such-queue/challenge").status_code == 404
+
+
+def test_leading_zero_bits_counts_bits_not_bytes():
+    assert pow.leading_zero_bits(bytes([0, 0, 0b00010000]) + bytes(29)) == 19
+    assert pow.leading_zero_bits(bytes([0xFF]) + bytes(31)) == 0
+    assert pow.leading_zero_bits(bytes(32)) == 256
+
+
+def test_staff_raise_the_difficulty_live_through_the_api(gated, staff_api):
+    answer = staff_api.patch(f"/api/v1/queues/{gated.slug}", {"pow_difficulty": 20}, format="json")
+    assert answer.status_code == 200 and answer.json()["pow_difficulty"] == 20
+    assert challenge(Client(), gated.slug)["difficulty"] == 20  # in force at once: no tick needed
+    too_hard = staff_api.patch(f"/api/v1/queues/{gated.slug}", {"pow_difficulty": 33}, format="json")
+    assert too_hard.status_code == 400
