@@ -55,6 +55,19 @@ def _positive(name: str, value: float) -> None:
         raise ImproperlyConfigured(f"Rate limit setting {name} must be positive, not {value!r}.")
 
 
+class Limited(Exception):
+    """Refused by a limiter (raised where a limit is checked together with other work)."""
+
+    def __init__(self, decision: Decision) -> None:
+        super().__init__(decision)
+        self.decision = decision
+
+
+def decision_from(raw: tuple[bool, int, float, int]) -> Decision:
+    allowed, retry_ms, remaining, wait_ms = raw
+    return Decision(allowed, retry_ms / 1000, remaining, wait_ms / 1000)
+
+
 class Limiter:
     algorithm: ClassVar[str]
 
@@ -62,8 +75,7 @@ class Limiter:
         raise NotImplementedError
 
     def hit(self, key: str, *, now: float | None = None) -> Decision:
-        allowed, retry_ms, remaining, wait_ms = store.limit_hit(self.algorithm, key, *self.arguments(_now_ms(now)))
-        return Decision(allowed, retry_ms / 1000, remaining, wait_ms / 1000)
+        return decision_from(store.limit_hit(self.algorithm, key, *self.arguments(_now_ms(now))))
 
 
 @dataclass(frozen=True)
@@ -178,11 +190,21 @@ def scope_limiter(scope: str) -> Limiter | None:
     return _scope_limiter(scope, repr(sorted(config.items())) if config else "")
 
 
-def hit(scope: str, ident: str, *, now: float | None = None) -> Decision:
-    """Count one request of `ident` (a client address, ticket, API key or user) in `scope`."""
+def prepare(scope: str, ident: str, *, now: float | None = None) -> store.LimitCall | None:
+    """The limiter call for one request of `ident` in `scope`, to run with other work in one round trip
+    (store.status does); None when the scope is not limited. Read the result with decision_from."""
     limiter = scope_limiter(scope)
     if limiter is None:
-        return Decision(True, 0, float("inf"))
+        return None
     # The algorithm is part of the key: an operator who switches a scope to another algorithm must not
     # meet the old one's state (another Redis type) in its place.
-    return limiter.hit(store.limit_key(f"{scope}:{limiter.algorithm}", ident), now=now)
+    key = store.limit_key(f"{scope}:{limiter.algorithm}", ident)
+    return store.LimitCall(limiter.algorithm, key, limiter.arguments(_now_ms(now)))
+
+
+def hit(scope: str, ident: str, *, now: float | None = None) -> Decision:
+    """Count one request of `ident` (a client address, ticket, API key or user) in `scope`."""
+    call = prepare(scope, ident, now=now)
+    if call is None:
+        return Decision(True, 0, float("inf"))
+    return decision_from(store.limit_hit(call.algorithm, call.key, *call.args))

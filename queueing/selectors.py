@@ -11,7 +11,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from django.conf import settings
 
-from . import realtime, store, tokens
+from . import ratelimit, realtime, store, tokens
 from .models import Queue
 from .store import QueueFigures, TicketReply, TicketState, TicketStatus
 
@@ -166,19 +166,34 @@ def ticket_view(slug: str, reply: TicketReply, *, now_ms: int | None = None) -> 
     )
 
 
-def ticket_status_get(*, claims: tokens.TicketClaims, now: float | None = None) -> TicketView:
-    """A ticket's state; the poll also counts as the visitor's heartbeat. One Redis round trip.
+def ticket_status_get(*, claims: tokens.TicketClaims, now: float | None = None, limit_scope: str = "") -> TicketView:
+    """A ticket's state; the poll also counts as the visitor's heartbeat. One Redis round trip (with
+    the ticket's rate limiter in it when `limit_scope` is given).
 
     TicketGone when the queue does not know the ticket (finished long ago, or replaced by the visitor's
     newer ticket); the API reports that as `expired`.
     """
-    return visitor_status_get(slug=claims.slug, visitor_key=claims.visitor_key, seq=claims.seq, now=now)
+    return visitor_status_get(
+        slug=claims.slug, visitor_key=claims.visitor_key, seq=claims.seq, now=now, limit_scope=limit_scope
+    )
 
 
-def visitor_status_get(*, slug: str, visitor_key: str, seq: int = 0, now: float | None = None) -> TicketView:
-    """As ticket_status_get; seq 0 means whatever ticket the visitor has (the no-JavaScript page)."""
+def visitor_status_get(
+    *, slug: str, visitor_key: str, seq: int = 0, now: float | None = None, limit_scope: str = ""
+) -> TicketView:
+    """As ticket_status_get; seq 0 means whatever ticket the visitor has (the no-JavaScript page).
+
+    With `limit_scope`, the visitor's rate limiter in that scope runs in the same Redis round trip;
+    ratelimit.Limited when it refuses."""
     now_ms = int((time.time() if now is None else now) * 1000)
-    reply = store.status(slug, visitor_key=visitor_key, seq=seq, now_ms=now_ms)
+    call = ratelimit.prepare(limit_scope, visitor_key, now=now) if limit_scope else None
+    if call is None:
+        reply = store.status(slug, visitor_key=visitor_key, seq=seq, now_ms=now_ms)
+    else:
+        reply, limited = store.status_limited(slug, visitor_key=visitor_key, seq=seq, now_ms=now_ms, limit=call)
+        decision = ratelimit.decision_from(limited)
+        if not decision.allowed:
+            raise ratelimit.Limited(decision)
     if reply.outcome == "no_config":
         from .services import queue_config_sync  # rare: Redis lost the policy
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import msgpack
 import redis
@@ -377,6 +377,20 @@ def status(slug: str, *, visitor_key: str, seq: int, now_ms: int) -> TicketReply
     return TicketReply.parse(_run("status", slug, visitor_key, seq, now_ms))
 
 
+def status_limited(
+    slug: str, *, visitor_key: str, seq: int, now_ms: int, limit: LimitCall
+) -> tuple[TicketReply, tuple[bool, int, float, int]]:
+    """A status poll and its rate limiter in one round trip (the limiter runs first; a refused poll
+    still counts as the visitor's heartbeat)."""
+    limited, reply = _evalsha_together(
+        [
+            (f"limits/{limit.algorithm}", [limit.key], limit.args),
+            ("status", queue_keys(slug).script_keys(), (visitor_key, seq, now_ms)),
+        ]
+    )
+    return TicketReply.parse(reply), _limit_reply(limited)
+
+
 def leave(slug: str, *, visitor_key: str, seq: int, now_ms: int) -> tuple[str, bool, Moves]:
     result, freed, moves = _run("leave", slug, visitor_key, seq, now_ms)
     return str(result), bool(int(freed)), Moves.parse(moves)
@@ -625,11 +639,39 @@ def limit_key(scope: str, ident: str) -> str:
     return f"{settings.WR_REDIS_PREFIX}:rl:{scope}:{{{ident}}}"
 
 
+class LimitCall(NamedTuple):
+    algorithm: str
+    key: str
+    args: tuple[str | int | float, ...]
+
+
+def _limit_reply(raw: Sequence[Any]) -> tuple[bool, int, float, int]:
+    allowed, retry_ms, remaining, wait_ms = raw
+    return bool(int(allowed)), int(retry_ms), float(remaining), int(wait_ms)
+
+
 def limit_hit(algorithm: str, key: str, *args: str | int | float) -> tuple[bool, int, float, int]:
     """Run one limiter script: (allowed, retry after ms, remaining or weighted count, wait ms)."""
     _, scripts = _connection.get()
-    allowed, retry_ms, remaining, wait_ms = scripts[f"limits/{algorithm}"](keys=[key], args=args)
-    return bool(int(allowed)), int(retry_ms), float(remaining), int(wait_ms)
+    return _limit_reply(scripts[f"limits/{algorithm}"](keys=[key], args=args))
+
+
+def _evalsha_together(calls: list[tuple[str, list[str], tuple[Any, ...]]]) -> list[Any]:
+    """Several scripts in one round trip (a plain pipeline of EVALSHA: redis-py's script pipelines would
+    add a SCRIPT EXISTS round trip each time). A server that lost its scripts gets them loaded, once."""
+    client, scripts = _connection.get()
+    for attempt in (1, 2):
+        pipe = client.pipeline(transaction=False)
+        for name, keys, args in calls:
+            pipe.evalsha(scripts[name].sha, len(keys), *keys, *args)
+        try:
+            return list(pipe.execute())
+        except redis.exceptions.NoScriptError:
+            if attempt == 2:
+                raise
+            for name, _, _ in calls:
+                scripts[name].sha = client.script_load(scripts[name].script)
+    raise AssertionError("unreachable")
 
 
 VIEWERS_FRESH_SECONDS = 15

@@ -274,3 +274,27 @@ def _params(limiter: ratelimit.Limiter) -> dict[str, Any]:
     from dataclasses import asdict
 
     return asdict(limiter)  # type: ignore[call-overload]
+
+
+@override_settings(WR_RATE_LIMITS=STATUS_LIMIT)
+def test_the_status_limiter_rides_in_the_polls_round_trip_and_survives_a_server_that_lost_its_scripts(
+    make_queue, monkeypatch
+):
+    queue = make_queue(state="paused")
+    client = Client()
+    ticket = join(client, queue.slug).json()["ticket"]
+    sent: list[int] = []
+    real_pipeline = store.client().pipeline
+
+    def counting_pipeline(*args: Any, **kwargs: Any) -> Any:
+        pipe = real_pipeline(*args, **kwargs)
+        execute = pipe.execute
+        pipe.execute = lambda *a, **k: sent.append(len(pipe.command_stack)) or execute(*a, **k)  # type: ignore[method-assign]
+        return pipe
+
+    monkeypatch.setattr(store.client(), "pipeline", counting_pipeline)
+    monkeypatch.setattr(store.script("status"), "sha", "0" * 40)  # as after a Redis restart
+    answer = client.get(f"/api/v1/queues/{queue.slug}/status", HTTP_AUTHORIZATION=f"Bearer {ticket}")
+    assert answer.status_code == 200 and answer.json()["position"] == 1
+    assert sent == [2, 2]  # limiter + poll together; once more after the scripts were loaded again
+    assert store.script("status").sha != "0" * 40

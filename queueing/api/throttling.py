@@ -17,17 +17,19 @@ from .. import ratelimit
 from .errors import ApiError, retry_after
 
 
+def rate_limited(decision: ratelimit.Decision) -> ApiError:
+    """The API's 429 for a refused request: Retry-After and retry_after_seconds."""
+    headers, extra = retry_after(decision.retry_after)
+    return ApiError(
+        "rate_limited", f"Too many requests; retry in {extra['retry_after_seconds']} s.", headers=headers, **extra
+    )
+
+
 def limit(scope: str, ident: str) -> None:
     """Count a request of `ident` in `scope`; ApiError rate_limited (429) when it is over the limit."""
     decision = ratelimit.hit(scope, ident)
     if not decision.allowed:
-        headers, extra = retry_after(decision.retry_after)
-        raise ApiError(
-            "rate_limited",
-            f"Too many requests; retry in {extra['retry_after_seconds']} s.",
-            headers=headers,
-            **extra,
-        )
+        raise rate_limited(decision)
 
 
 class ScopedRateThrottle(BaseThrottle):

@@ -22,13 +22,13 @@ from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 from rest_framework_simplejwt.authentication import JWTAuthentication
 
-from .. import pow, realtime, selectors, services, tokens
+from .. import pow, ratelimit, realtime, selectors, services, tokens
 from ..models import Queue
 from ..visitors import InvalidVisitorId, client_address, visitor_cookie_set, visitor_identity
 from . import serializers as s
 from .errors import ApiError, error_body, service_unavailable
 from .permissions import CanChangeQueue, HasQueueApiKey, IsStaff
-from .throttling import ProtectedSiteThrottle, StaffThrottle, limit
+from .throttling import ProtectedSiteThrottle, StaffThrottle, limit, rate_limited
 
 ERRORS = {
     code: OpenApiResponse(s.ErrorSerializer, description=desc)
@@ -253,11 +253,13 @@ def status_answer(authorization: str, slug: str) -> Answer:
     """
     try:
         claims = _ticket_claims(authorization, slug)
-        limit("status", claims.visitor_key)
     except ApiError as exc:
         return Answer.error(exc)
     try:
-        view = selectors.ticket_status_get(claims=claims)
+        # The ticket's rate limiter runs in the same Redis round trip as the poll.
+        view = selectors.ticket_status_get(claims=claims, limit_scope="status")
+    except ratelimit.Limited as exc:
+        return Answer.error(rate_limited(exc.decision))
     except selectors.TicketGone:
         gone = {
             "ticket_id": claims.ticket_id,
