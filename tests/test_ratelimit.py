@@ -289,7 +289,12 @@ def test_the_status_limiter_rides_in_the_polls_round_trip_and_survives_a_server_
     def counting_pipeline(*args: Any, **kwargs: Any) -> Any:
         pipe = real_pipeline(*args, **kwargs)
         execute = pipe.execute
-        pipe.execute = lambda *a, **k: sent.append(len(pipe.command_stack)) or execute(*a, **k)  # type: ignore[method-assign]
+
+        def counted(*a: Any, **k: Any) -> Any:
+            sent.append(len(pipe.command_stack))
+            return execute(*a, **k)
+
+        pipe.execute = counted  # type: ignore[method-assign]
         return pipe
 
     monkeypatch.setattr(store.client(), "pipeline", counting_pipeline)
