@@ -35,12 +35,14 @@ CLOSE_INVALID_TICKET = 4401
 VIEWERS_REPORT_SECONDS = 5.0
 SOCKET_STATUS_SECONDS = 20.0
 FANOUT_YIELD_EVERY = 100
+ASK_STATUS_EVERY_SECONDS = 1.0
 
 
 class QueueConsumer(AsyncJsonWebsocketConsumer):
     slug = ""
     claims: tokens.TicketClaims | None = None
     heartbeat: asyncio.Task[None] | None = None
+    asked_at = -1e9
 
     async def connect(self) -> None:
         self.slug = self.scope["url_route"]["kwargs"]["slug"]
@@ -82,9 +84,13 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         await self.send(text_data=message["text"])  # encoded once by realtime.send for every socket
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        # A client that saw a gap in the event sequence asks for the truth over the socket.
+        # A client that saw a gap in the event sequence asks for the truth over the socket: answered at
+        # most once a second (more is a client misbehaving; each answer is a Redis call).
         if isinstance(content, dict) and content.get("type") == "status":
-            await self._send_status()
+            now = time.monotonic()
+            if now - self.asked_at >= ASK_STATUS_EVERY_SECONDS:
+                self.asked_at = now
+                await self._send_status()
 
     def _private_group(self) -> str:
         assert self.claims is not None

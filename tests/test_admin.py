@@ -32,6 +32,8 @@ FORM = {
     "presence_timeout": "60",
     "abandon_timeout": "300",
     "max_waiting": "0",
+    "max_tickets_per_address": "0",
+    "pow_difficulty": "0",
 }
 
 

@@ -241,3 +241,13 @@ async def test_the_collector_starts_with_the_first_socket_when_enabled(queue, se
     assert task is not None and not task.done()
     await communicator.disconnect()
     task.cancel()
+
+
+async def test_a_client_asking_for_its_status_in_a_loop_is_answered_once_a_second(queue):
+    ticket = await waiting_visitor(queue.slug, "v")
+    communicator, _, _ = await open_socket(queue.slug, ticket)
+    for _ in range(5):
+        await communicator.send_json_to({"type": "status"})
+    assert (await next_event(communicator, "position", timeout=1))["position"] == 1
+    await no_event(communicator, "position", within=0.5)  # the other four were not answered
+    await communicator.disconnect()

@@ -303,3 +303,25 @@ def test_the_status_limiter_rides_in_the_polls_round_trip_and_survives_a_server_
     assert answer.status_code == 200 and answer.json()["position"] == 1
     assert sent == [2, 2]  # limiter + poll together; once more after the scripts were loaded again
     assert store.script("status").sha != "0" * 40
+
+
+@override_settings(WR_RATE_LIMITS={"protected": {"algorithm": "fixed_window", "window_seconds": 60, "max_requests": 2}})
+def test_protected_site_calls_are_limited_per_api_key(make_queue, api_key_for):
+    from rest_framework.test import APIClient
+
+    queue = make_queue()
+    keys = [api_key_for(queue), api_key_for(queue)]
+    codes = []
+    for key in (keys[0], keys[0], keys[0], keys[1]):
+        site = APIClient()
+        site.credentials(HTTP_AUTHORIZATION=f"Api-Key {key}")
+        codes.append(site.put(f"/api/v1/queues/{queue.slug}/capacity", {"in_use": 0}, format="json"))
+    assert [c.status_code for c in codes] == [200, 200, 429, 200]  # the second key has its own budget
+    assert codes[2].json()["error"]["code"] == "rate_limited" and "Retry-After" in codes[2]
+
+
+@override_settings(WR_RATE_LIMITS={"staff": {"algorithm": "sliding_log", "window_seconds": 60, "max_requests": 2}})
+def test_staff_api_calls_are_limited_per_user(make_queue, staff_api):
+    queue = make_queue()
+    codes = [staff_api.get(f"/api/v1/queues/{queue.slug}/stats").status_code for _ in range(3)]
+    assert codes == [200, 200, 429]
