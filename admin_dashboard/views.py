@@ -23,6 +23,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from queueing import realtime
+from queueing import selectors as queueing_selectors
 from queueing import services as queueing_services
 from queueing.models import Queue
 
@@ -94,6 +95,7 @@ def dashboard_queue(request: HttpRequest, slug: str) -> HttpResponse:
         "sessions": selectors.queue_sessions(queue) if can_change else [],
         "changes": selectors.queue_changes(queue),
         "socket_url": realtime.socket_url(request, SOCKET_PATH),
+        "shuffle": queueing_selectors.queue_shuffle_get(slug=queue.slug),
     }
     return render(request, "admin_dashboard/queue.html", context)
 

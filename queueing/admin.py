@@ -8,7 +8,7 @@ from django.http import HttpRequest
 from rest_framework_api_key.admin import APIKeyModelAdmin
 
 from . import services, store, tokens
-from .models import PriorityCode, PriorityLevel, Queue, QueueAPIKey, QueueChange, SigningKey
+from .models import PriorityCode, PriorityLevel, Queue, QueueAPIKey, QueueChange, QueueShuffle, SigningKey
 
 
 class PriorityLevelInline(admin.TabularInline):
@@ -133,6 +133,26 @@ class QueueChangeAdmin(admin.ModelAdmin):
     list_display = ("created_at", "queue", "action", "actor_label", "before", "after")
     list_filter = ("queue", "action")
     readonly_fields = ("queue", "actor", "actor_label", "action", "before", "after", "created_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(QueueShuffle)
+class QueueShuffleAdmin(admin.ModelAdmin):
+    """Read only: the commitment is public from the start; the seed shows once revealed."""
+
+    list_display = ("queue", "starts_at", "commitment", "revealed_at")
+    list_filter = ("queue",)
+    exclude = ("seed",)
+    readonly_fields = ("queue", "starts_at", "commitment", "committed_at", "revealed_seed", "revealed_at", "order")
+
+    @admin.display(description="seed")
+    def revealed_seed(self, obj: QueueShuffle) -> str:
+        return obj.seed if obj.revealed_at else "(revealed at the start)"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -6,6 +6,7 @@ services write a queue and then mirror its policy to Redis (`services.queue_conf
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -31,6 +32,10 @@ def validate_target_url(value: str) -> None:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValidationError("Enter an absolute http(s) URL or a path starting with '/'.")
+
+
+def _ms(moment: datetime | None) -> int:
+    return int(moment.timestamp() * 1000) if moment else 0
 
 
 POW_MAX_BITS = 32  # about 4 x 10^9 hashes on average: far beyond any honest client
@@ -115,10 +120,20 @@ class Queue(models.Model):
         "(each bit doubles the work: 16 takes a phone about a second). 0 turns the gate off. Raise it live "
         "during a flood.",
     )
+    prequeue_opens_at = models.DateTimeField(
+        "pre-queue opens at",
+        null=True,
+        blank=True,
+        help_text="Joins before this time are refused with the time it opens (needs a start time).",
+    )
     starts_at = models.DateTimeField(
         null=True,
         blank=True,
-        help_text="Admission starts at this time; visitors who join before wait in the pre-queue with a countdown.",
+        help_text="Admission starts at this time; visitors who join before wait in the pre-queue with a countdown, "
+        "and at this time are put in a random order that anyone can verify (see the README).",
+    )
+    ends_at = models.DateTimeField(
+        null=True, blank=True, help_text="The queue closes at this time; visitors still waiting are told."
     )
     epoch = models.PositiveIntegerField(default=1, editable=False)
 
@@ -138,7 +153,9 @@ class Queue(models.Model):
         "max_waiting",
         "max_tickets_per_address",
         "pow_difficulty",
+        "prequeue_opens_at",
         "starts_at",
+        "ends_at",
     )
 
     class Meta:
@@ -153,6 +170,12 @@ class Queue(models.Model):
             errors["claim_ttl"] = "The claim TTL cannot be longer than the session TTL."
         if self.presence_timeout and self.abandon_timeout and self.abandon_timeout < self.presence_timeout:
             errors["abandon_timeout"] = "The abandon timeout cannot be shorter than the presence timeout."
+        if self.prequeue_opens_at and not self.starts_at:
+            errors["prequeue_opens_at"] = "A pre-queue needs a start time."
+        if self.prequeue_opens_at and self.starts_at and self.prequeue_opens_at > self.starts_at:
+            errors["prequeue_opens_at"] = "The pre-queue must open before the start."
+        if self.ends_at and self.starts_at and self.ends_at <= self.starts_at:
+            errors["ends_at"] = "The end must come after the start."
         if errors:
             raise ValidationError(errors)
 
@@ -179,7 +202,9 @@ class Queue(models.Model):
             "target_url": self.target_url,
             "epoch": self.epoch,
             "name": self.name,
-            "starts_at_ms": int(self.starts_at.timestamp() * 1000) if self.starts_at else 0,
+            "starts_at_ms": _ms(self.starts_at),
+            "prequeue_opens_at_ms": _ms(self.prequeue_opens_at),
+            "ends_at_ms": _ms(self.ends_at),
         }
 
 
@@ -302,3 +327,42 @@ class QueueChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.queue.slug} {self.action} by {self.actor_label}"
+
+
+class QueueShuffle(models.Model):
+    """The auditable pre-queue shuffle of one scheduled start (SPEC 3.3).
+
+    When the schedule is set the queue commits to a random seed by publishing its SHA-256
+    (`commitment`); at the start the seed is revealed with the pre-queue's tickets (sequence number and
+    priority level) and the order they were put in, which anyone can recompute (queueing/shuffle.py,
+    `manage.py verify_shuffle`)."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="shuffles")
+    starts_at = models.DateTimeField(help_text="The start this shuffle is for.")
+    seed = models.CharField(max_length=64, editable=False)
+    commitment = models.CharField(max_length=64, editable=False, help_text="SHA-256 of the seed, published.")
+    committed_at = models.DateTimeField(default=timezone.now)
+    revealed_at = models.DateTimeField(null=True, blank=True)
+    tickets = models.JSONField(default=list, help_text="[[sequence number, priority level], ...] in the pre-queue.")
+    order = models.JSONField(default=list, help_text="Their sequence numbers in the order they were put in.")
+
+    class Meta:
+        ordering = ("-starts_at",)
+        constraints = [models.UniqueConstraint(fields=["queue", "starts_at"], name="one_shuffle_per_start")]
+
+    def __str__(self) -> str:
+        return f"{self.queue.slug} start {self.starts_at:%Y-%m-%d %H:%M:%S}"
+
+    def public(self) -> dict[str, Any]:
+        """What anyone may see: the commitment always; the seed and the lists once revealed."""
+        body: dict[str, Any] = {
+            "starts_at": self.starts_at.isoformat(),
+            "commitment": self.commitment,
+            "committed_at": self.committed_at.isoformat(),
+            "revealed": self.revealed_at is not None,
+        }
+        if self.revealed_at is not None:
+            body.update(
+                seed=self.seed, revealed_at=self.revealed_at.isoformat(), tickets=self.tickets, order=self.order
+            )
+        return body

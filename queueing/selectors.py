@@ -276,3 +276,11 @@ def queue_stats_get(*, slug: str, now: float | None = None) -> dict[str, Any]:
         "event_seq": count("evseq"),
         "viewers": store.viewers_count(slug, now=time.time() if now is None else now),
     }
+
+
+def queue_shuffle_get(*, slug: str) -> dict[str, Any] | None:
+    """The public record of the queue's latest scheduled start's shuffle (commitment; seed once revealed)."""
+    from .models import QueueShuffle
+
+    record = QueueShuffle.objects.filter(queue__slug=slug).order_by("-starts_at").first()
+    return record.public() if record is not None else None

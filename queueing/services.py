@@ -14,6 +14,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
 from django.conf import settings
@@ -24,13 +25,17 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from . import pow, realtime, selectors, store, tokens
-from .models import PriorityCode, PriorityLevel, Queue, QueueAPIKey, QueueChange
+from . import pow, realtime, selectors, shuffle, store, tokens
+from .models import PriorityCode, PriorityLevel, Queue, QueueAPIKey, QueueChange, QueueShuffle
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 EDITABLE_FIELDS = ("name", "target_url", "state", *Queue.POLICY_FIELDS)
+
+
+class QueueNotOpen(Exception):
+    """The queue's pre-queue has not opened yet."""
 
 
 class ProofOfWorkRequired(Exception):
@@ -111,7 +116,78 @@ def queue_change_record(
 def queue_config_sync(queue: Queue) -> None:
     """Mirror the queue's policy into Redis, where joins, polls and ticks read it."""
     policy = {**queue.policy(), "leader_ttl_ms": settings.WR_LEADER_TTL_MS, "synced_at": int(time.time())}
+    # Until the pre-queue's shuffle is done nobody is admitted: its order is not yet the one to follow.
+    pending = (
+        queue.starts_at is not None
+        and queue.shuffles.filter(starts_at=queue.starts_at, revealed_at__isnull=True).exists()
+    )
+    policy["shuffle_pending"] = "1" if pending else "0"
     store.config_write(queue.slug, policy)
+
+
+# --- Schedule: pre-queue, auditable shuffle, end (SPEC 2, 3.3) -----------------------------------------
+
+
+def shuffle_commit_ensure(queue: Queue) -> QueueShuffle | None:
+    """Commit to a random seed for the queue's scheduled start (its hash is published at once); a
+    changed start gets a new commitment, and unrevealed ones for other starts are dropped."""
+    if queue.starts_at is None:
+        QueueShuffle.objects.filter(queue=queue, revealed_at__isnull=True).delete()
+        return None
+    QueueShuffle.objects.filter(queue=queue, revealed_at__isnull=True).exclude(starts_at=queue.starts_at).delete()
+    seed = shuffle.seed_new()
+    record, _ = QueueShuffle.objects.get_or_create(
+        queue=queue,
+        starts_at=queue.starts_at,
+        defaults={"seed": seed, "commitment": shuffle.commitment_of(seed)},
+    )
+    return record
+
+
+def queue_prequeue_shuffle(queue: Queue, *, now: float | None = None) -> QueueShuffle | None:
+    """At the start: put the pre-queue in the order the committed seed gives, reveal the seed and
+    publish the lists. Runs once per start, however many ticks race to it."""
+    now = time.time() if now is None else now
+    if queue.starts_at is None:
+        return None
+    starts_ms = int(queue.starts_at.timestamp() * 1000)
+    with transaction.atomic():
+        record = (
+            QueueShuffle.objects.select_for_update()
+            .filter(queue=queue, starts_at=queue.starts_at, revealed_at__isnull=True)
+            .first()
+        )
+        if record is None:
+            return None
+        entries = store.prequeue_entries(queue.slug, joined_before_ms=starts_ms)
+        tickets = sorted((seq, level) for _, seq, level in entries)
+        order = shuffle.shuffle_order(record.seed, tickets)
+        by_seq = {seq: ticket_id for ticket_id, seq, _ in entries}
+        store.reorder(queue.slug, [(by_seq[seq], place) for place, seq in enumerate(order)], now_ms=_now_ms(now))
+        record.tickets = [list(t) for t in tickets]
+        record.order = order
+        record.revealed_at = datetime.fromtimestamp(now, tz=UTC)
+        record.save(update_fields=["tickets", "order", "revealed_at"])
+    queue_config_sync(Queue.objects.prefetch_related("priority_levels").get(pk=queue.pk))
+    # Everyone's place changed: the jump in the event sequence makes every page ask for its new one.
+    realtime.send([realtime.snapshot(queue.slug, selectors.queue_stats_get(slug=queue.slug, now=now))])
+    return record
+
+
+def queue_schedule_step(slug: str, *, now: float | None = None) -> None:
+    """What the clock decides, run by every tick: the shuffle at the start, closing at the end."""
+    now = time.time() if now is None else now
+    queue = Queue.objects.filter(slug=slug).first()
+    if queue is None or queue.state == Queue.State.CLOSED:
+        return
+    moment = datetime.fromtimestamp(now, tz=UTC)
+    if queue.ends_at is not None and moment >= queue.ends_at:
+        queue_update(queue, changes={"state": Queue.State.CLOSED}, actor_label="schedule: ends_at")
+        # Closed queues get no periodic snapshot: tell the pages now that the line has closed.
+        realtime.send([realtime.snapshot(slug, selectors.queue_stats_get(slug=slug, now=now))])
+        return
+    if queue.starts_at is not None and moment >= queue.starts_at:
+        queue_prequeue_shuffle(queue, now=now)
 
 
 def queue_delete(queue: Queue) -> None:
@@ -169,6 +245,7 @@ def queue_configure(
         queue.save()
         if created:
             queue_priority_levels_ensure(queue)
+        shuffle_commit_ensure(queue)
         _audit(
             queue,
             action="create" if created else "update",
@@ -309,6 +386,8 @@ def queue_join(
     realtime.send(realtime.queue_move(slug, reply.moves, reply.figures.waiting if reply.figures else None))
     if reply.outcome == "closed":
         raise QueueClosed(slug)
+    if reply.outcome == "not_open":
+        raise QueueNotOpen(slug)
     if reply.outcome == "capped":
         raise TicketCapReached(slug)
     if reply.outcome == "pow_required":
@@ -398,6 +477,7 @@ def queue_tick(*, slug: str, instance: str | None = None, now: float | None = No
     token = store.leader(slug, instance_id=instance or instance_id(), ttl_ms=settings.WR_LEADER_TTL_MS)
     if token is None:
         return None
+    queue_schedule_step(slug, now=now)
     return queue_admit(slug=slug, now=now, leader_token=token)
 
 

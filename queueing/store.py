@@ -626,6 +626,20 @@ def sessions_list(slug: str, *, limit: int) -> list[tuple[str, str, int]]:
     return sorted(found, key=lambda row: row[2])[:limit]
 
 
+def prequeue_entries(slug: str, *, joined_before_ms: int) -> list[tuple[str, int, int]]:
+    """(ticket id, sequence number, priority level) of the tickets waiting that joined before then."""
+    return [(str(t), int(seq), int(pri)) for t, seq, pri in _run("prequeue", slug, joined_before_ms)]
+
+
+def reorder(slug: str, places: list[tuple[str, float]], *, now_ms: int) -> tuple[int, int]:
+    """Give waiting tickets new line scores; returns (tickets moved, the new event sequence)."""
+    args: list[str | int | float] = [now_ms]
+    for ticket_id, score in places:
+        args += [ticket_id, score]
+    moved, seq = _run("reorder", slug, *args)
+    return int(moved), int(seq)
+
+
 def pow_difficulty(slug: str) -> int:
     """The queue's proof-of-work difficulty in force (0: no gate), from its mirrored policy."""
     return int(client().hget(queue_keys(slug).cfg, "pow_difficulty") or 0)

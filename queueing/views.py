@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
@@ -56,9 +58,22 @@ def _identity(request: HttpRequest) -> VisitorIdentity:
         return visitor_identity(request, user=request.user)
 
 
+def _not_open_until(policy: dict[str, str]) -> float | None:
+    """When the pre-queue opens (epoch seconds), if it has not yet."""
+    opens_ms = int(float(policy.get("prequeue_opens_at_ms") or 0))
+    return opens_ms / 1000 if opens_ms and opens_ms > time.time() * 1000 else None
+
+
+def _closed(policy: dict[str, str]) -> bool:
+    ends_ms = int(float(policy.get("ends_at_ms") or 0))
+    return policy.get("state") == "closed" or bool(ends_ms and ends_ms <= time.time() * 1000)
+
+
 def page_state(view: selectors.TicketView | None, policy: dict[str, str]) -> str:
     if view is None:
-        return "closed" if policy.get("state") == "closed" else "join"
+        if _closed(policy):
+            return "closed"
+        return "notyet" if _not_open_until(policy) else "join"
     if view.access_token:
         return "admitted"
     if view.is_finished:
@@ -81,13 +96,16 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
     with contextlib.suppress(selectors.TicketGone):  # no ticket yet (or long finished)
         view = selectors.visitor_status_get(slug=slug, visitor_key=identity.key)
     requested = request.GET.get("state", "")  # after a no-JavaScript join was refused
-    state = requested if requested in ("closed", "full", "limited", "pow") else page_state(view, policy)
+    state = requested if requested in ("closed", "full", "limited", "pow", "notyet") else page_state(view, policy)
+    opens = _not_open_until(policy)
     refresh = _refresh(state, view)
     context: dict[str, Any] = {
         "queue": {"slug": slug, "name": policy.get("name") or slug},
         "state": state,
         "view": view,
         "reason": RETURN_REASONS.get(request.GET.get("reason", "")),
+        "opens_at": datetime.fromtimestamp(opens, tz=UTC) if opens else None,
+        "shuffle": selectors.queue_shuffle_get(slug=slug) if policy.get("starts_at_ms", "0") != "0" else None,
         "refresh_seconds": refresh,
         "config": {
             "slug": slug,
@@ -112,6 +130,8 @@ def _refresh(state: str, view: selectors.TicketView | None) -> int | None:
         return max(2, math.ceil(view.poll_after_seconds))
     if state == "full":
         return 30
+    if state == "notyet":
+        return 30  # until the pre-queue opens: the page says when
     return None
 
 
@@ -130,6 +150,8 @@ def _join_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity) 
         )
     except services.TicketCapReached:
         target += "?state=limited"
+    except services.QueueNotOpen:
+        target += "?state=notyet"
     except services.ProofOfWorkRequired:
         target += "?state=pow"  # the gate's puzzle needs JavaScript
     except services.QueueClosed:

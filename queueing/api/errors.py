@@ -37,6 +37,7 @@ ERROR_CODES: dict[str, int] = {
     "method_not_allowed": 405,
     "not_acceptable": 406,
     "queue_closed": 409,
+    "queue_not_open": 409,
     "session_not_active": 409,
     "unsupported_media_type": 415,
     "rate_limited": 429,

@@ -217,6 +217,21 @@ class QueueSerializer(serializers.Serializer):
     pow_difficulty = serializers.IntegerField()
 
 
+class ShuffleResponseSerializer(serializers.Serializer):
+    starts_at = serializers.DateTimeField()
+    commitment = serializers.CharField(help_text="SHA-256 (hex) of the seed, published before the pre-queue.")
+    committed_at = serializers.DateTimeField()
+    revealed = serializers.BooleanField()
+    seed = serializers.CharField(required=False, help_text="From the start on.")
+    revealed_at = serializers.DateTimeField(required=False)
+    tickets = serializers.ListField(
+        child=serializers.ListField(child=serializers.IntegerField()),
+        required=False,
+        help_text="[sequence number, priority level] of every pre-queue ticket.",
+    )
+    order = serializers.ListField(child=serializers.IntegerField(), required=False)
+
+
 class ChallengeResponseSerializer(serializers.Serializer):
     challenge = serializers.CharField(help_text="Opaque, signed; send it back as pow_challenge.")
     difficulty = serializers.IntegerField(help_text="Leading zero bits the hash must have (0: gate off).")

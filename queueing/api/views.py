@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,6 +148,17 @@ def join_answer(request: HttpRequest, slug: str, data: Any, *, user: Any) -> Ans
                 address=address,
                 proof=proof,
             )
+        except services.QueueNotOpen as exc:
+            queue = Queue.objects.filter(slug=slug).only("prequeue_opens_at").first()
+            opens = queue.prequeue_opens_at if queue else None
+            wait = max(1, math.ceil(opens.timestamp() - time.time())) if opens else 60
+            raise ApiError(
+                "queue_not_open",
+                "This queue has not opened yet.",
+                headers={"Retry-After": str(min(wait, 3600))},
+                opens_at=opens.isoformat() if opens else None,
+                retry_after_seconds=min(wait, 3600),
+            ) from exc
         except services.ProofOfWorkRequired as exc:
             raise ApiError(
                 "proof_of_work_required",
@@ -341,6 +353,29 @@ class ChallengeView(APIView):
             return Response(services.pow_challenge_issue(slug=slug), status=201)
         except services.QueueNotFound as exc:
             raise ApiError("queue_not_found", f"There is no queue '{slug}'.") from exc
+
+
+class ShuffleView(APIView):
+    authentication_classes: list[Any] = []
+    permission_classes: list[Any] = []
+
+    @extend_schema(
+        operation_id="prequeue_shuffle",
+        summary="The auditable pre-queue shuffle: commitment before the start, seed and order after",
+        description=(
+            "Before the start: the SHA-256 `commitment` of a secret seed, published when the schedule was "
+            "set. From the start: the `seed`, the pre-queue's `tickets` ([sequence number, priority level]) "
+            "and the `order` they were put in. Anyone can check that the seed hashes to the commitment and "
+            "that ordering by priority level (highest first), then by SHA-256 of `<seed>:<sequence number>`, "
+            "gives that order (`manage.py verify_shuffle`). Cacheable for a few seconds."
+        ),
+        responses={200: s.ShuffleResponseSerializer, **_errors(404)},
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        record = selectors.queue_shuffle_get(slug=slug)
+        if record is None:
+            raise ApiError("not_found", "This queue has no scheduled start, so no shuffle.")
+        return Response(record, headers={"Cache-Control": "public, max-age=5"})
 
 
 class LeaveView(APIView):

@@ -95,14 +95,19 @@ local function policy()
     epoch = num(c, 'epoch', 1),
     leader_ttl_ms = num(c, 'leader_ttl_ms', 3000),
     starts_at_ms = num(c, 'starts_at_ms', 0),
+    prequeue_opens_ms = num(c, 'prequeue_opens_at_ms', 0),
+    ends_ms = num(c, 'ends_at_ms', 0),
+    shuffle_pending = c.shuffle_pending == '1',
     name = c.name or '',
     fractions = {[1] = num(c, 'pf1', 0.1), [2] = num(c, 'pf2', 0.5), [3] = num(c, 'pf3', 1)},
   }
 end
 
--- Open, and past the scheduled start (before it, visitors wait in a pre-queue and nobody is admitted).
+-- Open, past the scheduled start (before it, visitors wait in a pre-queue and nobody is admitted), the
+-- pre-queue's shuffle done (until then its order is not the one admission must follow), not past the end.
 local function admitting(p, now)
-  return p.state == 'open' and now >= p.starts_at_ms
+  return p.state == 'open' and now >= p.starts_at_ms and not p.shuffle_pending
+    and (p.ends_ms == 0 or now < p.ends_ms)
 end
 
 local function used_slots(p, st)

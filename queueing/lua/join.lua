@@ -16,6 +16,7 @@
 --                             visitor's overdue previous ticket released a slot
 --   'closed' | 'full'        ticket = {}
 --   'capped'                 ticket = {}: the address already holds max_tickets_per_address live tickets
+--   'not_open'               ticket = {}: the pre-queue has not opened yet (prequeue_opens_at)
 --   'pow_required'           ticket = {}: the queue's gate wants more proof of work than was shown
 --   'pow_reused'             ticket = {}: that challenge was already spent on a join
 --   'no_config'              the queue's policy is not in Redis: sync it and retry
@@ -57,7 +58,10 @@ if rec and rec[R_STATUS] <= ACTIVE then
   end
 end
 
-if p.state == 'closed' then return {'closed', {}, figures(p, st), moves_reply()} end
+if p.state == 'closed' or (p.ends_ms > 0 and now >= p.ends_ms) then
+  return {'closed', {}, figures(p, st), moves_reply()}
+end
+if p.prequeue_opens_ms > 0 and now < p.prequeue_opens_ms then return {'not_open', {}, figures(p, st), moves_reply()} end
 local n = redis.call('ZCARD', K_LINE)
 if p.max_waiting > 0 and n + redis.call('ZCARD', K_AWAY) >= p.max_waiting then
   return {'full', {}, figures(p, st), moves_reply()}

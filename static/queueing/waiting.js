@@ -115,6 +115,7 @@
         full: "The line is full. Trying again shortly.",
         offline: "Reconnecting to the waiting room.",
         pow: "Checking your browser before you join.",
+        notyet: "This line has not opened yet.",
       };
       if (messages[name]) announce(messages[name], true);
     }
@@ -313,6 +314,7 @@
         return;
       }
       if (code === "proof_of_work_required") { solveThenJoin(r.data.error); return; }
+      if (code === "queue_not_open") { retryLater("notyet", null, Math.min(r.retryAfter || 30, 300), join); return; }
       if (code === "proof_of_work_reused" || code === "invalid_proof_of_work") { join(); return; } // a new challenge
       retryLater("offline", null, r.retryAfter || 5, join);
     }).catch(function () { retryLater("offline", null, 5, join); });

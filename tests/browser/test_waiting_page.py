@@ -183,6 +183,14 @@ def test_every_state_renders(stack, visitor, screenshot):
     expect(page.locator("#wr-opens-in")).to_have_text(re.compile(r"^\d+ days \d{2}:\d{2}:\d{2}$"))
     expect(page.locator("#wr-eta")).to_have_text(re.compile(r"^more than \d+ days$"))
     screenshot(page, "state-prequeue")
+    expect(page.locator("#wr-shuffle")).to_contain_text("SHA-256")  # the shuffle's commitment is shown
+
+    notyet = stack.new_queue(prequeue_opens_at="2098-12-31T12:00:00Z", starts_at="2099-01-01T00:00:00Z")
+    page = visitor()
+    page.goto(url.format(notyet))
+    expect_state(page, "notyet")
+    expect(page.locator("#wr-opens-at")).to_contain_text("31 December 2098")
+    screenshot(page, "state-notyet")
 
     admitted = stack.new_queue(capacity=5, burst=5)
     page = visitor()

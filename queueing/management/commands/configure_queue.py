@@ -28,7 +28,9 @@ OPTIONS: list[tuple[str, type, str]] = [
     ("max_tickets_per_address", int, "Most live tickets per client address (0: no cap)"),
     ("pow_difficulty", int, "Proof-of-work leading zero bits before a join (0: off)"),
     ("state", str, "open | paused | closed"),
+    ("prequeue_opens_at", str, "When joins open, before the start (ISO 8601; 'none' to clear)"),
     ("starts_at", str, "When admission starts (ISO 8601, e.g. 2026-12-01T10:00:00Z; 'none' to clear)"),
+    ("ends_at", str, "When the queue closes (ISO 8601; 'none' to clear)"),
 ]
 
 
@@ -42,8 +44,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         changes = {name: options[name] for name, _, _ in OPTIONS if options.get(name) is not None}
-        if "starts_at" in changes:
-            changes["starts_at"] = _datetime(changes["starts_at"])
+        for moment in ("prequeue_opens_at", "starts_at", "ends_at"):
+            if moment in changes:
+                changes[moment] = _datetime(changes[moment], moment)
         try:
             queue, created = services.queue_configure(
                 slug=options["slug"], changes=changes, actor_label="configure_queue command"
@@ -54,12 +57,12 @@ class Command(BaseCommand):
         self.stdout.write(json.dumps({"created": created, **queue_as_dict(queue)}, indent=2))
 
 
-def _datetime(value: str) -> datetime | None:
+def _datetime(value: str, option: str) -> datetime | None:
     if value.lower() == "none":
         return None
     parsed = parse_datetime(value)
     if parsed is None:
-        raise CommandError(f"--starts-at: not an ISO 8601 date and time: {value!r}")
+        raise CommandError(f"--{option.replace('_', '-')}: not an ISO 8601 date and time: {value!r}")
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
