@@ -364,6 +364,7 @@ def redis_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
             "pf3": 1.0,
         }
         store.config_write("mem", policy)
+        store.epoch_start("mem", epoch=1, floor=0, seq_max=10**9)
         base = int(client.info("memory")["used_memory"])
         join = store.script("join")
         keys = store.queue_keys("mem").script_keys()
@@ -387,6 +388,7 @@ def redis_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
 
         # Admission: 1,000 admits in one call of the script.
         store.config_write("adm", {**policy, "state": "paused"})
+        store.epoch_start("adm", epoch=1, floor=0, seq_max=10**9)
         pipe = client.pipeline(transaction=False)
         akeys = store.queue_keys("adm").script_keys()
         for i in range(1000):

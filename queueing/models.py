@@ -135,7 +135,11 @@ class Queue(models.Model):
     ends_at = models.DateTimeField(
         null=True, blank=True, help_text="The queue closes at this time; visitors still waiting are told."
     )
+    # Lost Redis state (SPEC 3.6): the epoch in every ticket; a loss starts the next one. Redis issues
+    # ticket sequence numbers only up to `seq_reserved`, reserved here first in blocks, so after a loss
+    # numbering resumes above every number that may have been issued: none is issued twice.
     epoch = models.PositiveIntegerField(default=1, editable=False)
+    seq_reserved = models.PositiveBigIntegerField(default=0, editable=False)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -117,6 +117,7 @@ def snapshot(slug: str, stats: dict[str, Any]) -> Message:
     event = {
         "type": "snapshot",
         "seq": stats["event_seq"],
+        "epoch": stats["epoch"],
         "state": stats["state"],
         "queue_length": stats["waiting"],
         "admitted_per_minute": stats["outflow_per_minute_observed"],

@@ -45,6 +45,7 @@ class TicketView:
     event_seq: int  # the queue's event sequence when this was read (live push continues from it)
     # The longest a visitor may go unseen without being counted absent or missing its admission.
     heartbeat_ceiling_seconds: float = 20.0
+    placement: float | None = None  # its line score (joins only), signed into the ticket
 
     @property
     def is_waiting(self) -> bool:
@@ -65,6 +66,7 @@ class TicketView:
             poll_after_seconds=self.poll_after_seconds,
             queue_state=self.queue_state,
             event_seq=self.event_seq,
+            epoch=self.epoch,  # event sequences start again in a new epoch (after lost state)
         )
         if self.opens_in_seconds is not None:
             body["opens_in_seconds"] = self.opens_in_seconds
@@ -115,9 +117,13 @@ def _with_query(url: str, **params: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
 
 
-def admission_link(slug: str, *, ticket_id: str, fence: int, expires_ms: int, target_url: str) -> tuple[str, str]:
+def admission_link(
+    slug: str, *, ticket_id: str, fence: int, expires_ms: int, target_url: str, epoch: int
+) -> tuple[str, str]:
     """(access token, redirect URL) for an admitted ticket: where the visitor goes, carrying its token."""
-    access_token = tokens.access_token_issue(slug=slug, ticket_id=ticket_id, fence=fence, expires_ms=expires_ms)
+    access_token = tokens.access_token_issue(
+        slug=slug, ticket_id=ticket_id, fence=fence, expires_ms=expires_ms, epoch=epoch
+    )
     return access_token, _with_query(target_url, **{settings.WR_ACCESS_QUERY_PARAM: access_token})
 
 
@@ -140,6 +146,7 @@ def ticket_view(slug: str, reply: TicketReply, *, now_ms: int | None = None) -> 
             fence=ticket.fence,
             expires_ms=ticket.expires_ms,
             target_url=figures.target_url,
+            epoch=figures.epoch,
         )
         expires_at = ticket.expires_ms // 1000
     waiting = ticket.status == TicketStatus.WAITING and ticket.rank is not None
@@ -163,6 +170,7 @@ def ticket_view(slug: str, reply: TicketReply, *, now_ms: int | None = None) -> 
         opens_in_seconds=opens_in_seconds(figures, now_ms) if waiting else None,
         event_seq=max(figures.evseq, reply.moves.seq),
         heartbeat_ceiling_seconds=heartbeat_ceiling(figures),
+        placement=ticket.score,
     )
 
 
@@ -173,13 +181,25 @@ def ticket_status_get(*, claims: tokens.TicketClaims, now: float | None = None, 
     TicketGone when the queue does not know the ticket (finished long ago, or replaced by the visitor's
     newer ticket); the API reports that as `expired`.
     """
+    restore = store.Restore(claims.epoch, claims.priority, claims.placement, claims.issued_at * 1000)
     return visitor_status_get(
-        slug=claims.slug, visitor_key=claims.visitor_key, seq=claims.seq, now=now, limit_scope=limit_scope
+        slug=claims.slug,
+        visitor_key=claims.visitor_key,
+        seq=claims.seq,
+        now=now,
+        limit_scope=limit_scope,
+        restore=restore,
     )
 
 
 def visitor_status_get(
-    *, slug: str, visitor_key: str, seq: int = 0, now: float | None = None, limit_scope: str = ""
+    *,
+    slug: str,
+    visitor_key: str,
+    seq: int = 0,
+    now: float | None = None,
+    limit_scope: str = "",
+    restore: store.Restore = store.NO_RESTORE,
 ) -> TicketView:
     """As ticket_status_get; seq 0 means whatever ticket the visitor has (the no-JavaScript page).
 
@@ -188,9 +208,11 @@ def visitor_status_get(
     now_ms = int((time.time() if now is None else now) * 1000)
     call = ratelimit.prepare(limit_scope, visitor_key, now=now) if limit_scope else None
     if call is None:
-        reply = store.status(slug, visitor_key=visitor_key, seq=seq, now_ms=now_ms)
+        reply = store.status(slug, visitor_key=visitor_key, seq=seq, now_ms=now_ms, restore=restore)
     else:
-        reply, limited = store.status_limited(slug, visitor_key=visitor_key, seq=seq, now_ms=now_ms, limit=call)
+        reply, limited = store.status_limited(
+            slug, visitor_key=visitor_key, seq=seq, now_ms=now_ms, limit=call, restore=restore
+        )
         decision = ratelimit.decision_from(limited)
         if not decision.allowed:
             raise ratelimit.Limited(decision)
@@ -201,7 +223,7 @@ def visitor_status_get(
         if queue is None:
             raise TicketGone(slug)
         queue_config_sync(queue)
-        reply = store.status(slug, visitor_key=visitor_key, seq=seq, now_ms=now_ms)
+        reply = store.status(slug, visitor_key=visitor_key, seq=seq, now_ms=now_ms, restore=restore)
     if reply.moves.seq:
         # A parked visitor came back to its place: the only way a poll moves anyone.
         realtime.send(realtime.queue_move(slug, reply.moves))
@@ -272,8 +294,11 @@ def queue_stats_get(*, slug: str, now: float | None = None) -> dict[str, Any]:
             "expired_claim": count("expired_claim"),
             "expired_session": count("expired_session"),
             "revoked": count("revoked"),
+            "restored": count("restored"),
+            "restored_sessions": count("restored_sessions"),
         },
         "event_seq": count("evseq"),
+        "epoch": int(cfg.get("epoch") or 1),
         "viewers": store.viewers_count(slug, now=time.time() if now is None else now),
     }
 

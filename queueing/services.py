@@ -113,16 +113,88 @@ def queue_change_record(
     )
 
 
-def queue_config_sync(queue: Queue) -> None:
-    """Mirror the queue's policy into Redis, where joins, polls and ticks read it."""
-    policy = {**queue.policy(), "leader_ttl_ms": settings.WR_LEADER_TTL_MS, "synced_at": int(time.time())}
+def queue_config_sync(queue: Queue, *, now: float | None = None) -> None:
+    """Mirror the queue's policy into Redis, where joins, polls and ticks read it; start the live state's
+    epoch if Redis has none (a new queue, or lost state) and keep sequence numbers reserved ahead."""
+    live = _config_write(queue)
+    if live.epoch != queue.epoch or queue.seq_reserved - live.seq < settings.WR_SEQ_BLOCK // 2:
+        queue_live_state_ensure(queue.pk, now=now)
+
+
+def _config_write(queue: Queue) -> store.LiveState:
+    policy = {
+        **queue.policy(),
+        "seq_max": queue.seq_reserved,
+        "leader_ttl_ms": settings.WR_LEADER_TTL_MS,
+        "synced_at": int(time.time()),
+    }
     # Until the pre-queue's shuffle is done nobody is admitted: its order is not yet the one to follow.
     pending = (
         queue.starts_at is not None
         and queue.shuffles.filter(starts_at=queue.starts_at, revealed_at__isnull=True).exists()
     )
     policy["shuffle_pending"] = "1" if pending else "0"
-    store.config_write(queue.slug, policy)
+    return store.config_write(queue.slug, policy)
+
+
+# --- Lost Redis state: epochs and reserved sequence numbers (SPEC 3.6) --------------------------------
+
+
+def queue_live_state_ensure(queue_pk: int, *, now: float | None = None) -> Queue:
+    """Start the live state's epoch in Redis if it is not running, and reserve sequence numbers ahead.
+
+    Redis without the queue's epoch has either never held this queue, or lost its state (a flush, a
+    failover to an empty replica, a restart without persistence). After a loss the next epoch begins:
+    numbering resumes above everything the database had reserved (so no number is issued twice), and
+    for a while (the abandon timeout) tickets and sessions of earlier epochs are given back their places
+    as their holders return, ahead of everyone who joins afterwards. The row lock makes one process do it.
+    """
+    now = time.time() if now is None else now
+    block = settings.WR_SEQ_BLOCK
+    with transaction.atomic():
+        queue = Queue.objects.select_for_update().get(pk=queue_pk)
+        live = store.live_state(queue.slug)
+        if live.epoch == queue.epoch:
+            if queue.seq_reserved - live.seq < block // 2:
+                queue.seq_reserved = max(queue.seq_reserved, live.seq) + block
+                queue.save(update_fields=["seq_reserved"])
+        else:
+            # Nothing in Redis although numbers were handed out, or Redis from another epoch: a new epoch.
+            lost = live.epoch is not None or queue.seq_reserved > 0
+            before = queue.epoch
+            floor = max(queue.seq_reserved, live.seq)
+            if lost:
+                queue.epoch = max(queue.epoch, live.epoch or 0) + 1
+            queue.seq_reserved = floor + block
+            queue.save(update_fields=["epoch", "seq_reserved"])
+            restore_until_ms = int((now + queue.abandon_timeout) * 1000) if lost else 0
+            started = store.epoch_start(
+                queue.slug,
+                epoch=queue.epoch,
+                floor=floor,
+                seq_max=queue.seq_reserved,
+                restore_until_ms=restore_until_ms,
+                places=_shuffled_places(queue) if lost else None,
+            )
+            if lost and started:
+                queue_change_record(
+                    queue,
+                    action="epoch",
+                    before={"epoch": before},
+                    after={"epoch": queue.epoch, "sequence_floor": floor},
+                    actor=None,
+                    actor_label="recovery: Redis lost the queue's live state",
+                )
+                logger.warning("queue %s: Redis lost its live state; epoch %s begins", queue.slug, queue.epoch)
+    fresh = Queue.objects.prefetch_related("priority_levels").get(pk=queue_pk)
+    _config_write(fresh)
+    return fresh
+
+
+def _shuffled_places(queue: Queue) -> dict[int, float]:
+    """The line scores the pre-queue shuffle gave its tickets (their places), if a shuffle was revealed."""
+    record = queue.shuffles.filter(revealed_at__isnull=False).order_by("-starts_at").first()
+    return {int(seq): float(place) for place, seq in enumerate(record.order)} if record else {}
 
 
 # --- Schedule: pre-queue, auditable shuffle, end (SPEC 2, 3.3) -----------------------------------------
@@ -299,7 +371,8 @@ def _with_config(slug: str, call: Callable[[], T], missing: Callable[[T], bool])
 
 
 def _no_config(reply: store.TicketReply | store.AdmitReply) -> bool:
-    return reply.outcome == "no_config"
+    # no_seq: the reserved sequence numbers ran out before a tick topped them up; the sync reserves more.
+    return reply.outcome in ("no_config", "no_seq")
 
 
 def priority_code_reserve(*, slug: str, code: str) -> int:
@@ -451,6 +524,7 @@ def queue_admit(*, slug: str, now: float | None = None, leader_token: str = "") 
                 fence=admission.fence,
                 expires_ms=admission.expires_ms,
                 target_url=reply.figures.target_url,
+                epoch=reply.figures.epoch,
             )
             messages.append(
                 realtime.admitted(
@@ -558,7 +632,13 @@ def session_verify(*, slug: str, raw_token: str, now: float | None = None) -> Ve
     reply = _with_config(
         slug,
         lambda: store.session_start(
-            slug, visitor_key=claims.visitor_key, seq=claims.seq, fence=claims.fence, now_ms=_now_ms(now)
+            slug,
+            visitor_key=claims.visitor_key,
+            seq=claims.seq,
+            fence=claims.fence,
+            now_ms=_now_ms(now),
+            epoch=claims.epoch,
+            expires_ms=claims.expires_at * 1000,
         ),
         lambda r: r.result == "no_config",
     )

@@ -62,13 +62,14 @@ class QueueKeys:
     leader: str
     away: str
     waits: str
+    restore: str  # places of pre-queue tickets after the shuffle, kept for a while after lost state
     viewers: str  # not a script key: websocket servers report their viewer counts here
 
     def script_keys(self) -> list[str]:
         """The KEYS every transition script receives, in the order `_lib.lua` expects."""
         return [
             *(self.cfg, self.st, self.line, self.tk, self.claims, self.sessions, self.done, self.leader, self.away),
-            self.waits,
+            *(self.waits, self.restore),
         ]
 
 
@@ -261,6 +262,7 @@ class TicketState:
     reason: str
     freed: bool  # this call released a slot: run admission
     priority: int
+    score: float | None = None  # its line score (joins only; None when not in line)
 
     @classmethod
     def parse(cls, raw: Sequence[Any]) -> TicketState:
@@ -277,6 +279,7 @@ class TicketState:
             reason=str(raw[7] or ""),
             freed=bool(int(raw[8])),
             priority=int(raw[9]),
+            score=float(raw[10]) if len(raw) > 10 else None,
         )
 
 
@@ -301,7 +304,7 @@ NO_MOVES = Moves(0, [])
 
 @dataclass(frozen=True)
 class TicketReply:
-    """A join or status reply. outcome: created | existing | ok | gone | closed | full | no_config."""
+    """A join or status reply. outcome: created | existing | ok | gone | closed | full | no_config | no_seq."""
 
     outcome: str
     ticket: TicketState | None
@@ -368,24 +371,39 @@ def join(
     proof-of-work challenge (`pow_bits` shown, `pow_id` its id), the queue's gate (if on) lets it in once."""
     _, scripts = _connection.get()
     base = f"{settings.WR_REDIS_PREFIX}:{{{slug}}}:"
-    keys = [*queue_keys(slug).script_keys(), f"{base}addr:{address}", f"{base}pow:{pow_id}"]
+    keys = [*queue_keys(slug).script_keys(), f"{base}addr:{address}", f"{base}pow:{pow_id}"]  # KEYS[12], [13]
     args = (visitor_key, now_ms, priority, display_name, int(bool(address)), pow_bits, pow_ttl_ms)
     return TicketReply.parse(scripts["join"](keys=keys, args=args))
 
 
-def status(slug: str, *, visitor_key: str, seq: int, now_ms: int) -> TicketReply:
-    return TicketReply.parse(_run("status", slug, visitor_key, seq, now_ms))
+class Restore(NamedTuple):
+    """What a signed ticket says of its place, to restore it after lost state (status.lua)."""
+
+    epoch: int
+    priority: int
+    placement: float | None
+    joined_ms: int
+
+    def args(self) -> tuple[int, int, str, int]:
+        return (self.epoch, self.priority, "" if self.placement is None else repr(self.placement), self.joined_ms)
+
+
+NO_RESTORE = Restore(0, 0, None, 0)
+
+
+def status(slug: str, *, visitor_key: str, seq: int, now_ms: int, restore: Restore = NO_RESTORE) -> TicketReply:
+    return TicketReply.parse(_run("status", slug, visitor_key, seq, now_ms, *restore.args()))
 
 
 def status_limited(
-    slug: str, *, visitor_key: str, seq: int, now_ms: int, limit: LimitCall
+    slug: str, *, visitor_key: str, seq: int, now_ms: int, limit: LimitCall, restore: Restore = NO_RESTORE
 ) -> tuple[TicketReply, tuple[bool, int, float, int]]:
     """A status poll and its rate limiter in one round trip (the limiter runs first; a refused poll
     still counts as the visitor's heartbeat)."""
     limited, reply = _evalsha_together(
         [
             (f"limits/{limit.algorithm}", [limit.key], limit.args),
-            ("status", queue_keys(slug).script_keys(), (visitor_key, seq, now_ms)),
+            ("status", queue_keys(slug).script_keys(), (visitor_key, seq, now_ms, *restore.args())),
         ]
     )
     return TicketReply.parse(reply), _limit_reply(limited)
@@ -421,8 +439,11 @@ def leader(slug: str, *, instance_id: str, ttl_ms: int) -> str | None:
     return str(token) if token else None
 
 
-def session_start(slug: str, *, visitor_key: str, seq: int, fence: int, now_ms: int) -> SessionReply:
-    result, expires, freed = _run("session_start", slug, visitor_key, seq, fence, now_ms)
+def session_start(
+    slug: str, *, visitor_key: str, seq: int, fence: int, now_ms: int, epoch: int = 0, expires_ms: int = 0
+) -> SessionReply:
+    """With the access token's epoch and expiry, a session lost with the state starts again."""
+    result, expires, freed = _run("session_start", slug, visitor_key, seq, fence, now_ms, epoch, expires_ms)
     return SessionReply(result=str(result), expires_ms=int(expires), freed=bool(int(freed)))
 
 
@@ -474,10 +495,47 @@ def capacity_report(slug: str, *, in_use: int, now_ms: int) -> tuple[int, int, s
 # --- Plain reads and writes (no transition) ---------------------------------------------------------
 
 
-def config_write(slug: str, policy: dict[str, Any]) -> None:
-    """Mirror a queue's policy into Redis, where every script reads it (no SQL on the hot path)."""
+class LiveState(NamedTuple):
+    epoch: int | None  # the epoch the live state runs in; None: not started (new queue, or state lost)
+    seq: int  # the last sequence number issued
+
+
+def config_write(slug: str, policy: dict[str, Any]) -> LiveState:
+    """Mirror a queue's policy into Redis, where every script reads it (no SQL on the hot path), and
+    read back which epoch the live state runs in, in the same round trip."""
+    keys = queue_keys(slug)
     mapping: dict[Any, Any] = {k: ("" if v is None else str(v)) for k, v in policy.items()}
-    client().hset(queue_keys(slug).cfg, mapping=mapping)
+    pipe = client().pipeline(transaction=False)
+    pipe.hset(keys.cfg, mapping=mapping)
+    pipe.hget(keys.cfg, "live_epoch")
+    pipe.hget(keys.st, "seq")
+    _, epoch, seq = pipe.execute()
+    return LiveState(int(epoch) if epoch else None, int(seq or 0))
+
+
+def live_state(slug: str) -> LiveState:
+    keys = queue_keys(slug)
+    pipe = client().pipeline(transaction=False)
+    pipe.hget(keys.cfg, "live_epoch")
+    pipe.hget(keys.st, "seq")
+    epoch, seq = pipe.execute()
+    return LiveState(int(epoch) if epoch else None, int(seq or 0))
+
+
+def epoch_start(
+    slug: str,
+    *,
+    epoch: int,
+    floor: int,
+    seq_max: int,
+    restore_until_ms: int = 0,
+    places: dict[int, float] | None = None,
+) -> bool:
+    """Start the queue's live state in `epoch` (epoch.lua); False when it was live already."""
+    args: list[str | int | float] = [str(epoch), floor, seq_max, restore_until_ms]
+    for seq, score in (places or {}).items():
+        args += [seq, repr(float(score))]
+    return bool(int(_run("epoch", slug, *args)))
 
 
 def config_read(slug: str) -> dict[str, str]:

@@ -147,7 +147,8 @@ def _ticket_backend(signing_key: str, slug: str) -> TicketBackend:
 
 
 class TicketToken(Token):
-    """A visitor's place in one queue. Claims: aud (slug), tid, seq, pri, ep (the queue's epoch)."""
+    """A visitor's place in one queue. Claims: aud (slug), tid, seq, pri, ep (the queue's epoch), and pl
+    (its line score at join) with iat: enough to put it back in its place if Redis loses the queue."""
 
     token_type = "wr_ticket"  # noqa: S105 (a type name, not a secret)
     lifetime = timedelta(hours=24)
@@ -175,14 +176,20 @@ class TicketClaims:
     visitor_key: str
     priority: int
     epoch: int
+    placement: float | None = None  # line score at join (None: not known, or admitted at once)
+    issued_at: int = 0  # seconds since the epoch
 
 
-def ticket_issue(*, slug: str, ticket_id: str, seq: int, priority: int, epoch: int) -> str:
+def ticket_issue(
+    *, slug: str, ticket_id: str, seq: int, priority: int, epoch: int, placement: float | None = None
+) -> str:
     token = TicketToken(slug=slug)
     token["tid"] = ticket_id
     token["seq"] = seq
     token["pri"] = priority
     token["ep"] = epoch
+    if placement is not None:
+        token["pl"] = placement
     return str(token)
 
 
@@ -199,7 +206,17 @@ def ticket_decode(raw: str, *, slug: str) -> TicketClaims:
         parsed = store.parse_ticket_id(ticket_id)
         if parsed is None or parsed[0] != seq:
             raise ValueError(ticket_id)
-        return TicketClaims(slug, ticket_id, seq, parsed[1], int(token["pri"]), int(token["ep"]))
+        placement = token.get("pl")
+        return TicketClaims(
+            slug,
+            ticket_id,
+            seq,
+            parsed[1],
+            int(token["pri"]),
+            int(token["ep"]),
+            float(placement) if isinstance(placement, int | float) and not isinstance(placement, bool) else None,
+            int(token.get("iat", 0)),
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise InvalidTicket("The ticket is not valid for this queue.") from exc
 
@@ -322,15 +339,17 @@ class AccessClaims:
     visitor_key: str
     fence: int
     expires_at: int  # seconds since the epoch
+    epoch: int = 0  # the queue's epoch when the session began (0: a token from before epochs)
 
 
-def access_token_issue(*, slug: str, ticket_id: str, fence: int, expires_ms: int) -> str:
+def access_token_issue(*, slug: str, ticket_id: str, fence: int, expires_ms: int, epoch: int = 0) -> str:
     ring = _keys.get()
     payload = {
         "iss": ISSUER,
         "aud": slug,
         "sub": ticket_id,
         "fence": fence,
+        "ep": epoch,
         "iat": int(time.time()),
         "exp": expires_ms // 1000,
     }
@@ -359,7 +378,7 @@ def access_token_decode(raw: str, *, slug: str) -> AccessClaims:
     except jwt.PyJWTError as exc:
         raise InvalidAccessToken("The access token is not valid for this queue.") from exc
     parsed = store.parse_ticket_id(str(payload["sub"]))
-    fence = payload["fence"]
-    if parsed is None or not isinstance(fence, int) or isinstance(fence, bool):
+    fence, epoch = payload["fence"], payload.get("ep", 0)
+    if parsed is None or any(not isinstance(v, int) or isinstance(v, bool) for v in (fence, epoch)):
         raise InvalidAccessToken("The access token is not valid for this queue.")
-    return AccessClaims(slug, str(payload["sub"]), parsed[0], parsed[1], fence, int(payload["exp"]))
+    return AccessClaims(slug, str(payload["sub"]), parsed[0], parsed[1], fence, int(payload["exp"]), epoch)

@@ -59,6 +59,7 @@ def test_join_returns_201_with_a_ticket_and_the_full_body(api, queue):
         "ws_url",
         "queue_state",
         "event_seq",
+        "epoch",
     }
     assert (body["status"], body["position"], body["queue_length"]) == ("waiting", 1, 1)
     assert body["queue_state"] == "paused"

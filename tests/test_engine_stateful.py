@@ -48,6 +48,7 @@ class QueueMachine(RuleBasedStateMachine):
     def open_queue(self) -> None:
         self.slug = f"hyp-{uuid.uuid4().hex[:10]}"
         store.config_write(self.slug, dict(POLICY))
+        store.epoch_start(self.slug, epoch=1, floor=0, seq_max=10**9)
         # A whole second (presence works in whole seconds) a year ahead: access tokens carry expiries on
         # this clock, and PyJWT checks them against real time, which must never catch up mid-run.
         self.now = float(int(time.time())) + 365 * 86400 + 0.25

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import jwt
@@ -17,7 +18,8 @@ TID = "0000000007.AbCdEfGhIjKlMnOp"
 def test_a_ticket_round_trips_its_claims(db):
     raw = tokens.ticket_issue(slug="sale", ticket_id=TID, seq=7, priority=2, epoch=3)
     claims = tokens.ticket_decode(raw, slug="sale")
-    assert claims == tokens.TicketClaims("sale", TID, 7, "AbCdEfGhIjKlMnOp", 2, 3)
+    assert claims == tokens.TicketClaims("sale", TID, 7, "AbCdEfGhIjKlMnOp", 2, 3, None, claims.issued_at)
+    assert abs(claims.issued_at - time.time()) < 60
     header = jwt.get_unverified_header(raw)
     assert header["alg"] == "HS256"
     payload = jwt.decode(raw, options={"verify_signature": False})

@@ -224,6 +224,9 @@ WR_WAITING_PAGE_URL = os.environ.get("WR_WAITING_PAGE_URL", "/q/{slug}/")
 WR_LEADER_TTL_MS = envint("WR_LEADER_TTL_MS", 3000)
 WR_ADMIT_MAX_PER_CALL = envint("WR_ADMIT_MAX_PER_CALL", 1000)
 WR_CLEANUP_CHUNK = envint("WR_CLEANUP_CHUNK", 500)
+# Ticket sequence numbers are reserved in the database this many at a time (one write per block), so
+# that after Redis loses a queue's state numbering resumes above every number issued (SPEC 3.6).
+WR_SEQ_BLOCK = envint("WR_SEQ_BLOCK", 100_000)
 # Websocket servers: how often long-lived objects are frozen out of the garbage collector's sight, and
 # how often one full collection runs over everything (queueing.consumers._Collector). 0 turns it off.
 WR_WS_GC_FREEZE_SECONDS = envint("WR_WS_GC_FREEZE_SECONDS", 10)

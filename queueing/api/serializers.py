@@ -171,6 +171,10 @@ class TicketResponseSerializer(serializers.Serializer):
     event_seq = serializers.IntegerField(
         help_text="The queue's live-event sequence at this answer; websocket events continue from it."
     )
+    epoch = serializers.IntegerField(
+        help_text="The queue's epoch: a new one begins when Redis lost the queue's state, and event "
+        "sequences start again with it. Tickets of earlier epochs get their places back."
+    )
 
 
 class JoinResponseSerializer(TicketResponseSerializer):
@@ -253,4 +257,9 @@ class StatsResponseSerializer(serializers.Serializer):
     average_wait_seconds = serializers.FloatField(allow_null=True)
     average_service_seconds = serializers.FloatField(allow_null=True)
     viewers = serializers.IntegerField(help_text="Websockets watching the queue now (summed over servers).")
-    totals = serializers.DictField(child=serializers.IntegerField())
+    epoch = serializers.IntegerField(help_text="The live state's epoch: it grows when Redis lost the queue's state.")
+    totals = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="Since the epoch began: joined, admitted, completed, expired, ..., and restored (tickets of "
+        "an earlier epoch given their places back) and restored_sessions.",
+    )

@@ -192,7 +192,12 @@ def join_answer(request: HttpRequest, slug: str, data: Any, *, user: Any) -> Ans
 
     view = selectors.ticket_view(slug, result.reply)
     ticket = tokens.ticket_issue(
-        slug=slug, ticket_id=view.ticket_id, seq=view.seq, priority=view.priority, epoch=view.epoch
+        slug=slug,
+        ticket_id=view.ticket_id,
+        seq=view.seq,
+        priority=view.priority,
+        epoch=view.epoch,
+        placement=view.placement,
     )
     body = {"ticket": ticket, **view.payload(ahead=False), "ws_url": _ws_url(request, slug, ticket)}
     if body["status"] == "active":

@@ -13,6 +13,13 @@
 --                           line score is kept in the record and restored when they are seen again
 --   KEYS[10] waits    LIST  "<ticket id> <joined ms> <admitted ms> <estimate at join s, -1 unknown>" per
 --                           admission, drained by the dashboard's snapshot task (capped at WAITS_KEEP)
+--   KEYS[11] restore  HASH  sequence number -> line score of pre-queue tickets after the shuffle, written
+--                           when an epoch starts after lost state (epoch.lua), gone after the window
+--
+-- Epochs (SPEC 3.6): the policy mirrored from the database carries the queue's epoch; the live state
+-- counts only once epoch.lua has started it (`live_epoch` in cfg equals `epoch`). Until then every
+-- script answers 'no_config', and Python starts the epoch first: after lost state that is a new epoch,
+-- whose sequence numbers begin above every number the database had reserved for the earlier ones.
 --
 -- A ticket id is "<seq, 10 digits>.<visitor key>": fixed width, so tickets with equal placement scores
 -- sort by sequence number (first come, first served), and the record is found from the id alone.
@@ -20,7 +27,7 @@
 
 local K_CFG, K_ST, K_LINE, K_TK = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_CLAIMS, K_SESSIONS, K_DONE, K_LEADER, K_AWAY = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local K_WAITS = KEYS[10]
+local K_WAITS, K_RESTORE = KEYS[10], KEYS[11]
 local WAITS_KEEP = 20000  -- samples not yet drained (the task runs every 10 s): the newest are kept
 
 local WAITING, ADMITTED, ACTIVE, COMPLETED, EXPIRED, REVOKED = 1, 2, 3, 4, 5, 6
@@ -74,10 +81,11 @@ local function num(t, field, default)
   return v
 end
 
--- The policy, or nil when the queue's config is not in Redis (never synced, or Redis lost it).
+-- The policy, or nil when the queue's config is not in Redis (never synced, or Redis lost it) or its
+-- epoch has not been started there.
 local function policy()
   local c = hash_table(K_CFG)
-  if c.state == nil then return nil end
+  if c.state == nil or c.live_epoch == nil or c.live_epoch ~= c.epoch then return nil end
   return {
     state = c.state,
     capacity = num(c, 'capacity', 1),
@@ -93,6 +101,9 @@ local function policy()
     pow_difficulty = num(c, 'pow_difficulty', 0),
     target_url = c.target_url or '',
     epoch = num(c, 'epoch', 1),
+    seq_max = num(c, 'seq_max', 0),
+    epoch_floor = num(c, 'epoch_floor', 0),
+    restore_until_ms = num(c, 'restore_until_ms', 0),
     leader_ttl_ms = num(c, 'leader_ttl_ms', 3000),
     starts_at_ms = num(c, 'starts_at_ms', 0),
     prequeue_opens_ms = num(c, 'prequeue_opens_at_ms', 0),
@@ -317,6 +328,12 @@ end
 local function ticket_reply(tid, rec, rank, est, freed)
   return {tid, rec[R_SEQ], rec[R_STATUS], rank, rec[R_FENCE] or 0, rec[R_EXPIRES] or 0, est,
           rec[R_REASON] or '', freed, rec[R_PRI]}
+end
+
+-- A signed ticket or access token of an earlier epoch whose record the lost state took with it, shown
+-- while the window after the loss lasts (SPEC 3.6): its holder gets its place or session back.
+local function restorable(p, vk, ticket_epoch, now)
+  return ticket_epoch < p.epoch and now < p.restore_until_ms and redis.call('HEXISTS', K_TK, vk) == 0
 end
 
 -- Find the session an access token speaks of. Returns rec, reason: reason is nil when the session

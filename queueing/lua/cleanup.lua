@@ -57,7 +57,12 @@ else
 end
 redis.call('HSET', K_ST, 'sweep', cursor)
 
-local old = redis.call('ZRANGEBYSCORE', K_DONE, '-inf', now - retention, 'LIMIT', 0, chunk)
+-- While tickets of an earlier epoch may still come back, finished records stay: they tell a restored
+-- ticket's second visit from its first (only a missing record is restored).
+local old = {}
+if now >= p.restore_until_ms then
+  old = redis.call('ZRANGEBYSCORE', K_DONE, '-inf', now - retention, 'LIMIT', 0, chunk)
+end
 for _, vk in ipairs(old) do
   local rec = load(vk)
   if rec and rec[R_STATUS] > ACTIVE then redis.call('HDEL', K_TK, vk) end

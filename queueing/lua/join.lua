@@ -3,29 +3,33 @@
 -- KEYS: the standard queue keys (see _lib.lua).
 -- ARGV[1] visitor key      ARGV[2] now (ms)     ARGV[3] priority level 0-3
 -- ARGV[4] display name ('' for none)
--- ARGV[5] 1 when KEYS[11] is the client's address key   ARGV[6] proof-of-work bits solved (0: none)
+-- ARGV[5] 1 when KEYS[12] is the client's address key   ARGV[6] proof-of-work bits solved (0: none)
 -- ARGV[7] how long a proof-of-work challenge stays valid (ms)
--- KEYS[11] the client address's live tickets in this queue: ZSET member = ticket id, for the per-address
+-- KEYS[12] the client address's live tickets in this queue: ZSET member = ticket id, for the per-address
 --          cap (max_tickets_per_address); pruned of finished tickets here, lazily
--- KEYS[12] the solved challenge's single-use marker (when ARGV[6] > 0)
+-- KEYS[13] the solved challenge's single-use marker (when ARGV[6] > 0)
 -- The level's placement fraction (0 back .. 1 front) comes from the mirrored policy (pf1..pf3).
 --
 -- Returns {outcome, ticket, figures, moves} where outcome is
 --   'created' | 'existing'   ticket = {tid, seq, status, rank or -1, fence, expires_ms, est_wait_s,
---                             reason, freed, priority} as in status.lua; freed = 1 when the
---                             visitor's overdue previous ticket released a slot
+--                             reason, freed, priority, line score} as in status.lua; freed = 1 when
+--                             the visitor's overdue previous ticket released a slot; the line score
+--                             ('' when not in line) goes into the ticket, to restore the place after
+--                             lost state
 --   'closed' | 'full'        ticket = {}
 --   'capped'                 ticket = {}: the address already holds max_tickets_per_address live tickets
 --   'not_open'               ticket = {}: the pre-queue has not opened yet (prequeue_opens_at)
 --   'pow_required'           ticket = {}: the queue's gate wants more proof of work than was shown
 --   'pow_reused'             ticket = {}: that challenge was already spent on a join
 --   'no_config'              the queue's policy is not in Redis: sync it and retry
+--   'no_seq'                 the sequence numbers the database reserved are used up: reserve, retry
 -- figures: see _lib.lua figures(); moves: see _lib.lua moves_reply() (a priority joiner placed ahead
 -- of others moves them back).
 --
 -- Placement (seed 003): level 0 goes to the back. Level L > 0 goes ahead of the last `fraction` of the
 -- line, but never ahead of an earlier joiner of level L or higher still waiting (first come, first
--- served within a level); `tL` in st remembers the last placement score per level. Scores are split
+-- served within a level), nor ahead of any ticket of an earlier epoch (`epoch_floor`, see epoch.lua);
+-- `tL` in st remembers the last placement score per level. Scores are split
 -- by halving; when a gap is exhausted, an equal score still sorts by ticket id, i.e. by sequence.
 -- A premium joiner (level 3) at the head is admitted at once when a slot is free, even ahead of the
 -- bucket (which may go into debt down to -burst); any joiner of an empty, open line is admitted at
@@ -54,7 +58,9 @@ if rec and rec[R_STATUS] <= ACTIVE then
       rank = waiting_rank(tid, rec) or -1
       est = estimate_wait(p, st, rank, now)
     end
-    return {'existing', ticket_reply(tid, rec, rank, est, 0), figures(p, st), moves_reply()}
+    local reply = ticket_reply(tid, rec, rank, est, 0)
+    if rank >= 0 then reply[11] = redis.call('ZSCORE', K_LINE, tid) end
+    return {'existing', reply, figures(p, st), moves_reply()}
   end
 end
 
@@ -67,8 +73,10 @@ if p.max_waiting > 0 and n + redis.call('ZCARD', K_AWAY) >= p.max_waiting then
   return {'full', {}, figures(p, st), moves_reply()}
 end
 
+if (tonumber(st.seq) or 0) >= p.seq_max then return {'no_seq', {}, figures(p, st), moves_reply()} end
+
 local K_ADDRESS = nil
-if ARGV[5] == '1' then K_ADDRESS = KEYS[11] end
+if ARGV[5] == '1' then K_ADDRESS = KEYS[12] end
 local pow_bits, pow_ttl = tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or 0
 if p.pow_difficulty > 0 and pow_bits < p.pow_difficulty then
   return {'pow_required', {}, figures(p, st), moves_reply()}
@@ -85,7 +93,7 @@ if K_ADDRESS and p.max_per_address > 0 then
   end
   if live >= p.max_per_address then return {'capped', {}, figures(p, st), moves_reply()} end
 end
-if p.pow_difficulty > 0 and not redis.call('SET', KEYS[12], '1', 'NX', 'PX', pow_ttl) then
+if p.pow_difficulty > 0 and not redis.call('SET', KEYS[13], '1', 'NX', 'PX', pow_ttl) then
   return {'pow_reused', {}, figures(p, st), moves_reply()}  -- spent: one challenge, one join
 end
 
@@ -96,6 +104,7 @@ local tid = ticket_id(seq, vk)
 local score = seq
 if pri > 0 and fraction > 0 and n > 0 then
   local tail = nil
+  if p.epoch_floor > 0 then tail = p.epoch_floor end
   for level = pri, 3 do
     local t = tonumber(st['t' .. level])
     if t ~= nil and (tail == nil or t > tail) then tail = t end
@@ -154,4 +163,6 @@ end
 
 local moves = moves_reply()
 st = hash_table(K_ST)
-return {'created', ticket_reply(tid, rec, rank, est, freed), figures(p, st), moves}
+local reply = ticket_reply(tid, rec, rank, est, freed)
+if not admitted then reply[11] = fmt(score) end
+return {'created', reply, figures(p, st), moves}

@@ -3,12 +3,17 @@
 -- KEYS: the standard queue keys (see _lib.lua).
 -- ARGV[1] visitor key      ARGV[2] sequence number (from the signed ticket), or 0 for whatever ticket
 --         the visitor has (the no-JavaScript page knows the visitor, not the ticket)     ARGV[3] now (ms)
+-- From the signed ticket, to give its place back after lost state (SPEC 3.6): ARGV[4] its epoch
+-- ARGV[5] priority level   ARGV[6] line score at join ('' unknown: its sequence number)   ARGV[7] joined (ms)
 --
 -- Returns {outcome, ticket, figures, moves}:
 --   'ok'        ticket = {tid, seq, status, rank or -1, fence, expires_ms, est_wait_s, reason, 0, priority}
---   'gone'      the ticket is not known (long finished, replaced by a newer one, or Redis lost it)
+--   'gone'      the ticket is not known (long finished, or replaced by a newer one)
 --   'no_config' the queue's policy is not in Redis
--- moves (see _lib.lua): a parked visitor seen again returns to its place, moving those behind it.
+-- moves (see _lib.lua): a parked visitor seen again returns to its place, moving those behind it; so
+-- does a ticket of an earlier epoch whose record was lost with the state: it is put back in line at its
+-- own place (the shuffle's place for a pre-queue ticket, else its score at join), ahead of everyone
+-- who joined in this epoch.
 -- est_wait_s is -1 when unknown; reason is set for finished tickets. A ticket found past its deadline
 -- (abandoned, unclaimed, session over) is reported expired at once; the transition itself (which
 -- frees its slot) is left to the admission tick and cleanup, so a poll never writes more than presence.
@@ -20,6 +25,16 @@ if not p then return {'no_config', {}, {}, {0, {}}} end
 local st = hash_table(K_ST)
 
 local rec = load(vk)
+if not rec and seq > 0 and restorable(p, vk, tonumber(ARGV[4]) or p.epoch, now) then
+  local pri = tonumber(ARGV[5]) or 0
+  local score = tonumber(redis.call('HGET', K_RESTORE, seq)) or tonumber(ARGV[6]) or seq
+  rec = {seq, WAITING, pri, tonumber(ARGV[7]) or now, math.floor(now / 1000), '', -1}
+  save(vk, rec)
+  local tid = ticket_id(seq, vk)
+  redis.call('ZADD', K_LINE, score, tid)
+  redis.call('HINCRBY', K_ST, 'restored', 1)
+  moved('+', redis.call('ZRANK', K_LINE, tid))
+end
 if not rec or (seq ~= 0 and rec[R_SEQ] ~= seq) then return {'gone', {}, figures(p, st), {0, {}}} end
 local tid = ticket_id(rec[R_SEQ], vk)
 

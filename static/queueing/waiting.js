@@ -30,6 +30,7 @@
     queueLength: null,
     queueState: null,
     seq: 0,
+    epoch: null, // event sequences start again when a new epoch begins (Redis lost the queue's state)
     pollAfter: 5,
     pollTimer: null,
     socket: null,
@@ -179,6 +180,7 @@
   // A join, status or position answer (they share a shape).
   function apply(info) {
     if (S.stopped) return;
+    if (info.epoch !== undefined && info.epoch !== S.epoch) { S.epoch = info.epoch; S.seq = info.event_seq || 0; }
     if (info.event_seq !== undefined && info.event_seq > S.seq) S.seq = info.event_seq;
     if (info.poll_after_seconds) S.pollAfter = info.poll_after_seconds;
     S.status = info.status;
@@ -265,6 +267,7 @@
   }
 
   function onSnapshot(event) {
+    if (event.epoch !== undefined && S.epoch !== null && event.epoch !== S.epoch) { askStatus(); return; }
     if (event.seq > S.seq + 1) askStatus();
     if (event.admitted_per_minute > 0) S.rate = event.admitted_per_minute / 60;
     if (event.viewers) setText("wr-viewers", event.viewers + (event.viewers === 1 ? " person" : " people") + " watching this line.");

@@ -180,3 +180,44 @@ def test_an_admission_by_the_worker_reaches_the_visitors_socket_and_nobody_elses
     kinds = [e["type"] for e in heard]
     assert "admitted" not in kinds
     assert "queue_move" in kinds  # the first one left the line: the second moved up
+
+
+def test_a_queue_whose_redis_state_is_lost_mid_sale_loses_nobody_under_parallel_traffic(stack):
+    """The queue's keys vanish (what a flush or an empty replica does to it) while the real worker and beat
+    run; then returning pollers and new joiners arrive at once, over several gunicorn workers."""
+    slug = stack.new_queue(state="paused", capacity=5)
+    with stack.client() as client, ThreadPoolExecutor(max_workers=16) as pool:
+        old = list(pool.map(lambda _: join(client, slug).json(), range(30)))
+        positions = {t["ticket_id"]: t["position"] for t in old}
+        keys = list(stack.redis.scan_iter(match=f"{stack.prefix}:{{{slug}}}:*"))
+        stack.redis.delete(*keys)
+
+        def poll(ticket: dict) -> dict:
+            answer = client.get(
+                f"/api/v1/queues/{slug}/status", headers={"Authorization": f"Bearer {ticket['ticket']}"}
+            )
+            assert answer.status_code == 200, answer.text
+            return dict(answer.json())
+
+        # 30 old tickets polling and 20 new visitors joining, all at once.
+        futures = [pool.submit(poll, t) for t in old] + [pool.submit(lambda: join(client, slug)) for _ in range(20)]
+        results = [f.result() for f in futures]
+        new = [r.json() for r in results[30:]]
+        assert all(r.status_code == 201 for r in results[30:])
+        assert all(r["status"] == "waiting" for r in results[:30])
+        after = {t["ticket_id"]: poll(t)["position"] for t in old}
+        new_positions = sorted(poll(t)["position"] for t in new)
+
+    assert after == positions  # every old ticket at its place, in its order
+    assert new_positions == list(range(31, 51))  # everyone who joined after the loss behind them
+    seqs = [int(t["ticket_id"][:10]) for t in old + new]
+    assert len(set(seqs)) == 50 and min(seqs[30:]) > max(seqs[:30])
+    assert stack.redis.hget(f"{stack.prefix}:{{{slug}}}:cfg", "epoch") == "2"
+    epochs = stack.manage(
+        "shell",
+        "--no-imports",
+        "-c",
+        "from queueing.models import QueueChange; "
+        f"print(QueueChange.objects.filter(queue__slug='{slug}', action='epoch').count())",
+    )
+    assert epochs.strip() == "1"  # one new epoch, however many processes noticed the loss

@@ -1,0 +1,286 @@
+"""Lost Redis state (issue 6, part 4; SPEC 3.6): epochs, reserved sequence numbers, tickets and sessions
+of an earlier epoch given back their places.
+
+"Redis loses the state" is real here: a private redis-server of the test's own, emptied by FLUSHALL or
+restarted without persistence (the shared server is never flushed).
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import redis
+
+from queueing import selectors, services, store, tokens
+from queueing.models import PriorityCode, Queue, QueueChange, QueueShuffle
+from waitingroom_site.devredis import answers, server_binary
+
+from .factories import join, visitor
+from .stack import free_port
+from .test_schedule import at
+
+
+@dataclass
+class PrivateRedis:
+    url: str
+    port: int
+    process: subprocess.Popen[bytes]
+
+    def flushall(self) -> None:
+        redis.Redis.from_url(self.url).flushall()
+
+    def restart(self) -> None:
+        """Stop the server and start it again: with no persistence it comes back empty."""
+        self.process.terminate()
+        self.process.wait(timeout=10)
+        self.process = _start(self.port)
+
+
+def _start(port: int) -> subprocess.Popen[bytes]:
+    args = [server_binary(), "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"]
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while not answers(f"redis://127.0.0.1:{port}/0"):
+        assert time.monotonic() < deadline, "the private redis-server did not start"
+        time.sleep(0.05)
+    return process
+
+
+@pytest.fixture
+def private_redis(settings) -> Iterator[PrivateRedis]:
+    port = free_port()
+    server = PrivateRedis(f"redis://127.0.0.1:{port}/0", port, _start(port))
+    settings.REDIS_URL = server.url  # store reconnects when the URL changes
+    try:
+        yield server
+    finally:
+        server.process.terminate()
+        server.process.wait(timeout=10)
+
+
+def url(slug: str, op: str) -> str:
+    return f"/api/v1/queues/{slug}/{op}"
+
+
+def api_join(api, slug: str, visitor_id: str | None = None, **body):
+    response = api.post(url(slug, "join"), body, format="json", HTTP_X_VISITOR_ID=visitor_id or str(uuid.uuid4()))
+    assert response.status_code in (200, 201), response.content
+    return response.json()
+
+
+def api_poll(api, slug: str, ticket: str) -> dict:
+    response = api.get(url(slug, "status"), HTTP_AUTHORIZATION=f"Bearer {ticket}")
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def claims_of(slug: str, ticket: store.TicketState, *, epoch: int = 1) -> tokens.TicketClaims:
+    """What the visitor's signed ticket says (as the API signs it at join)."""
+    raw = tokens.ticket_issue(
+        slug=slug,
+        ticket_id=ticket.ticket_id,
+        seq=ticket.seq,
+        priority=ticket.priority,
+        epoch=epoch,
+        placement=ticket.score,
+    )
+    return tokens.ticket_decode(raw, slug=slug)
+
+
+def test_flushing_redis_mid_queue_gives_old_tickets_their_order_back_ahead_of_new_joiners(
+    api, make_queue, private_redis
+):
+    queue = make_queue(state="paused", capacity=5)
+    PriorityCode.objects.create(queue=queue, code="VIP-CODE", level=2)
+    slug = queue.slug
+    old = [api_join(api, slug) for _ in range(6)]
+    old.append(api_join(api, slug, priority_code="VIP-CODE"))  # ahead of the last half of the line
+    before = {t["ticket_id"]: api_poll(api, slug, t["ticket"])["position"] for t in old}
+    assert sorted(before.values()) == list(range(1, 8)) and before[old[-1]["ticket_id"]] == 4
+
+    private_redis.flushall()
+    new = [api_join(api, slug) for _ in range(3)]  # the first request after the loss starts epoch 2
+    queue.refresh_from_db()
+    assert queue.epoch == 2
+    assert min(int(t["ticket_id"][:10]) for t in new) > max(int(t["ticket_id"][:10]) for t in old)
+    assert [t["position"] for t in new] == [1, 2, 3]
+
+    random.shuffle(old)  # they come back in any order
+    answers = {t["ticket_id"]: api_poll(api, slug, t["ticket"]) for t in old}
+    assert all(a["status"] == "waiting" and a["epoch"] == 2 for a in answers.values())
+    after = {t["ticket_id"]: api_poll(api, slug, t["ticket"])["position"] for t in old}
+    assert after == before  # the same order, ahead of everyone who joined after the loss
+    assert [api_poll(api, slug, t["ticket"])["position"] for t in new] == [8, 9, 10]
+
+    stats = selectors.queue_stats_get(slug=slug)
+    assert stats["waiting"] == 10 and stats["totals"]["restored"] == 7 and stats["epoch"] == 2
+    # A VIP of the new epoch would go ahead of half the line, but never ahead of a ticket of the old one:
+    # right behind them, ahead of the new epoch's normal joiners.
+    again = api_join(api, slug, priority_code="VIP-CODE")
+    assert again["position"] == 8
+    assert QueueChange.objects.filter(queue=queue, action="epoch").count() == 1
+
+
+def test_a_visitor_who_joins_again_after_the_loss_gets_its_restored_ticket_back(api, make_queue, private_redis):
+    queue = make_queue(state="paused")
+    someone = str(uuid.uuid4())
+    first = api_join(api, queue.slug, someone)
+    api_join(api, queue.slug)
+    private_redis.flushall()
+    assert api_poll(api, queue.slug, first["ticket"])["position"] == 1  # restored by its poll
+    again = api.post(url(queue.slug, "join"), {}, format="json", HTTP_X_VISITOR_ID=someone)
+    assert again.status_code == 200 and again.json()["ticket_id"] == first["ticket_id"]
+    assert selectors.queue_stats_get(slug=queue.slug)["waiting"] == 1
+
+
+def test_a_restart_without_persistence_is_detected_by_the_next_tick_which_starts_a_new_epoch(
+    make_queue, private_redis, clock
+):
+    queue = make_queue(state="paused")
+    old = [join(queue.slug, f"v{i}", now=clock()) for i in range(3)]
+    reserved = Queue.objects.get(pk=queue.pk).seq_reserved
+    private_redis.restart()
+    assert store.live_state(queue.slug).epoch is None  # empty
+
+    services.queues_tick(now=clock.advance(1))
+    queue.refresh_from_db()
+    assert queue.epoch == 2 and store.live_state(queue.slug) == store.LiveState(2, reserved)
+    change = QueueChange.objects.get(queue=queue, action="epoch")
+    assert change.before == {"epoch": 1} and change.after == {"epoch": 2, "sequence_floor": reserved}
+    assert store.config_read(queue.slug)["state"] == "paused"  # the policy is back too
+
+    services.queues_tick(now=clock.advance(1))  # the next tick finds the epoch running: nothing more
+    assert Queue.objects.get(pk=queue.pk).epoch == 2
+    fresh = join(queue.slug, "after", now=clock())
+    assert fresh.seq == reserved + 1 > max(t.seq for t in old)
+
+
+def test_sequence_numbers_never_go_back_and_none_is_issued_twice_across_losses(
+    make_queue, private_redis, settings, clock
+):
+    settings.WR_SEQ_BLOCK = 4  # reservations run out often: joins reserve more themselves
+    queue = make_queue(state="paused")
+    seqs: list[int] = []
+    for round_ in range(3):
+        seqs += [join(queue.slug, f"r{round_}-{i}", now=clock()).seq for i in range(7)]
+        private_redis.flushall()
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs) == 21
+    queue.refresh_from_db()
+    assert queue.epoch == 3 and queue.seq_reserved >= max(seqs)
+
+
+def test_reserved_numbers_are_topped_up_by_the_tick_before_joins_run_out(make_queue, settings, clock):
+    settings.WR_SEQ_BLOCK = 10
+    queue = make_queue(state="paused")
+    assert Queue.objects.get(pk=queue.pk).seq_reserved == 10
+    for i in range(6):
+        join(queue.slug, f"v{i}", now=clock())
+    assert Queue.objects.get(pk=queue.pk).seq_reserved == 10  # joins alone do not write the database
+    services.queues_tick(now=clock.advance(1))  # 4 left, under half a block: reserve another
+    assert Queue.objects.get(pk=queue.pk).seq_reserved == 20
+    assert store.config_read(queue.slug)["seq_max"] == "20"
+    assert [join(queue.slug, f"w{i}", now=clock()).seq for i in range(12)] == list(range(7, 19))
+
+
+def test_the_pre_queue_shuffle_survives_a_loss(make_queue, private_redis, clock):
+    t0 = clock.now
+    queue = make_queue(
+        state="open",
+        capacity=1,
+        presence_timeout=600,
+        abandon_timeout=3600,
+        prequeue_opens_at=at(t0 + 10),
+        starts_at=at(t0 + 20),
+    )
+    prequeue = [join(queue.slug, f"p{i}", now=t0 + 11 + i) for i in range(8)]
+    services.queue_tick(slug=queue.slug, now=t0 + 21)  # the shuffle; the first in its order is admitted
+    order = QueueShuffle.objects.get(queue=queue).order
+    later = join(queue.slug, "later", now=t0 + 22)
+    private_redis.flushall()
+
+    by_seq = {t.seq: t for t in [*prequeue, later]}
+    for seq in random.sample(list(by_seq), len(by_seq)):
+        selectors.ticket_status_get(claims=claims_of(queue.slug, by_seq[seq]), now=t0 + 23)
+    ranks = {
+        seq: selectors.ticket_status_get(claims=claims_of(queue.slug, t), now=t0 + 24).ahead or 0
+        for seq, t in by_seq.items()
+    }
+    # All of them back in line (the one admitted before the loss too, at its shuffled place), in the
+    # shuffle's order, the later joiner behind the pre-queue.
+    assert sorted(ranks, key=lambda seq: ranks[seq]) == [*order, later.seq]
+
+
+def test_a_visitor_at_the_site_keeps_its_session_through_a_loss(make_queue, private_redis, clock):
+    queue = make_queue(capacity=1)
+    inside = join(queue.slug, "inside", now=clock())
+    assert inside.status == store.TicketStatus.ADMITTED
+    token = tokens.access_token_issue(
+        slug=queue.slug, ticket_id=inside.ticket_id, fence=inside.fence, expires_ms=inside.expires_ms, epoch=1
+    )
+    assert services.session_verify(slug=queue.slug, raw_token=token, now=clock()).valid
+    private_redis.flushall()
+
+    verdict = services.session_verify(slug=queue.slug, raw_token=token, now=clock.advance(1))
+    assert verdict.valid and verdict.expires_at == inside.expires_ms // 1000
+    waiting = join(queue.slug, "next", now=clock())
+    assert waiting.status == store.TicketStatus.WAITING  # the restored session holds the only slot
+    claims = tokens.access_token_decode(token, slug=queue.slug)
+    assert services.session_complete(slug=queue.slug, claims=claims, now=clock.advance(1)) == "completed"
+    assert services.session_verify(slug=queue.slug, raw_token=token, now=clock()).reason == "expired"
+    reply = selectors.ticket_status_get(claims=claims_of(queue.slug, waiting, epoch=2), now=clock())
+    assert reply.status == "admitted"  # the freed slot went to the next visitor at once
+
+
+def test_a_restored_ticket_that_left_is_not_restored_again(make_queue, private_redis, clock):
+    queue = make_queue(state="paused")
+    ticket = join(queue.slug, "v", now=clock())
+    private_redis.flushall()
+    claims = claims_of(queue.slug, ticket)
+    assert selectors.ticket_status_get(claims=claims, now=clock.advance(1)).position == 1
+    assert services.ticket_leave(slug=queue.slug, claims=claims, now=clock.advance(1))
+    services.queue_cleanup(slug=queue.slug, now=clock.advance(queue.abandon_timeout / 2))  # keeps the record
+    view = selectors.ticket_status_get(claims=claims, now=clock.advance(1))
+    assert (view.status, view.reason) == ("expired", "left")
+    assert store.snapshot(queue.slug).waiting == 0
+
+
+def test_old_tickets_are_not_restored_once_the_window_after_the_loss_has_passed(make_queue, private_redis, clock):
+    queue = make_queue(state="paused", abandon_timeout=60)
+    ticket = join(queue.slug, "slow", now=clock())
+    private_redis.flushall()
+    services.queues_tick(now=clock.advance(1))  # the new epoch: its window lasts the abandon timeout
+    with pytest.raises(selectors.TicketGone):
+        selectors.ticket_status_get(claims=claims_of(queue.slug, ticket), now=clock.advance(61))
+
+
+def test_an_old_ticket_of_a_visitor_who_took_a_new_one_is_not_restored(make_queue, private_redis, clock):
+    queue = make_queue(state="paused")
+    old = join(queue.slug, "v", now=clock())
+    private_redis.flushall()
+    new = join(queue.slug, "v", now=clock())  # e.g. a page without the old ticket joined again
+    assert new.seq > old.seq
+    with pytest.raises(selectors.TicketGone):
+        selectors.ticket_status_get(claims=claims_of(queue.slug, old), now=clock())
+    assert store.snapshot(queue.slug).waiting == 1
+
+
+def test_a_queue_never_used_starts_its_first_epoch_without_calling_it_a_loss(make_queue):
+    queue = make_queue()
+    assert Queue.objects.get(pk=queue.pk).epoch == 1
+    assert store.live_state(queue.slug).epoch == 1
+    assert not QueueChange.objects.filter(queue=queue, action="epoch").exists()
+
+
+def test_scripts_refuse_to_run_on_a_policy_whose_epoch_was_not_started(make_queue):
+    queue = make_queue(state="paused")
+    store.client().hdel(store.queue_keys(queue.slug).cfg, "live_epoch")
+    raw = store.join(queue.slug, visitor_key=visitor("x"), now_ms=int(time.time() * 1000), priority=0, display_name="")
+    assert raw.outcome == "no_config"  # nobody gets a number until the epoch (and its floor) is set
+    ticket = join(queue.slug, "x")  # the service starts the epoch (a new one: numbers were handed out)
+    assert ticket.seq > 0 and Queue.objects.get(pk=queue.pk).epoch == 2
