@@ -64,11 +64,16 @@ def solution_check(slug: str, challenge: str, nonce: str) -> Solved:
         raise InvalidProof("The challenge has expired; ask for a new one.") from exc
     except signing.BadSignature as exc:
         raise InvalidProof("The challenge is not one this server issued.") from exc
+    except UnicodeError as exc:  # a lone surrogate: no challenge of ours contains one
+        raise InvalidProof("The challenge is not one this server issued.") from exc
     queue, _, rest = payload.partition(".")
     bits, _, challenge_id = rest.partition(".")
     if queue != slug:
         raise InvalidProof("The challenge was issued for another queue.")
-    digest = hashlib.sha256(f"{challenge}:{nonce}".encode()).digest()
+    try:
+        digest = hashlib.sha256(f"{challenge}:{nonce}".encode()).digest()
+    except UnicodeError as exc:
+        raise InvalidProof("The nonce does not solve the challenge.") from exc
     if leading_zero_bits(digest) < int(bits):
         raise InvalidProof("The nonce does not solve the challenge.")
     return Solved(int(bits), challenge_id)

@@ -377,6 +377,11 @@ def _no_config(reply: store.TicketReply | store.AdmitReply) -> bool:
 
 def priority_code_reserve(*, slug: str, code: str) -> int:
     """Take one use of a priority code; returns its level. InvalidPriorityCode if it cannot be used."""
+    try:
+        # Checked as admin checks codes before any SQL: a NUL or a lone surrogate would fail in the database.
+        PriorityCode._meta.get_field("code").run_validators(code)
+    except ValidationError as exc:
+        raise InvalidPriorityCode(code) from exc
     now = timezone.now()
     usable = PriorityCode.objects.filter(queue__slug=slug, code=code).filter(
         Q(expires_at__isnull=True) | Q(expires_at__gt=now)

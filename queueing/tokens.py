@@ -375,7 +375,7 @@ def access_token_decode(raw: str, *, slug: str) -> AccessClaims:
         )
     except jwt.ExpiredSignatureError as exc:
         raise InvalidAccessToken("The access token has expired.", expired=True) from exc
-    except jwt.PyJWTError as exc:
+    except (jwt.PyJWTError, UnicodeError) as exc:  # UnicodeError: a lone surrogate cannot be a token
         raise InvalidAccessToken("The access token is not valid for this queue.") from exc
     parsed = store.parse_ticket_id(str(payload["sub"]))
     fence, epoch = payload["fence"], payload.get("ep", 0)

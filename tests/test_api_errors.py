@@ -71,6 +71,28 @@ def test_too_long_a_display_name_is_400(api, queue):
     error(post(api, url(queue.slug, "join"), '{"display_name": "%s"}' % ("x" * 41)), 400, "invalid_request")
 
 
+# JSON lets a client send a lone surrogate ("\\ud800") or a NUL ("\\u0000"): valid JSON, but text that cannot be
+# encoded (for hashing, signing or SQL) or stored (PostgreSQL refuses NUL). Refused like any bad field.
+UNENCODABLE = ["\\ud800", "a\\u0000b", "\\udcff:\\ud83d"]
+
+
+@pytest.mark.parametrize("field", ["priority_code", "display_name", "pow_challenge", "pow_nonce"])
+@pytest.mark.parametrize("escaped", UNENCODABLE)
+def test_a_lone_surrogate_or_a_nul_in_any_join_field_is_400_not_500(api, make_queue, field, escaped):
+    queue = make_queue(state="paused", pow_difficulty=1)
+    body = error(post(api, url(queue.slug, "join"), f'{{"{field}": "{escaped}"}}'), 400, "invalid_request")
+    assert list(body["fields"]) == [field]
+    assert store.snapshot(queue.slug).waiting == 0
+
+
+def test_a_real_challenge_with_an_unencodable_nonce_is_400_not_500(api, make_queue):
+    queue = make_queue(state="paused", pow_difficulty=1)
+    challenge = api.post(url(queue.slug, "challenge")).json()["challenge"]
+    raw = f'{{"pow_challenge": "{challenge}", "pow_nonce": "\\ud800"}}'
+    error(post(api, url(queue.slug, "join"), raw), 400, "invalid_request")
+    assert store.snapshot(queue.slug).waiting == 0
+
+
 def test_a_non_json_body_is_415(api, queue):
     response = api.generic(
         "POST", url(queue.slug, "join"), "display_name=x", content_type="application/x-www-form-urlencoded"

@@ -87,6 +87,16 @@ def test_completing_with_a_forged_token_is_a_bad_request(site, queue):
     assert (response.status_code, response.json()["error"]["code"]) == (400, "invalid_access_token")
 
 
+@pytest.mark.parametrize("op", ["sessions/verify", "sessions/complete", "sessions/revoke"])
+@pytest.mark.parametrize("escaped", ["\\ud800", "x.\\udcff.y", "\\u0000"])
+def test_an_unencodable_token_or_ticket_id_is_400_not_500(site, queue, op, escaped):
+    field = "ticket_id" if op.endswith("revoke") else "access_token"
+    raw = f'{{"{field}": "{escaped}"}}'
+    response = site.generic("POST", url(queue.slug, op), raw, content_type="application/json")
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["code"] == "invalid_request"
+
+
 def test_revoking_an_unknown_ticket_is_404(site, queue):
     response = site.post(
         url(queue.slug, "sessions/revoke"), {"ticket_id": "0000000042.AAAAAAAAAAAAAAAA"}, format="json"

@@ -164,3 +164,18 @@ def test_staff_raise_the_difficulty_live_through_the_api(gated, staff_api):
     assert challenge(Client(), gated.slug)["difficulty"] == 20  # in force at once: no tick needed
     too_hard = staff_api.patch(f"/api/v1/queues/{gated.slug}", {"pow_difficulty": 33}, format="json")
     assert too_hard.status_code == 400
+
+
+def test_a_challenge_or_nonce_that_cannot_be_encoded_is_an_invalid_proof_not_an_error(gated):
+    # The API refuses such text before; any other caller of the check gets a clear refusal too.
+    real = pow.challenge_issue(gated.slug, 1)["challenge"]
+    for challenge, nonce in (("\ud800:x", "1"), (real, "\ud800"), (real[:-1] + "\udcff", "1")):
+        with pytest.raises(pow.InvalidProof):
+            pow.solution_check(gated.slug, challenge, nonce)
+
+
+def test_a_priority_code_that_cannot_be_stored_is_unknown_before_any_sql(make_queue, django_assert_num_queries):
+    queue = make_queue()
+    for code in ("\ud800abcd", "ab\x00cd"):
+        with django_assert_num_queries(0), pytest.raises(services.InvalidPriorityCode):
+            services.priority_code_reserve(slug=queue.slug, code=code)

@@ -120,6 +120,13 @@ def test_an_access_token_with_an_unknown_kid_is_invalid(db):
         tokens.access_token_decode(foreign, slug="sale")
 
 
+@pytest.mark.parametrize("raw", ["\ud800", "\udcff.e30.x", "e30.\ud800.x"])
+def test_an_access_token_that_cannot_be_encoded_is_invalid_not_an_error(db, raw):
+    # The API's serializers refuse such text first; require_queue_access and other callers meet it here.
+    with pytest.raises(tokens.InvalidAccessToken):
+        tokens.access_token_decode(raw, slug="q")
+
+
 def test_visitor_keys_are_stable_keyed_and_short(settings):
     key = tokens.visitor_key("cookie:abc")
     assert key == tokens.visitor_key("cookie:abc") != tokens.visitor_key("cookie:abd")

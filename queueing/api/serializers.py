@@ -75,6 +75,18 @@ class JoinRequestSerializer(StrictSerializer):
     )
 
 
+def _text_problem(value: str) -> str | None:
+    """What DRF's CharField refuses besides length: NUL (which PostgreSQL cannot store) and lone
+    surrogates (which cannot be encoded, so would fail deep in hashing, signing or SQL)."""
+    if "\x00" in value:
+        return "Null characters are not allowed."
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return "Surrogate characters are not allowed."
+    return None
+
+
 def join_request_validate(data: Any) -> dict[str, str]:
     """The join body's fields, or an ApiError as StrictSerializer would raise it (unknown_fields, invalid_request)."""
     if not isinstance(data, dict):
@@ -99,6 +111,8 @@ def join_request_validate(data: Any) -> dict[str, str]:
             problems[name] = ["Not a valid string."]
         elif len(value) > limit:
             problems[name] = [f"Ensure this field has no more than {limit} characters."]
+        elif problem := _text_problem(value):
+            problems[name] = [problem]
     if problems:
         raise ApiError("invalid_request", "The request has invalid fields.", fields=problems)
     return {
