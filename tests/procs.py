@@ -22,9 +22,20 @@ def setup_django(prefix: str, database: str) -> None:
     call_command("migrate", verbosity=0)
 
 
-def race_ticks(slug: str, instance: str, start_at: float, seconds: float, prefix: str, database: str, out: Any) -> None:
+def race_ticks(
+    slug: str,
+    instance: str,
+    start_at: float,
+    seconds: float,
+    prefix: str,
+    database: str,
+    out: Any,
+    revoke_oldest: bool = False,
+) -> None:
     """From `start_at` for `seconds`: tick as `instance`, and also run the leaderless immediate
-    admission, as fast as sensible; report the most slots seen in use."""
+    admission, as fast as sensible; with `revoke_oldest`, each round also ends the oldest session (its
+    slot goes to the next visitor at once, as a completion does). Report the most slots seen in use, by
+    the admission script itself and by a separate read."""
     setup_django(prefix, database)
     from queueing import services, store
 
@@ -32,9 +43,13 @@ def race_ticks(slug: str, instance: str, start_at: float, seconds: float, prefix
     deadline = start_at + seconds
     peak = 0
     while time.time() < deadline:
-        services.queue_tick(slug=slug, instance=instance)
-        services.queue_admit(slug=slug)
+        for reply in (services.queue_tick(slug=slug, instance=instance), services.queue_admit(slug=slug)):
+            if reply is not None and reply.figures is not None:
+                peak = max(peak, reply.figures.used)
         snap = store.snapshot(slug)
         peak = max(peak, snap.admitted + snap.active)
+        if revoke_oldest:
+            for ticket_id, _, _ in store.sessions_list(slug, limit=1):
+                services.session_revoke(slug=slug, ticket_id=ticket_id)  # "already" if the other runner won
         time.sleep(0.05)
     out.put(peak)

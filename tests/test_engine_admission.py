@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import time
+from typing import Any
 
 import pytest
 
@@ -91,32 +92,64 @@ def test_only_the_leader_ticks_and_a_stale_leader_token_is_fenced_off(make_queue
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_racing_tick_runners_keep_to_capacity_and_outflow(make_queue, settings, tmp_path):
-    # 120/min = 2 per second, burst 2; capacity 25 is never reached within the run.
-    queue = make_queue(state="paused", capacity=25, burst=2, outflow_per_minute=120)
-    fill(queue.slug, 60, now=time.time())
-    seconds = 6.0
+def race(slug: str, settings: Any, tmp_path: Any, *, seconds: float, revoke_oldest: bool, resume: Any) -> list[int]:
+    """Two tick runners in processes of their own, started together; returns the peaks they saw."""
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     start_at = time.time() + 15  # both start together, once their setup is done
     runners = [
         ctx.Process(
             target=procs.race_ticks,
-            args=(queue.slug, name, start_at, seconds, settings.WR_REDIS_PREFIX, str(tmp_path / f"{name}.db"), out),
+            args=(slug, name, start_at, seconds, settings.WR_REDIS_PREFIX, str(tmp_path / f"{name}.db"), out),
+            kwargs={"revoke_oldest": revoke_oldest},
         )
         for name in ("runner-a", "runner-b")
     ]
     for runner in runners:
         runner.start()
     time.sleep(max(0.0, start_at - time.time() - 0.5))
-    services.queue_resume(queue)  # the bucket starts full: burst 2
+    resume()
     peaks = [out.get(timeout=90) for _ in runners]
     for runner in runners:
         runner.join(timeout=30)
+    return peaks
+
+
+def test_two_racing_tick_runners_keep_to_the_outflow(make_queue, settings, tmp_path):
+    # 120/min = 2 per second, burst 2; capacity 25 is never reached within the run: the bucket binds.
+    queue = make_queue(state="paused", capacity=25, burst=2, outflow_per_minute=120)
+    fill(queue.slug, 60, now=time.time())
+    seconds = 6.0
+    race(
+        queue.slug,
+        settings,
+        tmp_path,
+        seconds=seconds,
+        revoke_oldest=False,
+        resume=lambda: services.queue_resume(queue),
+    )
     admitted = int(store.snapshot(queue.slug).stats["admitted"])
     # burst + rate * time, give or take one one-second tick of admissions (2).
     assert 2 + 2 * seconds - 2 <= admitted <= 2 + 2 * seconds + 2
-    assert max(peaks) <= 25
+
+
+def test_two_racing_tick_runners_never_exceed_the_capacity_while_sessions_end_and_slots_refill(
+    make_queue, settings, tmp_path
+):
+    # Capacity 3 binds: the bucket (100 a second, burst 50) would let far more through. Each runner also
+    # ends the oldest session every round, so its slot is refilled at once by a leaderless admission that
+    # races the other runner's tick, admission and revocation.
+    queue = make_queue(state="paused", capacity=3, burst=50, outflow_per_minute=6000)
+    fill(queue.slug, 400, now=time.time())
+    peaks = race(
+        queue.slug, settings, tmp_path, seconds=6.0, revoke_oldest=True, resume=lambda: services.queue_resume(queue)
+    )
+    snap = store.snapshot(queue.slug)
+    admitted = int(snap.stats["admitted"])
+    assert max(peaks) == 3  # full, again and again, and never more
+    assert admitted >= 30  # the three slots were refilled many times over (about 200 in a quiet run)
+    assert admitted == int(snap.stats["revoked"]) + snap.admitted + snap.active  # none lost, none doubled
+    assert snap.admitted + snap.active <= 3
 
 
 def test_premium_is_admitted_at_once_when_a_slot_is_free_even_with_an_empty_bucket(make_queue, clock):
