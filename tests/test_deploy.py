@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,6 +91,69 @@ def test_compose_app_services_share_one_image_and_point_at_redis_and_postgres():
         depends = services[name]["depends_on"]
         assert depends["migrate"]["condition"] == "service_completed_successfully"
         assert depends["redis"]["condition"] == depends["postgres"]["condition"] == "service_healthy"
+
+
+def interpolate(value: str, env: dict[str, str]) -> str:
+    """Compose's variable substitution for the forms the file uses: ${VAR}, ${VAR:-default}, ${VAR:?error}."""
+
+    def one(match: re.Match[str]) -> str:
+        name, op, arg = match.group(1), match.group(2) or "", match.group(3) or ""
+        if env.get(name):
+            return env[name]
+        assert op != ":?", f"{name} is required"
+        return arg if op == ":-" else ""
+
+    return re.sub(r"\$\{(\w+)(?:(:-|:\?)([^}]*))?\}", one, value)
+
+
+@pytest.mark.parametrize(
+    "operator_hosts", [None, "queue.example.com,www.queue.example.com", ".example.com", "*"], ids=str
+)
+def test_the_web_healthcheck_passes_against_the_web_command_with_the_compose_environment(tmp_path, operator_hosts):
+    """Start the web service's own command (gunicorn, one worker, on a free port) with the environment
+    compose gives it, then run its healthcheck as Docker would: it must pass for the operator's hosts."""
+    web = compose()["services"]["web"]
+    operator = {
+        "SECRET_KEY": secrets.token_urlsafe(50),
+        **({"ALLOWED_HOSTS": operator_hosts} if operator_hosts else {}),
+    }
+    env = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "HTTPS", "SECRET_KEY", "DJANGO_SETTINGS_MODULE")}
+    env.update({name: interpolate(str(value), operator) for name, value in web["environment"].items()})
+    env.update(DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}", WR_VAR_DIR=str(tmp_path))
+    assert env["HTTPS"] == "1" and env["BEHIND_PROXY"] == "1"  # production: SSL redirect, proxy headers
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = web["command"]
+    assert command[command.index("--bind") + 1] == "0.0.0.0:8000"
+    command = [part.replace("0.0.0.0:8000", f"127.0.0.1:{port}") for part in command]
+    command[command.index("--workers") + 1] = "1"
+    check = web["healthcheck"]["test"]
+    assert check[0] == "CMD" and "127.0.0.1:8000/healthz" in check[-1]
+    check = [part.replace("127.0.0.1:8000", f"127.0.0.1:{port}") for part in check[1:]]
+
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / command[0]), *command[1:]],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "gunicorn did not start"
+                time.sleep(0.2)
+        result = subprocess.run([sys.executable, *check[1:]], env=env, capture_output=True, text=True, timeout=20)
+        assert result.returncode == 0, result.stderr
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
 
 
 def test_the_proxy_config_forwards_to_the_web_service():
