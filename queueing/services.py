@@ -89,8 +89,11 @@ def _snapshot(queue: Queue) -> dict[str, Any]:
 
 def _audit(queue: Queue, *, action: str, before: dict[str, Any], actor: Any, actor_label: str) -> None:
     after = _snapshot(queue)
-    changed_before = {k: v for k, v in before.items() if after.get(k) != v}
-    changed_after = {k: after[k] for k in changed_before}
+    if action == "create":  # nothing before: the entry records every value the queue was created with
+        changed_before, changed_after = {}, after
+    else:
+        changed_before = {k: v for k, v in before.items() if after.get(k) != v}
+        changed_after = {k: after[k] for k in changed_before}
     if not changed_before and action == "update":
         return
     queue_change_record(

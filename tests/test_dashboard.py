@@ -373,3 +373,19 @@ async def test_the_dashboard_socket_is_for_staff_only_and_streams_live_figures(m
         pass
     assert event["slug"] in {q["slug"] for q in live["queues"]} and "waiting" in event["point"]
     await communicator.disconnect()
+
+
+def test_creating_a_queue_is_audited_with_every_value_it_was_created_with(db):
+    from django.core.management import call_command
+
+    options = ("--target-url", "https://shop.example/", "--capacity", "42", "--outflow-per-minute", "90")
+    call_command("configure_queue", "fresh-sale", *options, stdout=io.StringIO())
+    created = QueueChange.objects.get(queue__slug="fresh-sale", action="create")
+    assert created.before == {}
+    assert set(created.after) == set(engine.EDITABLE_FIELDS)
+    assert (created.after["capacity"], created.after["outflow_per_minute"], created.after["state"]) == (
+        42,
+        90.0,
+        "open",
+    )
+    assert created.after["starts_at"] is None
