@@ -5,7 +5,6 @@ from __future__ import annotations
 import uuid
 
 import pytest
-import redis
 from rest_framework.test import APIClient
 
 from queueing import store
@@ -150,13 +149,9 @@ def test_when_redis_is_unreachable_the_api_says_503_not_500(api, queue, settings
     assert response["Retry-After"] == str(body["retry_after_seconds"])
 
 
-def test_redis_errors_map_to_the_error_shape(api, queue, monkeypatch):
-    def broken(*args, **kwargs):
-        raise redis.TimeoutError("slow")
-
-    monkeypatch.setattr(store, "status", broken)
-    from queueing import tokens
-
-    ticket = tokens.ticket_issue(slug=queue.slug, ticket_id="0000000001." + "A" * 16, seq=1, priority=0, epoch=1)
+def test_a_status_poll_while_redis_is_unreachable_is_503_in_the_error_shape(api, queue, settings):
+    ticket = post(api, url(queue.slug, "join"), "{}").json()["ticket"]
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
     response = api.get(url(queue.slug, "status"), HTTP_AUTHORIZATION=f"Bearer {ticket}")
-    error(response, 503, "service_unavailable")
+    body = error(response, 503, "service_unavailable")
+    assert response["Retry-After"] == str(body["retry_after_seconds"])

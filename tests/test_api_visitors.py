@@ -207,26 +207,47 @@ def test_another_queues_ticket_gets_401(api, queue, make_queue):
     assert poll(api, other.slug, ticket).status_code == 200
 
 
+def forge_hs256(claims: dict, secret: bytes) -> str:
+    """A ticket as an attacker builds one: PyJWT's own compact encoding of the header and claims, signed
+    HS256 with `secret` by hand (PyJWT itself refuses to use a public key as an HMAC secret)."""
+    unsigned = jwt.encode(claims, "not-the-key-" + "x" * 20, algorithm="HS256").rsplit(".", 1)[0]
+    mac = hmac.new(secret, unsigned.encode(), hashlib.sha256).digest()
+    return f"{unsigned}.{base64.urlsafe_b64encode(mac).rstrip(b'=').decode()}"
+
+
+def genuine_claims(api, slug: str) -> tuple[str, dict]:
+    ticket = join(api, slug).json()["ticket"]
+    return ticket, jwt.decode(ticket, options={"verify_signature": False})
+
+
 def test_an_alg_none_ticket_gets_401(api, queue):
-    ticket = join(api, queue.slug).json()["ticket"]
-    payload = ticket.split(".")[1]
-    _assert_401(poll(api, queue.slug, f"{b64({'alg': 'none', 'typ': 'JWT'})}.{payload}."))
+    ticket, claims = genuine_claims(api, queue.slug)
+    unsigned = jwt.encode(claims, "", algorithm="none")  # what PyJWT makes of alg=none: no signature
+    header = json.loads(base64.urlsafe_b64decode(unsigned.split(".")[0] + "=="))
+    assert header == {"alg": "none", "typ": "JWT"} and unsigned.endswith(".")
+    _assert_401(poll(api, queue.slug, unsigned))
+    # The issued header kept and the signature dropped: past the header check, refused by the signature.
+    stripped = ticket.rsplit(".", 1)[0] + "."
+    assert stripped.split(".")[0] == tokens.TICKET_HEADER
+    _assert_401(poll(api, queue.slug, stripped))
+    assert poll(api, queue.slug, ticket).status_code == 200  # the genuine one still passes
 
 
 def test_a_ticket_signed_hs256_with_the_public_key_gets_401(api, queue):
-    body = join(api, queue.slug).json()
-    claims = jwt.decode(body["ticket"], options={"verify_signature": False})
-    public_pem = (
-        tokens._keys.get()
-        .signing_key.public_key()
-        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    _, claims = genuine_claims(api, queue.slug)
+    # The forging is sound: with the real ticket key the same recipe passes. Only the key differs below.
+    real = forge_hs256(claims, tokens._ticket_signing_key().encode())
+    assert poll(api, queue.slug, real).status_code == 200
+    public = tokens._keys.get().signing_key.public_key()
+    secrets = (
+        public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo),
+        public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw),
+        tokens.jwks()["keys"][0]["x"].encode(),
+        json.dumps(tokens.jwks()["keys"][0]).encode(),
     )
-    public_jwk_x = tokens.jwks()["keys"][0]["x"]
-    for secret in (public_pem, public_jwk_x.encode()):
-        # Signed by hand: PyJWT itself refuses to use a public key as an HMAC secret.
-        signing_input = f"{b64({'alg': 'HS256', 'typ': 'JWT'})}.{b64(claims)}"
-        mac = hmac.new(secret, signing_input.encode(), hashlib.sha256).digest()
-        forged = f"{signing_input}.{base64.urlsafe_b64encode(mac).rstrip(b'=').decode()}"
+    for secret in secrets:
+        forged = forge_hs256(claims, secret)
+        assert forged.split(".")[0] == tokens.TICKET_HEADER  # past the header check: the signature refuses it
         _assert_401(poll(api, queue.slug, forged))
 
 

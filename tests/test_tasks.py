@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 from django_celery_beat.models import PeriodicTask
 
 from queueing import store, tasks
 from queueing.schedules import BEAT_SCHEDULES
+
+from .factories import join
 
 
 def test_beat_schedules_are_written_after_migrate(db):
@@ -39,7 +42,17 @@ def test_closed_queues_are_not_ticked(make_queue, api):
     assert tasks.admission_tick.apply().get() == 0
 
 
-def test_the_cleanup_task_expires_and_is_idempotent(make_queue):
-    make_queue()
-    assert tasks.cleanup.apply().get() == 0
-    assert tasks.cleanup.apply().get() == 0
+def test_the_cleanup_task_expires_what_is_overdue_and_running_it_again_does_no_harm(make_queue):
+    queue = make_queue(capacity=1, burst=1, claim_ttl=60, presence_timeout=60, abandon_timeout=300)
+    long_ago = time.time() - 400  # past the claim window and the abandon timeout
+    holder = join(queue.slug, "holder", now=long_ago)  # admitted at once, never claimed its slot
+    assert holder.status == store.TicketStatus.ADMITTED
+    for name in ("gone-1", "gone-2", "gone-3"):
+        join(queue.slug, name, now=long_ago)  # waited, then left the page for good
+    fresh = join(queue.slug, "fresh")  # here now, behind them
+    assert tasks.cleanup.apply().get() == 4  # one claim expired, three abandoned
+    assert tasks.cleanup.apply().get() == 0  # nothing left to expire: the second run changes nothing
+    snap = store.snapshot(queue.slug)
+    assert (snap.waiting, snap.admitted) == (0, 1)
+    assert store.slot_members(queue.slug)[0] == [fresh.ticket_id]  # the freed slot went to the next at once
+    assert (snap.stats["expired_claim"], snap.stats["abandoned"]) == ("1", "3")
