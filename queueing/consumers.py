@@ -46,7 +46,8 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
 
     async def connect(self) -> None:
         self.slug = self.scope["url_route"]["kwargs"]["slug"]
-        raw = parse_qs(self.scope.get("query_string", b"").decode()).get("ticket", [""])[0]
+        # Not UTF-8: no ticket of ours (they are ASCII), so refused like any other bad ticket, not an error.
+        raw = parse_qs(self.scope.get("query_string", b"").decode(errors="replace")).get("ticket", [""])[0]
         try:
             self.claims = tokens.ticket_decode(raw, slug=self.slug)
         except tokens.InvalidTicket:
@@ -62,13 +63,28 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         self.heartbeat = asyncio.ensure_future(self._heartbeat())
 
     async def disconnect(self, code: int) -> None:
+        await self._release()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        # Channels runs disconnect() only when the socket closes normally; anything else escaping a
+        # handler would leave the viewer counted, the consumer in the fan-out and its heartbeat reading
+        # Redis for good. Released here whatever ends the consumer (once: _release forgets the claims).
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._release()
+
+    async def _release(self) -> None:
         if self.claims is None:
             return
+        group = self._private_group()
+        self.claims = None
         if self.heartbeat is not None:
             self.heartbeat.cancel()
         _fanout().discard(self.slug, self)
-        await self.channel_layer.group_discard(self._private_group(), self.channel_name)
         viewers.closed(self.slug)
+        with contextlib.suppress(Exception):  # the layer's subscription ends with the consumer anyway
+            await self.channel_layer.group_discard(group, self.channel_name)
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         # Channels' own dispatch first runs close_old_connections in its one sync thread before every
@@ -82,6 +98,17 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
 
     async def queue_event(self, message: dict[str, Any]) -> None:
         await self.send(text_data=message["text"])  # encoded once by realtime.send for every socket
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        # The only thing a client says is {"type": "status"}: binary frames and text that is not JSON are
+        # ignored (Channels' JSON consumer would raise, ending the consumer without its disconnect).
+        if not text_data:
+            return
+        try:
+            content = await self.decode_json(text_data)
+        except ValueError:
+            return
+        await self.receive_json(content, **kwargs)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         # A client that saw a gap in the event sequence asks for the truth over the socket: answered at

@@ -9,7 +9,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
-from queueing import consumers, services, store, tasks, tokens
+from queueing import consumers, realtime, services, store, tasks, tokens
 from waitingroom_site.asgi import application
 
 from .factories import ticket_token, visitor
@@ -250,4 +250,54 @@ async def test_a_client_asking_for_its_status_in_a_loop_is_answered_once_a_secon
         await communicator.send_json_to({"type": "status"})
     assert (await next_event(communicator, "position", timeout=1))["position"] == 1
     await no_event(communicator, "position", within=0.5)  # the other four were not answered
+    await communicator.disconnect()
+
+
+def _the_consumer(slug: str) -> consumers.QueueConsumer:
+    members = consumers._fanout().members.get(slug, set())
+    assert len(members) == 1, members
+    return next(iter(members))
+
+
+async def test_frames_that_are_not_json_are_ignored_and_the_socket_carries_on(queue):
+    ticket = await waiting_visitor(queue.slug, "v")
+    communicator, connected, _ = await open_socket(queue.slug, ticket)
+    assert connected
+    for frame in ({"text_data": "x"}, {"text_data": "{"}, {"bytes_data": b"\x00\xff"}, {"text_data": "[1, 2]"}):
+        await communicator.send_to(**frame)
+    await communicator.send_json_to({"type": "status"})
+    assert (await next_event(communicator, "position", timeout=2))["position"] == 1  # still served
+    consumer = _the_consumer(queue.slug)
+    assert consumers.viewers.counts[queue.slug] == 1
+    await communicator.disconnect()
+    assert consumers.viewers.counts[queue.slug] == 0
+    assert queue.slug not in consumers._fanout().members
+    assert consumer.heartbeat is not None and consumer.heartbeat.cancelled()
+
+
+async def test_whatever_ends_a_consumer_it_stops_counting_fanning_out_and_heartbeating(queue):
+    """An event the server has no handler for (say, from a newer web release during a rolling deploy)
+    ends the consumer with an error; it must still let go of everything it held."""
+    ticket = await waiting_visitor(queue.slug, "v")
+    communicator, connected, _ = await open_socket(queue.slug, ticket)
+    assert connected
+    consumer = _the_consumer(queue.slug)
+    claims = await sync_to_async(tokens.ticket_decode)(ticket, slug=queue.slug)
+    group = realtime.ticket_group(queue.slug, claims.visitor_key)
+    await consumer.channel_layer.group_send(group, {"type": "no.such.event"})
+    deadline = asyncio.get_running_loop().time() + 5
+    while not communicator.future.done():
+        assert asyncio.get_running_loop().time() < deadline, "the consumer did not end"
+        await asyncio.sleep(0.05)
+    assert isinstance(communicator.future.exception(), ValueError)
+    assert consumers.viewers.counts[queue.slug] == 0
+    assert queue.slug not in consumers._fanout().members
+    assert consumer.heartbeat is not None and consumer.heartbeat.cancelled()
+
+
+async def test_a_query_string_that_is_not_utf8_is_refused_like_a_bad_ticket(queue):
+    communicator = WebsocketCommunicator(application, f"/ws/queues/{queue.slug}/", headers=ORIGIN)
+    communicator.scope["query_string"] = b"ticket=\xff\xfe\xfd"
+    connected, code = await communicator.connect(timeout=5)
+    assert (connected, code) == (False, consumers.CLOSE_INVALID_TICKET)
     await communicator.disconnect()
