@@ -2,17 +2,23 @@
 
 The waiting page works with JavaScript (it joins through the API, then listens on the websocket and
 polls as a fallback: static/queueing/waiting.js) and without it: the page itself looks up the visitor's
-ticket, a form POST joins, and the page refreshes itself at the advised interval.
+ticket, a form POST joins, and the page refreshes itself at the advised interval. A join that could not
+be made yet (the line is full, not open, or too many attempts came from the address) is retried by the
+page's refresh: it carries a signed, short-lived `rejoin` token for this visitor and queue, so a refresh
+(a GET) may join on the visitor's behalf, as the JavaScript page does on arrival, and nobody else's link can.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from django.core import signing
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.shortcuts import render
 from django.template.loader import select_template
@@ -95,10 +101,26 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
     view = None
     with contextlib.suppress(selectors.TicketGone):  # no ticket yet (or long finished)
         view = selectors.visitor_status_get(slug=slug, visitor_key=identity.key)
+    without_ticket = view is None or view.is_finished
+    if "rejoin" in request.GET:  # the no-JavaScript page's own refresh, retrying a join
+        retry = _retry_read(request.GET["rejoin"], slug, identity)
+        if retry is None or not without_ticket:
+            return HttpResponseRedirect(request.path, status=303)
+        return _join_from_form(request, slug, identity)
     requested = request.GET.get("state", "")  # after a no-JavaScript join was refused
-    state = requested if requested in ("closed", "full", "limited", "pow", "notyet") else page_state(view, policy)
+    if requested in ("closed", "full", "limited", "pow", "notyet") and without_ticket:
+        state = requested
+    else:
+        state = page_state(view, policy)
     opens = _not_open_until(policy)
-    refresh = _refresh(state, view)
+    retry = _retry_read(request.GET.get("retry", ""), slug, identity) if state == requested else None
+    if state == "notyet" and retry is None:  # the page joins by itself once the line opens
+        retry = _Retry("notyet", _until_open(policy))
+    refresh, refresh_url = _refresh(state, view), ""
+    if state in ("full", "limited", "notyet"):
+        refresh_url = request.path  # the plain page: it shows the join button, or the visitor's place
+    if retry is not None and retry.state == state:
+        refresh, refresh_url = retry.wait, f"{request.path}?rejoin={_retry_token(slug, identity, retry)}"
     context: dict[str, Any] = {
         "queue": {"slug": slug, "name": policy.get("name") or slug},
         "state": state,
@@ -107,6 +129,8 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
         "opens_at": datetime.fromtimestamp(opens, tz=UTC) if opens else None,
         "shuffle": selectors.queue_shuffle_get(slug=slug) if policy.get("starts_at_ms", "0") != "0" else None,
         "refresh_seconds": refresh,
+        "refresh_url": refresh_url,
+        "retry_in": refresh if retry is not None and retry.state == state else None,
         "config": {
             "slug": slug,
             "state": state,
@@ -125,22 +149,64 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
 
 
 def _refresh(state: str, view: selectors.TicketView | None) -> int | None:
-    """Without JavaScript the page refreshes itself: at the advised poll interval while in line."""
+    """Without JavaScript the page refreshes itself: at the advised poll interval while in line, and
+    every 30 s on the page of a refused join (sooner when its retry is due)."""
     if state in ("waiting", "paused", "prequeue") and view is not None:
         return max(2, math.ceil(view.poll_after_seconds))
-    if state == "full":
+    if state in ("full", "limited", "notyet"):
         return 30
-    if state == "notyet":
-        return 30  # until the pre-queue opens: the page says when
     return None
 
 
+RETRY_SALT = "waitingroom.rejoin"
+RETRY_MAX_AGE = 3600  # a page left open longer shows the join button again instead
+
+
+@dataclass(frozen=True)
+class _Retry:
+    state: str  # why the join was refused: full, limited or notyet
+    wait: int  # seconds until the page retries
+
+
+def _visitor_tag(slug: str, identity: VisitorIdentity) -> str:
+    return hashlib.sha256(f"{slug}:{identity.key}".encode()).hexdigest()[:16]
+
+
+def _retry_token(slug: str, identity: VisitorIdentity, retry: _Retry) -> str:
+    return signing.dumps([_visitor_tag(slug, identity), retry.state, retry.wait], salt=RETRY_SALT)
+
+
+def _retry_read(token: str, slug: str, identity: VisitorIdentity) -> _Retry | None:
+    """The retry a refused no-JavaScript join left for this visitor and queue, if the token is theirs."""
+    if not token:
+        return None
+    try:
+        tag, state, wait = signing.loads(token, salt=RETRY_SALT, max_age=RETRY_MAX_AGE)
+    except (signing.BadSignature, ValueError, TypeError):
+        return None
+    if tag != _visitor_tag(slug, identity) or state not in ("full", "limited", "notyet"):
+        return None
+    return _Retry(str(state), max(2, min(300, int(wait))))
+
+
+def _until_open(policy: dict[str, str]) -> int:
+    opens = _not_open_until(policy)
+    return max(2, min(30, math.ceil(opens - time.time()))) if opens else 2
+
+
+def _refused(request: HttpRequest, slug: str, identity: VisitorIdentity, retry: _Retry) -> str:
+    """Where a refused join sends the visitor: the refusal's page, which retries by itself."""
+    return f"{request.path}?state={retry.state}&retry={_retry_token(slug, identity, retry)}"
+
+
 def _join_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity) -> HttpResponse:
-    """The join button without JavaScript: join, then show the page (post/redirect/get)."""
+    """The join button without JavaScript (or its retry): join, then show the page (post/redirect/get)."""
     target = request.path
     address = client_address(request.META)
-    if not ratelimit.hit("join", address).allowed:
-        return HttpResponseRedirect(target + "?state=limited", status=303)
+    decision = ratelimit.hit("join", address)
+    if not decision.allowed:
+        wait = math.ceil(decision.retry_after)
+        return HttpResponseRedirect(_refused(request, slug, identity, _Retry("limited", wait)), status=303)
     try:
         services.queue_join(
             slug=slug,
@@ -149,15 +215,15 @@ def _join_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity) 
             address=address,
         )
     except services.TicketCapReached:
-        target += "?state=limited"
+        target = _refused(request, slug, identity, _Retry("limited", 60))
     except services.QueueNotOpen:
-        target += "?state=notyet"
+        target = _refused(request, slug, identity, _Retry("notyet", _until_open(_policy(slug))))
     except services.ProofOfWorkRequired:
         target += "?state=pow"  # the gate's puzzle needs JavaScript
     except services.QueueClosed:
         target += "?state=closed"
-    except services.QueueFull:
-        target += "?state=full"
+    except services.QueueFull as exc:
+        target = _refused(request, slug, identity, _Retry("full", exc.retry_after))
     except services.QueueNotFound as exc:
         raise Http404("No such queue.") from exc
     response = HttpResponseRedirect(target, status=303)

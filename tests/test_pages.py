@@ -63,7 +63,7 @@ def test_a_closed_queue_and_a_full_one_say_so(client, make_queue):
     services.queue_join(slug=full.slug, visitor_key="someone-else-000")
     page(client, full.slug)
     response = client.post(f"/q/{full.slug}/", {"action": "join"})
-    assert response["Location"] == f"/q/{full.slug}/?state=full"
+    assert response["Location"].startswith(f"/q/{full.slug}/?state=full&retry=")
     assert data_state(client.get(response["Location"])) == "full"
 
 
@@ -141,3 +141,92 @@ def test_waits_are_worded_plainly(seconds, text):
 )
 def test_countdowns_are_worded_plainly(seconds, text):
     assert countdown_text(seconds) == text
+
+
+# --- Without JavaScript, a refused join retries by itself --------------------------------------------
+
+
+def refresh_of(response) -> tuple[int, str]:
+    """The page's own refresh (for browsers without JavaScript): after how long, and to where."""
+    match = re.search(
+        rb'<noscript><meta http-equiv="refresh" content="(\d+)(?:;url=([^"]*))?"></noscript>', response.content
+    )
+    assert match, "the page does not refresh itself"
+    return int(match.group(1)), (match.group(2) or b"").decode().replace("&amp;", "&")
+
+
+def test_a_full_line_without_javascript_retries_the_join_by_itself_once_there_is_room(client, make_queue):
+    queue = make_queue(state="paused", max_waiting=1)
+    other = services.queue_join(slug=queue.slug, visitor_key="someone-else-000").ticket
+    page(client, queue.slug)
+    refused = client.post(f"/q/{queue.slug}/", {"action": "join"})
+    response = client.get(refused["Location"])
+    assert data_state(response) == "full"
+    seconds, url = refresh_of(response)
+    assert 5 <= seconds <= 300 and url.startswith(f"/q/{queue.slug}/?rejoin=")
+    assert f"Trying again in {seconds} s." in response.content.decode()
+    assert client.get(url)["Location"].startswith(f"/q/{queue.slug}/?state=full&retry=")  # still full: again
+
+    services.session_revoke(slug=queue.slug, ticket_id=other.ticket_id)  # room in line now
+    retried = client.get(url)
+    assert (retried.status_code, retried["Location"]) == (303, f"/q/{queue.slug}/")
+    response = page(client, queue.slug)
+    assert data_state(response) == "paused" and b'id="wr-position">1<' in response.content
+
+
+def test_a_line_that_has_not_opened_joins_a_visitor_without_javascript_when_it_opens(client, make_queue):
+    now = timezone.now()
+    queue = make_queue(prequeue_opens_at=now + timedelta(hours=1), starts_at=now + timedelta(hours=2))
+    response = page(client, queue.slug)
+    assert data_state(response) == "notyet"
+    seconds, url = refresh_of(response)
+    assert seconds == 30 and url.startswith(f"/q/{queue.slug}/?rejoin=")
+    assert client.get(url)["Location"].startswith(f"/q/{queue.slug}/?state=notyet&retry=")  # not yet: again
+
+    services.queue_configure(slug=queue.slug, changes={"prequeue_opens_at": now - timedelta(minutes=1)})
+    assert client.get(url)["Location"] == f"/q/{queue.slug}/"
+    assert data_state(page(client, queue.slug)) == "prequeue"  # joined: holds a ticket, counts down
+
+
+def test_too_many_attempts_without_javascript_are_retried_when_the_limiter_says(client, make_queue, settings):
+    settings.WR_RATE_LIMITS = {"join": {"algorithm": "fixed_window", "window_seconds": 60, "max_requests": 1}}
+    queue = make_queue(state="paused")
+    services.queue_join(slug=queue.slug, visitor_key="someone-else-000")
+    from django.test import Client
+
+    Client().post(f"/q/{queue.slug}/", {"action": "join"})  # the address's one join this minute
+    page(client, queue.slug)
+    refused = client.post(f"/q/{queue.slug}/", {"action": "join"})
+    response = client.get(refused["Location"])
+    assert data_state(response) == "limited"
+    seconds, url = refresh_of(response)
+    assert 2 <= seconds <= 60 and f'id="wr-limited-in">{seconds}<' in response.content.decode()
+    settings.WR_RATE_LIMITS = {}  # the window has passed
+    assert client.get(url)["Location"] == f"/q/{queue.slug}/"
+    assert b'id="wr-position">3<' in page(client, queue.slug).content
+
+
+def test_a_retry_is_only_for_the_visitor_and_queue_it_was_made_for(client, make_queue):
+    from django.test import Client
+
+    queue = make_queue(state="paused", max_waiting=1)
+    services.queue_join(slug=queue.slug, visitor_key="someone-else-000")
+    page(client, queue.slug)
+    _, url = refresh_of(client.get(client.post(f"/q/{queue.slug}/", {"action": "join"})["Location"]))
+    services.queue_configure(slug=queue.slug, changes={"max_waiting": 0})
+    stranger = Client()
+    page(stranger, queue.slug)
+    assert stranger.get(url)["Location"] == f"/q/{queue.slug}/"  # shown the join button, not joined
+    other = make_queue(state="paused")
+    assert client.get(url.replace(f"/q/{queue.slug}/", f"/q/{other.slug}/"))["Location"] == f"/q/{other.slug}/"
+    assert client.get(f"/q/{queue.slug}/?rejoin=forged")["Location"] == f"/q/{queue.slug}/"
+    from queueing import store
+
+    assert store.snapshot(queue.slug).waiting == 1 and store.snapshot(other.slug).waiting == 0
+
+
+def test_a_visitor_with_a_ticket_sees_its_place_whatever_state_the_address_asks_for(client, make_queue):
+    queue = make_queue(state="paused")
+    page(client, queue.slug)
+    client.post(f"/q/{queue.slug}/", {"action": "join"})
+    assert data_state(page(client, queue.slug, state="full")) == "paused"

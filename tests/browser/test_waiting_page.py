@@ -135,6 +135,22 @@ def test_without_javascript_a_visitor_still_gets_through(stack, visitor, screens
     expect(page.get_by_role("heading", name="You're in")).to_be_visible()
 
 
+def test_without_javascript_a_full_line_joins_by_itself_once_there_is_room(stack, visitor, screenshot):
+    # Outflow 6,000 a minute: a full line's retry comes after its shortest wait, 5 s.
+    slug = stack.new_queue(state="paused", max_waiting=1, outflow_per_minute=6000)
+    api_join(stack, slug)
+    page = visitor(java_script_enabled=False)
+    page.goto(f"{stack.url}/q/{slug}/")
+    page.get_by_role("button", name="Join the line").click()
+    expect_state(page, "full")
+    expect(page.locator("#wr-full-retry")).to_have_text(re.compile(r"^Trying again in \d+ s\.$"))
+    screenshot(page, "nojs-3-full")
+    stack.configure(slug, max_waiting=0)  # room now; nobody touches the page
+    # Its own refresh retries the join (within the 5 s it announced, and the time the page takes).
+    expect(page.locator("#wr")).to_have_attribute("data-state", "paused", timeout=20_000)
+    expect(page.locator("#wr-position")).to_have_text("2")
+
+
 def test_the_estimate_counts_down_smoothly_between_updates(stack, visitor):
     slug = stack.new_queue(capacity=1, outflow_per_minute=1, burst=1)
     for _ in range(5):
