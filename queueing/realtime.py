@@ -120,6 +120,7 @@ def snapshot(slug: str, stats: dict[str, Any]) -> Message:
         "epoch": stats["epoch"],
         "state": stats["state"],
         "queue_length": stats["waiting"],
+        "head_position": stats["head_position"],  # the ticket number now at the head of the line
         "admitted_per_minute": stats["outflow_per_minute_observed"],
         "average_service_seconds": stats["average_service_seconds"],
         "viewers": stats["viewers"],

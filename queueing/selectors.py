@@ -272,6 +272,7 @@ def queue_stats_get(*, slug: str, now: float | None = None) -> dict[str, Any]:
         "state": cfg.get("state", "unknown"),
         "waiting": snap.waiting,
         "waiting_away": snap.away,
+        "head_position": snap.head_seq,
         "admitted": snap.admitted,
         "active": snap.active,
         "capacity": capacity,

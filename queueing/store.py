@@ -551,6 +551,7 @@ class QueueSnapshot:
     active: int
     finished_retained: int
     away: int
+    head_seq: int | None = None  # the sequence number at the head of the line (next in); None: empty
 
 
 def snapshot(slug: str) -> QueueSnapshot:
@@ -564,8 +565,11 @@ def snapshot(slug: str) -> QueueSnapshot:
     pipe.zcard(keys.sessions)
     pipe.zcard(keys.done)
     pipe.zcard(keys.away)
-    cfg, st, line, admitted, active, done, away = pipe.execute()
-    return QueueSnapshot(cfg, st, int(line) + int(away), int(admitted), int(active), int(done), int(away))
+    pipe.zrange(keys.line, 0, 0)
+    cfg, st, line, admitted, active, done, away, head = pipe.execute()
+    head_id = parse_ticket_id(head[0]) if head else None
+    counts = (int(line) + int(away), int(admitted), int(active), int(done), int(away))
+    return QueueSnapshot(cfg, st, *counts, head_seq=head_id[0] if head_id else None)
 
 
 @dataclass(frozen=True)

@@ -37,10 +37,12 @@ def member(db):
 
 
 def test_stats_show_live_counts(staff_api, api, queue):
-    for _ in range(5):
-        api.post(url(queue.slug, "join"), format="json", HTTP_X_VISITOR_ID=str(uuid.uuid4()))
+    joined = [
+        api.post(url(queue.slug, "join"), format="json", HTTP_X_VISITOR_ID=str(uuid.uuid4())).json() for _ in range(5)
+    ]
     body = staff_api.get(url(queue.slug, "stats")).json()
     assert (body["waiting"], body["admitted"], body["active"]) == (3, 2, 0)
+    assert body["head_position"] == int(joined[2]["ticket_id"].split(".")[0])  # the third joiner is next in
     assert body["capacity_in_use"] == 2 and body["capacity_use"] == 1.0
     assert body["totals"]["joined"] == 5 and body["totals"]["admitted"] == 2
     assert body["outflow_per_minute_configured"] == 600.0

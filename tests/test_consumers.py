@@ -144,11 +144,13 @@ async def test_revoking_a_waiting_visitor_tells_it_so(queue):
 
 async def test_snapshots_reach_every_watcher(queue):
     ticket = await waiting_visitor(queue.slug, "v")
+    ticket_id = (await sync_to_async(tokens.ticket_decode)(ticket, slug=queue.slug)).ticket_id
     communicator, _, _ = await open_socket(queue.slug, ticket)
     await consumers.viewers.report()
     assert await sync_to_async(lambda: tasks.realtime_snapshots.apply().get())() >= 1
     snapshot = await next_event(communicator, "snapshot")
     assert (snapshot["queue_length"], snapshot["state"], snapshot["viewers"]) == (1, "paused", 1)
+    assert snapshot["head_position"] == int(ticket_id.split(".")[0])  # SPEC 7: the head's ticket number
     await communicator.disconnect()
 
 

@@ -262,6 +262,11 @@ class StatsResponseSerializer(serializers.Serializer):
     state = serializers.CharField()
     waiting = serializers.IntegerField(help_text="Visitors in line, including those parked as absent.")
     waiting_away = serializers.IntegerField(help_text="Of those, parked: absent when they reached the head.")
+    head_position = serializers.IntegerField(
+        allow_null=True,
+        help_text="The sequence number (ticket number, the digits before the dot of a ticket id) of the "
+        "visitor at the head of the line, next to be let in; null when nobody waits.",
+    )
     admitted = serializers.IntegerField()
     active = serializers.IntegerField()
     capacity = serializers.IntegerField()
