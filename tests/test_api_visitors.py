@@ -266,3 +266,33 @@ def test_a_staff_jwt_is_not_a_ticket(api, queue, staff_user):
     from rest_framework_simplejwt.tokens import AccessToken
 
     _assert_401(poll(api, queue.slug, str(AccessToken.for_user(staff_user))))
+
+
+def neighbours(api, slug: str, ticket: str):
+    return api.get(url(slug, "neighbours"), HTTP_AUTHORIZATION=f"Bearer {ticket}")
+
+
+def test_neighbours_are_the_three_ahead_and_three_behind_by_display_name_only(api, make_queue):
+    queue = make_queue(state="paused")
+    names = ["Ann", "Bo", "Cy", "Di", "Ed", "Flo", "Gus", "Hal", "Ida"]
+    tickets = [join(api, queue.slug, data={"display_name": name}).json() for name in names]
+    response = neighbours(api, queue.slug, tickets[4]["ticket"])  # Ed, 5th in line
+    assert response.status_code == 200
+    assert response.json() == {
+        "neighbours": [
+            {"position": p, "display_name": names[p - 1], "you": p == 5}
+            for p in range(2, 9)  # Bo .. Hal
+        ]
+    }
+    assert not any(t["ticket_id"] in response.content.decode() for t in tickets)  # nobody's ticket id
+    head = neighbours(api, queue.slug, tickets[0]["ticket"]).json()["neighbours"]
+    assert [(n["position"], n["you"]) for n in head] == [(1, True), (2, False), (3, False), (4, False)]
+
+
+def test_neighbours_of_a_ticket_no_longer_in_line_are_none_and_a_bad_ticket_gets_401(api, make_queue):
+    queue = make_queue(capacity=1, burst=1)
+    admitted = join(api, queue.slug).json()
+    assert admitted["status"] == "admitted"
+    assert neighbours(api, queue.slug, admitted["ticket"]).json() == {"neighbours": []}
+    _assert_401(neighbours(api, queue.slug, admitted["ticket"][:-2] + "xx"))
+    _assert_401(api.get(url(queue.slug, "neighbours")))

@@ -84,7 +84,9 @@ def test_a_visitor_moves_up_is_sent_through_finishes_and_the_next_is_admitted_at
     first.get_by_role("button", name="Finish and let the next visitor in").click()
     expect(first.get_by_role("heading", name="Thanks, you're done")).to_be_visible()
     second.wait_for_url(re.compile(rf"/demo/{slug}/protected/$"), timeout=5_000)
-    assert time.monotonic() - finished_at < 3  # pushed at once, not at the next poll
+    # Pushed at once, not at the next poll: within a second of the click, as the issue asks (measured
+    # 0.15-0.18 s here, the protected page's load included).
+    assert time.monotonic() - finished_at < 1.0
     screenshot(second, "flow-3-next-visitor-in")
 
 
@@ -167,6 +169,40 @@ def test_the_estimate_counts_down_smoothly_between_updates(stack, visitor):
         time.sleep(1.1)
         shown.append(page.evaluate("Math.round(window.waitingRoomEta.shown)"))
     assert shown == sorted(shown, reverse=True) and shown[0] > shown[-1]
+
+
+def test_the_estimate_never_flickers_up_on_one_higher_figure_but_follows_two_and_glides_down(stack, visitor):
+    """The rule in waiting.js (window.waitingRoomEta), run in the page's own engine: figures within 15 %
+    (or 10 s) change nothing; a lower one is glided to; a higher one is believed only when the next agrees."""
+    slug = stack.new_queue(state="closed")  # a page whose own updates leave the estimate alone
+    page = visitor()
+    page.goto(f"{stack.url}/q/{slug}/")
+    expect_state(page, "closed")
+    steps = page.evaluate(
+        """() => {
+          const eta = window.waitingRoomEta, seen = [];
+          const step = (estimate) => { eta.update(estimate); seen.push([estimate, eta.shown, eta.target]); };
+          eta.update(null); eta.higher = 0;
+          step(600);          // the first figure is shown as it is
+          step(650);          // within 15 %: nothing changes
+          step(900);          // higher, once: not believed yet
+          step(610);          // back within tolerance: the higher one is forgotten
+          step(900);          // higher, once again: still not believed
+          step(880);          // higher, twice in a row: believed
+          eta.shown = 880; eta.target = null;
+          step(300);          // lower: glided to
+          const glide = [];
+          for (let i = 0; i < 3; i++) { eta.tick(1); glide.push(eta.shown); }
+          eta.update(null);
+          return { seen, glide };
+        }"""
+    )
+    seen = steps["seen"]
+    assert [s[1] for s in seen[:6]] == [600, 600, 600, 600, 600, 600]  # nothing jumped while it was unsure
+    assert [s[2] for s in seen[:6]] == [None, None, None, None, None, 880]  # ... until two higher agreed
+    assert seen[6][2] == 300  # a lower figure becomes the target at once
+    glide = steps["glide"]
+    assert 300 < glide[2] < glide[1] < glide[0] < 880  # moving smoothly towards it, not jumping
 
 
 # --- Every state, on a phone-sized screen -------------------------------------------------------------
@@ -252,15 +288,25 @@ def test_every_state_renders(stack, visitor, screenshot):
     limited = stack.new_queue(state="paused")
     page = visitor()
 
-    def too_many(route: Route) -> None:
-        body = '{"error": {"code": "rate_limited", "message": "Too many requests.", "retry_after_seconds": 7}}'
-        route.fulfill(status=429, body=body, headers={"Retry-After": "7", "Content-Type": "application/json"})
+    joins: list[float] = []
 
-    page.route(re.compile(r"/api/v1/queues/[^/]+/join$"), too_many)
+    def too_many_once(route: Route) -> None:
+        joins.append(time.monotonic())
+        if len(joins) > 1:
+            route.continue_()  # the retry reaches the server
+            return
+        body = '{"error": {"code": "rate_limited", "message": "Too many requests.", "retry_after_seconds": 3}}'
+        route.fulfill(status=429, body=body, headers={"Retry-After": "3", "Content-Type": "application/json"})
+
+    page.route(re.compile(r"/api/v1/queues/[^/]+/join$"), too_many_once)
     page.goto(url.format(limited))
     expect_state(page, "limited")
-    expect(page.locator("#wr-limited-in")).to_have_text(re.compile(r"^[1-7]$"))
+    expect(page.locator("#wr-limited-in")).to_have_text(re.compile(r"^[1-3]$"))
     screenshot(page, "state-limited")
+    # It retries by itself once the Retry-After has passed, and joins.
+    expect(page.locator("#wr")).to_have_attribute("data-state", "paused", timeout=10_000)
+    assert len(joins) == 2 and 2.5 <= joins[1] - joins[0] <= 6
+    assert stack.waiting(limited) == 1
 
     offline = stack.new_queue(state="paused")
     page = visitor()
