@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Callable, Iterator
 from functools import wraps
 from typing import Any
@@ -48,9 +49,12 @@ def staff_required(view: View) -> View:
 
 
 def _hours(request: HttpRequest) -> float:
+    """The period asked for, clamped to 3 minutes .. 31 days; anything else (nan, inf, junk) is the default."""
     try:
         hours = float(request.GET.get("hours", selectors.SERIES_HOURS_DEFAULT))
     except ValueError:
+        hours = selectors.SERIES_HOURS_DEFAULT
+    if not math.isfinite(hours):  # nan survives min/max, and timedelta(hours=nan) raises
         hours = selectors.SERIES_HOURS_DEFAULT
     return min(max(hours, 0.05), 24 * 31)
 

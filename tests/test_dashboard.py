@@ -389,3 +389,12 @@ def test_creating_a_queue_is_audited_with_every_value_it_was_created_with(db):
         "open",
     )
     assert created.after["starts_at"] is None
+
+
+@pytest.mark.parametrize("hours", ["nan", "NaN", "inf", "-inf", "1e400", "-5", "0", "x\x00", "", "1e-300"])
+def test_any_period_asked_for_gives_a_page_and_data_never_a_500(people, queue, hours):
+    page = people["looker"].get(f"/dashboard/{queue.slug}/", {"hours": hours})
+    assert page.status_code == 200
+    data = people["looker"].get(f"/dashboard/{queue.slug}/data.json", {"hours": hours})
+    assert data.status_code == 200
+    assert 0.05 <= data.json()["hours"] <= 24 * 31
