@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from django.contrib import admin, messages
@@ -75,8 +76,9 @@ class QueueAdmin(admin.ModelAdmin):
         obj.refresh_from_db()
 
     def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
-        super().save_related(request, form, formsets, change)
-        services.queue_config_sync(form.instance)  # placement fractions live in Redis too
+        # Audited, and placement fractions mirrored into Redis, by the service.
+        save = partial(super().save_related, request, form, formsets, change)
+        services.queue_priority_levels_edit(form.instance, save=save, actor=request.user)
 
     def delete_model(self, request: HttpRequest, obj: Queue) -> None:
         services.queue_delete(obj)

@@ -301,6 +301,35 @@ def queue_priority_levels_ensure(queue: Queue) -> None:
         )
 
 
+def _priority_levels(queue: Queue) -> dict[str, dict[str, Any]]:
+    return {
+        str(level.level): {
+            "name": level.name,
+            "placement_fraction": level.placement_fraction,
+            "group": level.group.name if level.group else None,
+        }
+        for level in PriorityLevel.objects.filter(queue=queue).select_related("group")
+    }
+
+
+def queue_priority_levels_edit(queue: Queue, *, save: Callable[[], None], actor: Any = None) -> None:
+    """Run `save` (admin's inline formsets), then audit the levels it changed and mirror their placement
+    fractions into Redis. Levels decide where joiners are placed, so they are audited like the queue."""
+    before = _priority_levels(queue)
+    save()
+    after = _priority_levels(queue)
+    changed = sorted(level for level in before.keys() | after.keys() if before.get(level) != after.get(level))
+    if changed:
+        queue_change_record(
+            queue,
+            action="priority_levels",
+            before={level: before[level] for level in changed if level in before},
+            after={level: after[level] for level in changed if level in after},
+            actor=actor,
+        )
+    queue_config_sync(queue)
+
+
 def queue_configure(
     *, slug: str, changes: dict[str, Any], actor: Any = None, actor_label: str = ""
 ) -> tuple[Queue, bool]:

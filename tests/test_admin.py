@@ -68,7 +68,7 @@ def test_the_change_list_shows_live_counts_and_pause_resume_actions(admin_client
     assert store.config_read(queue.slug)["state"] == "paused"
 
 
-def test_editing_a_priority_level_updates_the_placement_in_redis(admin_client, make_queue):
+def test_editing_a_priority_level_updates_the_placement_in_redis_and_is_audited(admin_client, make_queue):
     queue = make_queue()
     page = admin_client.get(f"/admin/queueing/queue/{queue.pk}/change/")
     assert page.status_code == 200
@@ -97,6 +97,14 @@ def test_editing_a_priority_level_updates_the_placement_in_redis(admin_client, m
     assert response.status_code == 302, response.content[:3000]
     assert store.config_read(queue.slug)["pf1"] == "0.3"
     assert store.config_read(queue.slug)["capacity"] == "20"
+    # Audited, who and what, like any change to the queue.
+    entry = QueueChange.objects.get(queue=queue, action="priority_levels")
+    assert entry.actor_label == "root"
+    assert entry.before == {"1": {"name": "Elevated", "placement_fraction": 0.1, "group": None}}
+    assert entry.after == {"1": {"name": "Elevated", "placement_fraction": 0.3, "group": None}}
+    # Saving again without touching a level writes no entry.
+    admin_client.post(f"/admin/queueing/queue/{queue.pk}/change/", data)
+    assert QueueChange.objects.filter(queue=queue, action="priority_levels").count() == 1
 
 
 def test_an_api_key_created_in_admin_is_shown_once_and_stored_hashed(admin_client, make_queue):
