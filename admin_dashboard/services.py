@@ -23,22 +23,28 @@ def _at(ms: float) -> datetime:
 
 
 def wait_samples_store(queue: Queue) -> int:
-    """Move the queue's admitted tickets' (estimated, actual) waits from Redis into the database."""
-    samples = store.wait_samples_take(queue.slug)
-    WaitSample.objects.bulk_create(
-        [
-            WaitSample(
-                queue=queue,
-                ticket_id=sample.ticket_id,
-                joined_at=_at(sample.joined_ms),
-                admitted_at=_at(sample.admitted_ms),
-                estimated_seconds=sample.estimated_s,
-                actual_seconds=max(0, sample.admitted_ms - sample.joined_ms) / 1000,
-            )
-            for sample in samples
-        ],
-        ignore_conflicts=True,  # a sample taken twice (a retried task) is stored once
-    )
+    """Move the queue's admitted tickets' (estimated, actual) waits from Redis into the database.
+
+    Read, store, and only then drop from Redis what was stored (after the commit): a database error
+    leaves every sample in Redis for the next run, and samples stored twice (the drop failed, the task
+    ran again) are kept once."""
+    samples = store.wait_samples_read(queue.slug)
+    if not samples:
+        return 0
+    rows = [
+        WaitSample(
+            queue=queue,
+            ticket_id=sample.ticket_id,
+            joined_at=_at(sample.joined_ms),
+            admitted_at=_at(sample.admitted_ms),
+            estimated_seconds=sample.estimated_s,
+            actual_seconds=max(0, sample.admitted_ms - sample.joined_ms) / 1000,
+        )
+        for sample in samples
+    ]
+    with transaction.atomic():  # a failure rolls back only this (a caller may be in a transaction)
+        WaitSample.objects.bulk_create(rows, ignore_conflicts=True)  # a sample stored twice is kept once
+    transaction.on_commit(lambda: store.wait_samples_drop(queue.slug, through=samples[-1], read=len(samples)))
     return len(samples)
 
 

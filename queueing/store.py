@@ -660,21 +660,24 @@ class WaitSample:
     joined_ms: int
     admitted_ms: int
     estimated_s: int | None  # None: no estimate at join (paused, closed, no rate yet)
+    raw: str = field(default="", compare=False, repr=False)  # as kept in Redis (wait_samples_drop finds it)
 
 
-def wait_samples_take(slug: str, *, limit: int = 10000) -> list[WaitSample]:
-    """Take (and remove) up to `limit` of the oldest wait samples the admissions left (atomic)."""
-    key = queue_keys(slug).waits
-    pipe = client().pipeline(transaction=True)
-    pipe.lrange(key, 0, limit - 1)
-    pipe.ltrim(key, limit, -1)
-    raw, _ = pipe.execute()
+def wait_samples_read(slug: str, *, limit: int = 10000) -> list[WaitSample]:
+    """The oldest `limit` wait samples the admissions left, left in place: once they are stored, drop
+    them with wait_samples_drop (so a failed store loses nothing)."""
     samples = []
-    for line in raw:
+    for line in cast(list[str], client().lrange(queue_keys(slug).waits, 0, limit - 1)):
         ticket_id, joined, admitted, estimated = line.split(" ")
         est = int(float(estimated))
-        samples.append(WaitSample(ticket_id, int(float(joined)), int(float(admitted)), est if est >= 0 else None))
+        sample = WaitSample(ticket_id, int(float(joined)), int(float(admitted)), est if est >= 0 else None, line)
+        samples.append(sample)
     return samples
+
+
+def wait_samples_drop(slug: str, *, through: WaitSample, read: int) -> int:
+    """Drop the samples up to and including `through`, the last of `read` samples stored (atomic)."""
+    return int(_run("waits_drop", slug, through.raw, read))
 
 
 def sessions_list(slug: str, *, limit: int) -> list[tuple[str, str, int]]:

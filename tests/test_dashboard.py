@@ -114,14 +114,17 @@ def test_an_unknown_queue_is_404(people):
 # --- Snapshots and the wait-estimate truth ------------------------------------------------------------
 
 
-def test_the_snapshot_task_stores_the_figures_of_a_queue_driven_through_known_transitions(queue, clock):
+def test_the_snapshot_task_stores_the_figures_of_a_queue_driven_through_known_transitions(
+    queue, clock, django_capture_on_commit_callbacks
+):
     slug, t0 = queue.slug, clock.now
     first = join(slug, "v0", now=t0)  # an open, empty line with free slots: admitted at once
     waiting = [join(slug, f"v{i}", now=t0) for i in range(1, 8)]  # v1 and v2 too (capacity 3)
     assert [t.status for t in (first, *waiting[:3])] == [store.TicketStatus.ADMITTED] * 3 + [store.TicketStatus.WAITING]
     assert engine.queue_tick(slug=slug, now=t0 + 20).admitted == []  # type: ignore[union-attr]  # full
 
-    a = services.queue_snapshot_take(queue, now=t0 + 21)
+    with django_capture_on_commit_callbacks(execute=True):  # samples leave Redis once stored
+        a = services.queue_snapshot_take(queue, now=t0 + 21)
     assert (a.state, a.waiting, a.admitted, a.active, a.capacity, a.capacity_in_use) == ("open", 5, 3, 0, 3, 3)
     assert (a.total_joined, a.total_admitted, a.admissions, a.period_seconds) == (8, 3, 0, 0)
     assert a.capacity_use == 1.0
@@ -131,7 +134,8 @@ def test_the_snapshot_task_stores_the_figures_of_a_queue_driven_through_known_tr
     engine.session_revoke(slug=slug, ticket_id=waiting[0].ticket_id, now=t0 + 26)  # v1 thrown out: v4 in
     engine.ticket_leave(slug=slug, claims=ticket_claims(slug, waiting[6]), now=t0 + 27)  # v7 gives up
 
-    b = services.queue_snapshot_take(queue, now=t0 + 31)
+    with django_capture_on_commit_callbacks(execute=True):
+        b = services.queue_snapshot_take(queue, now=t0 + 31)
     assert (b.waiting, b.admitted, b.active, b.capacity_in_use) == (2, 3, 0, 3)
     assert (b.total_admitted, b.total_completed, b.total_expired, b.total_abandoned) == (5, 1, 1, 1)
     assert (b.admissions, b.period_seconds) == (2, 10)
@@ -147,7 +151,7 @@ def test_the_snapshot_task_stores_the_figures_of_a_queue_driven_through_known_tr
     assert samples[waiting[3].ticket_id].actual_seconds == pytest.approx(26, abs=0.01)  # after the revocation
     for ticket in waiting[:4]:
         assert samples[ticket.ticket_id].estimated_seconds == ticket.est_wait_s
-    assert store.wait_samples_take(slug) == []  # drained: taken once
+    assert store.wait_samples_read(slug) == []  # drained: taken once
 
 
 def _access(slug: str, ticket: store.TicketState) -> Any:
@@ -398,3 +402,48 @@ def test_any_period_asked_for_gives_a_page_and_data_never_a_500(people, queue, h
     data = people["looker"].get(f"/dashboard/{queue.slug}/data.json", {"hours": hours})
     assert data.status_code == 200
     assert 0.05 <= data.json()["hours"] <= 24 * 31
+
+
+def _admit(queue: Queue, name: str, now: float) -> str:
+    ticket = join(queue.slug, name, now=now)  # an open line with free slots: admitted at once, one sample
+    assert ticket.status == store.TicketStatus.ADMITTED
+    return ticket.ticket_id
+
+
+def test_wait_samples_survive_a_database_error_and_are_stored_once_on_the_next_run(
+    queue, clock, django_capture_on_commit_callbacks
+):
+    from django.db import DatabaseError, connection
+
+    for name in ("a", "b", "c"):
+        _admit(queue, name, clock.now)
+    with connection.cursor() as cursor:  # a real failure of the database, not a stub
+        cursor.execute(
+            "CREATE TRIGGER refuse_samples BEFORE INSERT ON admin_dashboard_waitsample "
+            "BEGIN SELECT RAISE(ABORT, 'disk full'); END"
+        )
+    with pytest.raises(DatabaseError), django_capture_on_commit_callbacks(execute=True):
+        services.wait_samples_store(queue)
+    assert len(store.wait_samples_read(queue.slug)) == 3  # still in Redis
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER refuse_samples")
+    with django_capture_on_commit_callbacks(execute=True):
+        assert services.wait_samples_store(queue) == 3
+    assert store.wait_samples_read(queue.slug) == []
+    assert WaitSample.objects.filter(queue=queue).count() == 3
+
+
+def test_a_retried_store_keeps_samples_once_and_the_drop_spares_samples_that_came_after(
+    queue, clock, django_capture_on_commit_callbacks
+):
+    first = [_admit(queue, name, clock.now) for name in ("a", "b")]
+    with django_capture_on_commit_callbacks(execute=False) as drops:  # stored; the drop never ran
+        services.wait_samples_store(queue)
+    later = _admit(queue, "c", clock.now + 1)  # an admission after the read
+    with django_capture_on_commit_callbacks(execute=False):  # the task runs again: a, b again, and c
+        assert services.wait_samples_store(queue) == 3
+    assert WaitSample.objects.filter(queue=queue).count() == 3  # a and b kept once
+    for drop in drops:  # the first run's drop, late: only what that run had stored goes
+        drop()
+    assert [sample.ticket_id for sample in store.wait_samples_read(queue.slug)] == [later]
+    assert set(WaitSample.objects.filter(queue=queue).values_list("ticket_id", flat=True)) == {*first, later}
