@@ -325,3 +325,89 @@ def test_staff_api_calls_are_limited_per_user(make_queue, staff_api):
     queue = make_queue()
     codes = [staff_api.get(f"/api/v1/queues/{queue.slug}/stats").status_code for _ in range(3)]
     assert codes == [200, 200, 429]
+
+
+# --- Reusable DRF throttle classes, with every algorithm -----------------------------------------------
+
+TWO_AN_HOUR = [
+    {"algorithm": "token_bucket", "capacity": 2, "refill_per_second": 0.0001},
+    {"algorithm": "leaking_bucket", "size": 2, "outflow_per_second": 0.0001},
+    {"algorithm": "fixed_window", "window_seconds": 3600, "max_requests": 2},
+    {"algorithm": "sliding_log", "window_seconds": 3600, "max_requests": 2},
+    {"algorithm": "sliding_window_counter", "fixed_window_seconds": 3600, "max_requests": 2},
+]
+
+
+def _refused(answer: Any) -> None:
+    assert answer.status_code == 429, answer.content
+    body = answer.json()["error"]
+    assert body["code"] == "rate_limited" and answer["Retry-After"] == str(body["retry_after_seconds"])
+
+
+@pytest.mark.parametrize("config", TWO_AN_HOUR, ids=lambda c: c["algorithm"])
+def test_the_ticket_throttle_limits_each_ticket_holder_with_any_algorithm(make_queue, settings, config):
+    settings.WR_RATE_LIMITS = {"neighbours": config}  # TicketThrottle on /neighbours
+    queue = make_queue(state="paused")
+    client = Client()
+    mine, theirs = (join(client, queue.slug).json()["ticket"] for _ in range(2))
+
+    def neighbours(ticket: str) -> Any:
+        return client.get(f"/api/v1/queues/{queue.slug}/neighbours", HTTP_AUTHORIZATION=f"Bearer {ticket}")
+
+    assert [neighbours(mine).status_code for _ in range(2)] == [200, 200]
+    _refused(neighbours(mine))
+    assert neighbours(theirs).status_code == 200  # another ticket holder, from the same address
+    assert neighbours("not-a-ticket").status_code == 401  # refused as such, and never counted
+
+
+@pytest.mark.parametrize("config", TWO_AN_HOUR, ids=lambda c: c["algorithm"])
+def test_the_client_address_throttle_limits_each_address_with_any_algorithm(make_queue, settings, config):
+    settings.WR_RATE_LIMITS = {"challenge": config}  # ClientAddressThrottle on /challenge
+    queue = make_queue(state="paused", pow_difficulty=4)
+
+    def challenge(address: str) -> Any:
+        return Client().post(f"/api/v1/queues/{queue.slug}/challenge", REMOTE_ADDR=address)
+
+    assert [challenge("198.51.100.1").status_code for _ in range(2)] == [201, 201]
+    _refused(challenge("198.51.100.1"))
+    assert challenge("198.51.100.2").status_code == 201
+
+
+def test_staff_password_logins_and_refreshes_are_limited_per_address(staff_user, settings):
+    settings.WR_RATE_LIMITS = {"auth": {"algorithm": "sliding_log", "window_seconds": 300, "max_requests": 3}}
+
+    def login(password: str, address: str = "203.0.113.5") -> Any:
+        body = {"username": "staffer", "password": password}
+        return Client().post("/api/v1/auth/token", body, content_type="application/json", REMOTE_ADDR=address)
+
+    assert [login(f"guess-{i}").status_code for i in range(3)] == [401, 401, 401]
+    _refused(login("pw-staff-123"))  # even the right password: the address has used its attempts
+    tokens = login("pw-staff-123", address="203.0.113.6").json()
+    assert "access" in tokens
+    refresh = {"refresh": tokens["refresh"]}
+    for _ in range(2):
+        answer = Client().post("/api/v1/auth/token/refresh", refresh, "application/json", REMOTE_ADDR="203.0.113.6")
+        assert answer.status_code == 200
+    _refused(Client().post("/api/v1/auth/token/refresh", refresh, "application/json", REMOTE_ADDR="203.0.113.6"))
+
+
+def test_a_page_asking_for_its_neighbours_as_often_as_it_does_is_never_limited_by_default(
+    make_queue, settings, monkeypatch
+):
+    from waitingroom_site import settings as production
+
+    settings.WR_RATE_LIMITS = {"neighbours": production.WR_RATE_LIMITS["neighbours"]}
+    queue = make_queue(state="paused")
+    client = Client()
+    ticket = join(client, queue.slug).json()["ticket"]
+    clock = [time.time()]
+    monkeypatch.setattr(ratelimit, "_now_ms", lambda now: int(clock[0] * 1000))  # the limiter's clock only
+    for _ in range(200):  # 10 minutes at the page's shortest interval (waiting.js: at most every 3 s)
+        answer = client.get(f"/api/v1/queues/{queue.slug}/neighbours", HTTP_AUTHORIZATION=f"Bearer {ticket}")
+        assert answer.status_code == 200
+        clock[0] += 3
+    codes = [
+        client.get(f"/api/v1/queues/{queue.slug}/neighbours", HTTP_AUTHORIZATION=f"Bearer {ticket}").status_code
+        for _ in range(10)
+    ]
+    assert 429 in codes  # a script asking without pause is not served for long

@@ -8,6 +8,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from rest_framework_simplejwt.views import TokenObtainPairView, TokenRefreshView
 
 from queueing.api import errors
+from queueing.api.throttling import StaffLoginThrottle
 from queueing.api.views import jwks_view
 
 
@@ -35,8 +36,13 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("dashboard/", include("admin_dashboard.urls")),
     path("api/v1/", include("queueing.api.urls")),
-    path("api/v1/auth/token", TokenObtainPairView.as_view(), name="staff-token"),
-    path("api/v1/auth/token/refresh", TokenRefreshView.as_view(), name="staff-token-refresh"),
+    # Password logins and refreshes per client address (scope "auth"): guessing staff passwords is slow.
+    path("api/v1/auth/token", TokenObtainPairView.as_view(throttle_classes=[StaffLoginThrottle]), name="staff-token"),
+    path(
+        "api/v1/auth/token/refresh",
+        TokenRefreshView.as_view(throttle_classes=[StaffLoginThrottle]),
+        name="staff-token-refresh",
+    ),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),

@@ -1,6 +1,18 @@
-"""DRF throttles backed by the Redis limiters of queueing/ratelimit.py, one per scope (settings
-WR_RATE_LIMITS): joins per client address, status polls per ticket, protected-site calls per API key,
-staff calls per user. Over the limit: 429 `rate_limited` with Retry-After and `retry_after_seconds`.
+"""DRF throttles backed by the Redis limiters of queueing/ratelimit.py (settings WR_RATE_LIMITS names the
+limiter of each scope; any of the five algorithms). Over the limit: 429 `rate_limited` with Retry-After
+and `retry_after_seconds`.
+
+Reusable per what a request is counted against, with the scope from the view's `throttle_scope` (as
+DRF's own ScopedRateThrottle) or the class's `scope`:
+
+    class MyView(APIView):
+        throttle_classes = [ClientAddressThrottle]  # or TicketThrottle
+        throttle_scope = "my_scope"                  # WR_RATE_LIMITS["my_scope"]; absent: unlimited
+
+* ClientAddressThrottle: per client address (X-Forwarded-For believed only from WR_TRUSTED_PROXIES);
+* TicketThrottle: per ticket holder (the visitor of the request's Bearer ticket for the view's queue);
+* ProtectedSiteThrottle: per API key; StaffThrottle: per signed-in user; StaffLoginThrottle: the staff
+  token endpoint, per client address.
 
 The visitor endpoints (join, status) also run outside DRF on the hot path (fastpath.py); they call
 `limit` directly with the same scopes, so both paths count in the same buckets."""
@@ -13,7 +25,8 @@ from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 from rest_framework_api_key.permissions import KeyParser
 
-from .. import ratelimit
+from .. import ratelimit, tokens
+from ..visitors import client_address
 from .errors import ApiError, retry_after
 
 
@@ -33,17 +46,50 @@ def limit(scope: str, ident: str) -> None:
 
 
 class ScopedRateThrottle(BaseThrottle):
+    """Counts a request against `ident` in the view's `throttle_scope`, else the class's `scope`."""
+
     scope = ""
 
     def ident(self, request: Request, view: Any) -> str | None:
+        """What the request counts against; None: not counted here."""
         raise NotImplementedError
+
+    def scope_for(self, view: Any) -> str:
+        return str(getattr(view, "throttle_scope", "") or self.scope)
 
     def allow_request(self, request: Request, view: Any) -> bool:
         ident = self.ident(request, view)
         if ident is None:
             return True
-        limit(self.scope, ident)  # raises the API's own 429 (Retry-After, retry_after_seconds)
+        limit(self.scope_for(view), ident)  # raises the API's own 429 (Retry-After, retry_after_seconds)
         return True
+
+
+class ClientAddressThrottle(ScopedRateThrottle):
+    """Per client address."""
+
+    def ident(self, request: Request, view: Any) -> str | None:
+        return client_address(request.META)
+
+
+class TicketThrottle(ScopedRateThrottle):
+    """Per ticket holder (the visitor key, as the status scope counts polls). A request without a valid
+    ticket for the view's queue is not counted: the view refuses it with 401 without touching Redis."""
+
+    def ident(self, request: Request, view: Any) -> str | None:
+        scheme, _, credentials = str(request.META.get("HTTP_AUTHORIZATION", "")).partition(" ")
+        if scheme.lower() != "bearer" or not credentials.strip():
+            return None
+        try:
+            return tokens.ticket_decode(credentials.strip(), slug=str(view.kwargs.get("slug", ""))).visitor_key
+        except tokens.InvalidTicket:
+            return None
+
+
+class StaffLoginThrottle(ClientAddressThrottle):
+    """The staff token endpoint (a password login), per client address."""
+
+    scope = "auth"
 
 
 class ProtectedSiteThrottle(ScopedRateThrottle):

@@ -29,7 +29,7 @@ from ..visitors import InvalidVisitorId, client_address, visitor_cookie_set, vis
 from . import serializers as s
 from .errors import ApiError, error_body, service_unavailable
 from .permissions import CanChangeQueue, HasQueueApiKey, IsStaff
-from .throttling import ProtectedSiteThrottle, StaffThrottle, limit, rate_limited
+from .throttling import ClientAddressThrottle, ProtectedSiteThrottle, StaffThrottle, TicketThrottle, limit, rate_limited
 
 ERRORS = {
     code: OpenApiResponse(s.ErrorSerializer, description=desc)
@@ -318,11 +318,13 @@ def status_fast(request: HttpRequest, slug: str) -> HttpResponse:
 class NeighboursView(APIView):
     authentication_classes: list[Any] = []
     permission_classes: list[Any] = []
+    throttle_classes = [TicketThrottle]
+    throttle_scope = "neighbours"
 
     @extend_schema(
         operation_id="ticket_neighbours",
         summary="The few visitors around you in line (display names only)",
-        responses={200: s.NeighboursResponseSerializer, **_errors(401)},
+        responses={200: s.NeighboursResponseSerializer, **_errors(401, 429)},
         auth=TICKET_AUTH,
     )
     def get(self, request: Request, slug: str) -> Response:
@@ -336,6 +338,8 @@ class NeighboursView(APIView):
 class ChallengeView(APIView):
     authentication_classes: list[Any] = []
     permission_classes: list[Any] = []
+    throttle_classes = [ClientAddressThrottle]
+    throttle_scope = "challenge"
 
     @extend_schema(
         operation_id="pow_challenge",
@@ -353,7 +357,6 @@ class ChallengeView(APIView):
         responses={201: s.ChallengeResponseSerializer, **_errors(404, 429)},
     )
     def post(self, request: Request, slug: str) -> Response:
-        limit("challenge", client_address(request.META))
         try:
             return Response(services.pow_challenge_issue(slug=slug), status=201)
         except services.QueueNotFound as exc:
