@@ -18,8 +18,10 @@ The algorithms, as seed 002 defines them:
 * sliding window log (max C per window T): request times are logged; a request passes if fewer than C
   are logged in the last T. Refused requests are logged too (`keep_refused`, the seed's rule).
 * sliding window counter (fixed window FW, rolling window RW, max C): this window's count plus the
-  previous window's count weighted by the rolling window's overlap with it (3 + 7 x 0.7 = 6.5), rounded
-  as `rounding` says (down, up or none; default settings.WR_RATE_LIMIT_ROUNDING), must stay ≤ C - 1.
+  previous window's count weighted by the rolling window's overlap with it (seed 002's example: 3 in
+  this window and 7 in the previous one at 70 % overlap count 3 + 7 x 0.7 = 7.9; the seed prints 6.5,
+  which is 3 + 5 x 0.7; tests/test_ratelimit.py checks both), rounded as `rounding` says (down, up or
+  none; default settings.WR_RATE_LIMIT_ROUNDING), must stay ≤ C - 1.
 """
 
 from __future__ import annotations

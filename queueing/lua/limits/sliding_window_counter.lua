@@ -1,6 +1,7 @@
 -- sliding_window_counter.lua: fixed windows of `fw` ms counted, and a rolling window of `rw` ms
 -- (fw <= rw <= 2 fw) estimated as this window's count plus the previous window's count weighted by how
--- much of the previous window the rolling window overlaps (seed 002: 3 + 7 x 0.7 = 6.5). The estimate
+-- much of the previous window the rolling window overlaps (seed 002's example: 3 in this window, 7 in
+-- the previous one, 70 % overlap: 3 + 7 x 0.7 = 7.9; the seed prints 6.5, which is 3 + 5 x 0.7). The estimate
 -- is rounded down, up, or not at all (`rounding`) before the check count + 1 <= max.
 --
 -- KEYS[1] HASH {window, current, previous}
