@@ -11,6 +11,11 @@ from rest_framework_api_key.admin import APIKeyModelAdmin
 from . import services, store, tokens
 from .models import PriorityCode, PriorityLevel, Queue, QueueAPIKey, QueueChange, QueueShuffle, SigningKey
 
+# The per-address index is written only while a cap is set (README: Join caps), so say so where it is set.
+CAP_COUNTS_FROM_NOW = (
+    "The cap counts tickets joined while it is on (earlier ones are not counted): set it before the sale opens."
+)
+
 
 class PriorityLevelInline(admin.TabularInline):
     model = PriorityLevel
@@ -38,6 +43,12 @@ class QueueAdmin(admin.ModelAdmin):
         (None, {"fields": ("slug", "name", "target_url", "state")}),
         ("Admission policy", {"fields": Queue.POLICY_FIELDS}),
     )
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if db_field.name == "max_tickets_per_address" and field is not None:
+            field.help_text = f"{field.help_text} {CAP_COUNTS_FROM_NOW}"
+        return field
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return ("slug",) if obj else ()

@@ -140,7 +140,12 @@ class QueuePatchSerializer(StrictSerializer):
     outflow_per_minute = StrictFloatField(required=False, min_value=0.1)
     burst = StrictIntegerField(required=False, min_value=1)
     max_waiting = StrictIntegerField(required=False, min_value=0)
-    max_tickets_per_address = StrictIntegerField(required=False, min_value=0)
+    max_tickets_per_address = StrictIntegerField(
+        required=False,
+        min_value=0,
+        help_text="Most live tickets per client address (0: no cap). Counts the tickets joined while a cap is "
+        "on; tickets joined before are not counted.",
+    )
     pow_difficulty = StrictIntegerField(required=False, min_value=0, max_value=32)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,11 @@ OPTIONS: list[tuple[str, type, str]] = [
     ("presence_timeout", int, "Seconds unseen before admission skips a visitor"),
     ("abandon_timeout", int, "Seconds unseen before a waiting ticket expires"),
     ("max_waiting", int, "Most visitors waiting (0: no limit)"),
-    ("max_tickets_per_address", int, "Most live tickets per client address (0: no cap)"),
+    (
+        "max_tickets_per_address",
+        int,
+        "Most live tickets per client address (0: no cap; counts tickets joined while on)",
+    ),
     ("pow_difficulty", int, "Proof-of-work leading zero bits before a join (0: off)"),
     ("state", str, "open | paused | closed"),
     ("prequeue_opens_at", str, "When joins open, before the start (ISO 8601; 'none' to clear)"),
