@@ -41,6 +41,22 @@ sys.path.insert(0, str(ROOT))
 
 from waitingroom_site import devredis  # noqa: E402
 
+# The default limiters stay in every join and poll (the per-request cost of the production path), with
+# limits no run reaches: the load generator sends everything from 127.0.0.1, and polls each ticket far
+# more often than a visitor would, so the defaults (120 joins a minute per address, 1 poll a second per
+# ticket) would turn most answers into 429s. The algorithms are the defaults' (settings.WR_RATE_LIMITS).
+BENCH_RATE_LIMITS = json.dumps(
+    {
+        "join": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 60, "max_requests": 10**12},
+        "challenge": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 60, "max_requests": 10**12},
+        "status": {"algorithm": "token_bucket", "capacity": 10**12, "refill_per_second": 10**12},
+        "neighbours": {"algorithm": "token_bucket", "capacity": 10**12, "refill_per_second": 10**12},
+        "protected": {"algorithm": "token_bucket", "capacity": 10**12, "refill_per_second": 10**12},
+        "staff": {"algorithm": "sliding_log", "window_seconds": 1, "max_requests": 10**9},
+        "auth": {"algorithm": "sliding_log", "window_seconds": 1, "max_requests": 10**9},
+    }
+)
+
 JOIN_LUA = r"""
 local counter = 0
 local seed = tostring({}):sub(8)
@@ -181,6 +197,7 @@ def http_benchmarks(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
         BENCH_REDIS_URL=redis_url,
         BENCH_QUEUE=QUEUE,
         BENCH_REFERENCE_KEY=f"{prefix}:reference",
+        WR_RATE_LIMITS=BENCH_RATE_LIMITS,
     )
     python = sys.executable
     stack = start(
