@@ -34,6 +34,13 @@ class QueueSnapshot(models.Model):
     outflow_observed = models.FloatField(default=0, help_text="Admissions a minute in the period.")
     average_wait_seconds = models.FloatField(null=True, blank=True)
     average_service_seconds = models.FloatField(null=True, blank=True)
+    # The adaptive outflow, and the protected site's health it follows (over the adjustment interval).
+    outflow_effective = models.FloatField(
+        null=True, blank=True, help_text="Admissions a minute admission followed (adapted, or the configured)."
+    )
+    health_requests = models.PositiveIntegerField(default=0, help_text="Responses the site reported.")
+    health_error_rate = models.FloatField(null=True, blank=True, help_text="Share of them that were 5xx.")
+    health_p95_ms = models.FloatField(null=True, blank=True, help_text="Their 95th percentile response time.")
 
     class Meta:
         ordering = ("-taken_at",)

@@ -19,8 +19,18 @@ SERIES_POINTS_MAX = 2000
 
 
 def queue_live(queue: Queue, *, now: float | None = None) -> dict[str, Any]:
-    """A queue's live card: the staff stats (one Redis round trip) with its name."""
-    return {"name": queue.name, **selectors.queue_stats_get(slug=queue.slug, now=now)}
+    """A queue's live card: the staff stats with its name, and the site's health flat for the page."""
+    stats = selectors.queue_stats_get(slug=queue.slug, now=now)
+    site = stats["site_health"]
+    rate = site["error_rate"]
+    return {
+        "name": queue.name,
+        **stats,
+        "health_p95_ms": round(site["p95_latency_ms"]) if site["p95_latency_ms"] is not None else None,
+        "health_error_percent": round(rate * 100, 2) if rate is not None else None,
+        "health_requests": site["requests"],
+        "health_window_seconds": site["window_seconds"],
+    }
 
 
 def dashboard_cards(*, now: float | None = None) -> list[dict[str, Any]]:
@@ -43,6 +53,10 @@ def snapshot_point(snapshot: QueueSnapshot) -> dict[str, Any]:
         "period_seconds": snapshot.period_seconds,
         "outflow_configured": snapshot.outflow_configured,
         "outflow_observed": snapshot.outflow_observed,
+        "outflow_effective": snapshot.outflow_effective,
+        "health_requests": snapshot.health_requests,
+        "health_error_rate": snapshot.health_error_rate,
+        "health_p95_ms": snapshot.health_p95_ms,
         "average_wait_seconds": snapshot.average_wait_seconds,
         "average_service_seconds": snapshot.average_service_seconds,
         "total_joined": snapshot.total_joined,

@@ -53,7 +53,7 @@ def queue_snapshot_take(queue: Queue, *, now: float | None = None) -> QueueSnaps
     now = time.time() if now is None else now
     wait_samples_store(queue)
     stats = selectors.queue_stats_get(slug=queue.slug, now=now)
-    totals = stats["totals"]
+    totals, site = stats["totals"], stats["site_health"]
     taken_at = datetime.fromtimestamp(now, tz=UTC)
     previous = QueueSnapshot.objects.filter(queue=queue, taken_at__lt=taken_at).order_by("-taken_at").first()
     period = admissions = 0.0
@@ -82,6 +82,10 @@ def queue_snapshot_take(queue: Queue, *, now: float | None = None) -> QueueSnaps
         outflow_observed=round(admissions / period * 60, 3) if period else stats["outflow_per_minute_observed"],
         average_wait_seconds=stats["average_wait_seconds"],
         average_service_seconds=stats["average_service_seconds"],
+        outflow_effective=stats["outflow_per_minute_effective"],
+        health_requests=site["requests"],
+        health_error_rate=site["error_rate"],
+        health_p95_ms=site["p95_latency_ms"],
     )
     return snapshot
 

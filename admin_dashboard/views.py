@@ -100,6 +100,7 @@ def dashboard_queue(request: HttpRequest, slug: str) -> HttpResponse:
         "changes": selectors.queue_changes(queue),
         "socket_url": realtime.socket_url(request, SOCKET_PATH),
         "shuffle": queueing_selectors.queue_shuffle_get(slug=queue.slug),
+        "error_threshold_percent": queue.health_error_rate * 100,
     }
     return render(request, "admin_dashboard/queue.html", context)
 
@@ -186,6 +187,10 @@ SNAPSHOT_COLUMNS = [
     "period_seconds",
     "outflow_configured",
     "outflow_observed",
+    "outflow_effective",
+    "health_requests",
+    "health_error_rate",
+    "health_p95_ms",
     "average_wait_seconds",
     "average_service_seconds",
     "total_joined",

@@ -41,7 +41,16 @@ class QueueAdmin(admin.ModelAdmin):
     inlines = (PriorityLevelInline,)
     fieldsets = (
         (None, {"fields": ("slug", "name", "target_url", "state")}),
-        ("Admission policy", {"fields": Queue.POLICY_FIELDS}),
+        ("Admission policy", {"fields": [f for f in Queue.POLICY_FIELDS if f not in Queue.ADAPTIVE_FIELDS]}),
+        (
+            "Adaptive outflow",
+            {
+                "fields": Queue.ADAPTIVE_FIELDS,
+                "description": "Optional: the admission tick follows the protected site's health (reported by "
+                "require_queue_access or POST /api/v1/queues/&lt;slug&gt;/health), starting from the outflow above. "
+                "Every change of the rate is in the audit log.",
+            },
+        ),
     )
 
     def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:

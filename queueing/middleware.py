@@ -16,25 +16,33 @@ token stays out of history and Referer headers); later requests verify the cooki
 * ``remote``  — another Django project: POSTs to the waiting room's verify endpoint with its API key
   (WR_API_URL, WR_API_KEY); answers are cached for a few seconds.
 * ``offline`` — signature and expiry only, against the published JWKS (no revocation check).
+
+Every protected response is also timed, and counted as an error when it is a 5xx (or the view raised),
+for the queue's adaptive outflow (settings.WR_HEALTH_REPORT): in ``local`` mode straight into Redis,
+in ``remote`` mode batched per process and sent to the health endpoint by a background thread. Reporting
+never slows or breaks the page: a failed report is logged and dropped.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import random
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import wraps
 from typing import Any
 from urllib.parse import urlencode
 
 import jwt
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
+from django.core.exceptions import BadRequest, PermissionDenied, SuspiciousOperation
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from . import services, tokens
@@ -201,17 +209,148 @@ def queue_access_check(request: HttpRequest, slug: str) -> QueueAccess | HttpRes
     return QueueAccess(slug, verdict.ticket_id, verdict.expires_at, from_cookie)
 
 
+# --- The site's health, for the adaptive outflow -----------------------------------------------------------
+
+
+@dataclass
+class _Batch:
+    requests: int = 0
+    errors: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+
+
+class HealthReporter:
+    """Remote mode: this process's protected responses, sent to the waiting room's health endpoint every
+    WR_HEALTH_FLUSH_SECONDS, or sooner once WR_HEALTH_FLUSH_REQUESTS are waiting, by a background thread
+    (the request only appends to a list). A batch that cannot be sent is dropped: the adaptation judges
+    the last few seconds, and stale figures would mislead it. Past SAMPLE_CAP response times a batch keeps
+    a uniform random sample of them (the report says it stands for all its requests)."""
+
+    SAMPLE_CAP = 2000
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = 0
+        self._batches: dict[str, _Batch] = {}
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._random = random.Random()
+
+    def add(self, slug: str, latency_ms: float, error: bool) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child (gunicorn): its own batches and thread
+                self._pid, self._batches, self._thread, self._wake = os.getpid(), {}, None, threading.Event()
+            batch = self._batches.setdefault(slug, _Batch())
+            batch.requests += 1
+            batch.errors += int(error)
+            if len(batch.latencies_ms) < self.SAMPLE_CAP:
+                batch.latencies_ms.append(latency_ms)
+            else:  # reservoir sampling: every response time so far has the same chance to be kept
+                slot = self._random.randrange(batch.requests)
+                if slot < self.SAMPLE_CAP:
+                    batch.latencies_ms[slot] = latency_ms
+            if batch.requests >= settings.WR_HEALTH_FLUSH_REQUESTS:
+                self._wake.set()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, args=(self._wake,), name="wr-health", daemon=True)
+                self._thread.start()
+
+    def _run(self, wake: threading.Event) -> None:
+        while True:
+            wake.wait(settings.WR_HEALTH_FLUSH_SECONDS)
+            wake.clear()
+            try:
+                self.flush()
+            except Exception:  # never let the thread die: the next round tries again
+                logger.exception("health report failed")
+
+    def flush(self) -> int:
+        """Send every waiting batch now; returns how many were accepted."""
+        with self._lock:
+            batches, self._batches = self._batches, {}
+        return sum(_health_send(slug, batch) for slug, batch in batches.items())
+
+
+def _health_send(slug: str, batch: _Batch) -> bool:
+    if not settings.WR_API_URL.startswith(("https://", "http://")):
+        return False
+    body = {
+        "requests": batch.requests,
+        "errors": batch.errors,
+        "latency_ms": [round(ms, 2) for ms in batch.latencies_ms],
+    }
+    request = urllib.request.Request(  # noqa: S310 (scheme checked above)
+        f"{settings.WR_API_URL.rstrip('/')}/api/v1/queues/{slug}/health",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Api-Key {settings.WR_API_KEY}"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=3):  # noqa: S310
+            return True
+    except urllib.error.HTTPError as exc:
+        level = logging.ERROR if exc.code in (401, 403) else logging.WARNING
+        logger.log(level, "the waiting room refused a health report for queue %s (HTTP %s)", slug, exc.code)
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        logger.warning("health report for queue %s not sent: %s", slug, exc)
+    return False
+
+
+health_reporter = HealthReporter()
+
+
+def health_report_mode() -> str:
+    """Where protected responses are reported: local | remote | off (WR_HEALTH_REPORT, default "auto":
+    local when verifying locally, else remote when WR_API_URL and WR_API_KEY are set, else off)."""
+    mode = settings.WR_HEALTH_REPORT
+    if mode != "auto":
+        return mode
+    if settings.WR_VERIFY_MODE == "local":
+        return "local"
+    return "remote" if settings.WR_API_URL and settings.WR_API_KEY else "off"
+
+
+def _health_record(slug: str, seconds: float, error: bool) -> None:
+    mode = health_report_mode()
+    latency_ms = seconds * 1000
+    try:
+        if mode == "local":
+            services.site_health_report(slug=slug, requests=1, errors=int(error), latencies_ms=[latency_ms])
+        elif mode == "remote":
+            health_reporter.add(slug, latency_ms, error)
+    except Exception:  # the page matters more than its figures
+        logger.warning("health report for queue %s failed", slug, exc_info=True)
+
+
+CLIENT_ERRORS = (Http404, PermissionDenied, SuspiciousOperation, BadRequest)
+
+
+def queue_access_serve(request: HttpRequest, slug: str, view: Callable[[], HttpResponseBase]) -> HttpResponseBase:
+    """Run `view` for a visitor admitted through queue `slug` (request.queue_access tells who), timing it
+    for the site's health (until the response is returned: a streamed body is not waited for); anyone
+    else gets the response that sends them elsewhere."""
+    access = queue_access_check(request, slug)
+    if not isinstance(access, QueueAccess):
+        return access
+    request.queue_access = access  # type: ignore[attr-defined]
+    started = time.perf_counter()
+    try:
+        response = view()
+    except BaseException as exc:
+        # Django answers these with a 4xx: the visitor's mistake, not the site failing.
+        _health_record(slug, time.perf_counter() - started, not isinstance(exc, CLIENT_ERRORS))
+        raise
+    _health_record(slug, time.perf_counter() - started, response.status_code >= 500)
+    return response
+
+
 def require_queue_access(slug: str) -> Callable[[Callable[..., HttpResponseBase]], Callable[..., HttpResponseBase]]:
     """Decorator: the view runs only for visitors admitted through queue `slug` (request.queue_access)."""
 
     def decorator(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
         @wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            access = queue_access_check(request, slug)
-            if not isinstance(access, QueueAccess):
-                return access
-            request.queue_access = access  # type: ignore[attr-defined]
-            return view(request, *args, **kwargs)
+            return queue_access_serve(request, slug, lambda: view(request, *args, **kwargs))
 
         return wrapper
 
@@ -228,9 +367,5 @@ class QueueAccessMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
         for prefix, slug in self.prefixes:
             if request.path_info.startswith(prefix):
-                access = queue_access_check(request, slug)
-                if not isinstance(access, QueueAccess):
-                    return access
-                request.queue_access = access  # type: ignore[attr-defined]
-                break
+                return queue_access_serve(request, slug, lambda: self.get_response(request))
         return self.get_response(request)

@@ -19,6 +19,8 @@ from django.db import models
 from django.utils import timezone
 from rest_framework_api_key.models import AbstractAPIKey
 
+from . import health
+
 SLUG_VALIDATOR = RegexValidator(
     r"^[a-z0-9](?:[a-z0-9-]{0,48}[a-z0-9])?$",
     "Use 1-50 lowercase letters, digits and inner hyphens.",
@@ -135,6 +137,67 @@ class Queue(models.Model):
     ends_at = models.DateTimeField(
         null=True, blank=True, help_text="The queue closes at this time; visitors still waiting are told."
     )
+    # Adaptive outflow (optional): the admission tick follows the protected site's health within bounds.
+    adaptive_outflow = models.BooleanField(
+        default=False,
+        help_text="Let the admission tick adapt the outflow to the protected site's reported response times and "
+        "errors: a step up while healthy, a cut by the decrease factor when the p95 latency or the error rate "
+        "passes its threshold, always between the minimum and the maximum below.",
+    )
+    outflow_min_per_minute = models.FloatField(
+        "outflow minimum (a minute)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.1), MaxValueValidator(1_000_000)],
+        help_text="The adaptive outflow never goes below this (required when adaptive outflow is on).",
+    )
+    outflow_max_per_minute = models.FloatField(
+        "outflow maximum (a minute)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.1), MaxValueValidator(1_000_000)],
+        help_text="The adaptive outflow never goes above this (required when adaptive outflow is on).",
+    )
+    health_latency_p95_ms = models.PositiveIntegerField(
+        "p95 latency threshold (ms)",
+        default=1000,
+        validators=[MinValueValidator(1), MaxValueValidator(600_000)],
+        help_text="The site is unhealthy when the 95th percentile of its response times passes this.",
+    )
+    health_error_rate = models.FloatField(
+        "error rate threshold",
+        default=0.05,
+        validators=[MinValueValidator(0.001), MaxValueValidator(1.0)],
+        help_text="The site is unhealthy when this share of its responses (0.05 = 5%) are server errors (5xx).",
+    )
+    adaptive_step_per_minute = models.FloatField(
+        "increase step (a minute)",
+        default=6.0,
+        validators=[MinValueValidator(0.1), MaxValueValidator(1_000_000)],
+        help_text="Added to the outflow at each adjustment while the site is healthy and visitors are waiting.",
+    )
+    adaptive_decrease_factor = models.FloatField(
+        "decrease factor",
+        default=0.7,
+        validators=[MinValueValidator(0.01), MaxValueValidator(0.99)],
+        help_text="The outflow is multiplied by this (between 0 and 1) at each adjustment while the site is unhealthy.",
+    )
+    adaptive_interval_seconds = models.PositiveIntegerField(
+        "adjustment interval (s)",
+        default=10,
+        validators=[
+            MinValueValidator(health.INTERVAL_MIN_SECONDS),
+            MaxValueValidator(health.INTERVAL_MAX_SECONDS),
+        ],
+        help_text="At most one adjustment this often, judged on the site's reports of the last interval.",
+    )
+    adaptive_min_requests = models.PositiveIntegerField(
+        "minimum requests",
+        default=20,
+        validators=[MinValueValidator(1)],
+        help_text="Fewer reported requests than this in an interval are too few to cut the outflow on (one slow "
+        "request of two must not halve it).",
+    )
     # Lost Redis state (SPEC 3.6): the epoch in every ticket; a loss starts the next one. Redis issues
     # ticket sequence numbers only up to `seq_reserved`, reserved here first in blocks, so after a loss
     # numbering resumes above every number that may have been issued: none is issued twice.
@@ -144,6 +207,18 @@ class Queue(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    # The adaptive outflow's settings (part of the policy; a fieldset of their own in admin).
+    ADAPTIVE_FIELDS = (
+        "adaptive_outflow",
+        "outflow_min_per_minute",
+        "outflow_max_per_minute",
+        "health_latency_p95_ms",
+        "health_error_rate",
+        "adaptive_step_per_minute",
+        "adaptive_decrease_factor",
+        "adaptive_interval_seconds",
+        "adaptive_min_requests",
+    )
     # The admission policy, as operators edit it (admin, configure_queue, the staff API).
     POLICY_FIELDS = (
         "capacity",
@@ -160,6 +235,7 @@ class Queue(models.Model):
         "prequeue_opens_at",
         "starts_at",
         "ends_at",
+        *ADAPTIVE_FIELDS,
     )
 
     class Meta:
@@ -180,8 +256,30 @@ class Queue(models.Model):
             errors["prequeue_opens_at"] = "The pre-queue must open before the start."
         if self.ends_at and self.starts_at and self.ends_at <= self.starts_at:
             errors["ends_at"] = "The end must come after the start."
+        errors.update(self._adaptive_errors())
         if errors:
             raise ValidationError(errors)
+
+    def _adaptive_errors(self) -> dict[str, str]:
+        if not self.adaptive_outflow:
+            return {}
+        low, high, outflow = self.outflow_min_per_minute, self.outflow_max_per_minute, self.outflow_per_minute
+        errors = {}
+        if low is None:
+            errors["outflow_min_per_minute"] = "Adaptive outflow needs a minimum."
+        if high is None:
+            errors["outflow_max_per_minute"] = "Adaptive outflow needs a maximum."
+        if errors or outflow is None:
+            return errors
+        assert low is not None and high is not None
+        if low > high:
+            errors["outflow_min_per_minute"] = "The minimum cannot be above the maximum."
+        elif not low <= outflow <= high:
+            errors["outflow_per_minute"] = (
+                "With adaptive outflow on, the outflow must lie between the minimum and the maximum "
+                "(the adaptation starts from it)."
+            )
+        return errors
 
     def policy(self) -> dict[str, Any]:
         """What the Redis scripts need to know about this queue (mirrored into Redis)."""
@@ -209,6 +307,16 @@ class Queue(models.Model):
             "starts_at_ms": _ms(self.starts_at),
             "prequeue_opens_at_ms": _ms(self.prequeue_opens_at),
             "ends_at_ms": _ms(self.ends_at),
+            # The scripts use the adapted outflow (st.outflow_effective) only while this is "1".
+            "adaptive_outflow": "1" if self.adaptive_outflow else "0",
+            "outflow_min_per_minute": self.outflow_min_per_minute or "",
+            "outflow_max_per_minute": self.outflow_max_per_minute or "",
+            "health_latency_p95_ms": self.health_latency_p95_ms,
+            "health_error_rate": self.health_error_rate,
+            "adaptive_step_per_minute": self.adaptive_step_per_minute,
+            "adaptive_decrease_factor": self.adaptive_decrease_factor,
+            "adaptive_interval_seconds": self.adaptive_interval_seconds,
+            "adaptive_min_requests": self.adaptive_min_requests,
         }
 
 

@@ -11,7 +11,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from django.conf import settings
 
-from . import ratelimit, realtime, store, tokens
+from . import health, ratelimit, realtime, store, tokens
 from .models import Queue
 from .store import QueueFigures, TicketReply, TicketState, TicketStatus
 
@@ -253,10 +253,34 @@ def observed_per_minute(ema_rate: float, ema_ts_ms: int, now: float | None = Non
     return ema_rate * math.exp(-age_s / RATE_TAU_S) * 60
 
 
+def outflow_in_force(config: dict[str, str], stats: dict[str, str]) -> float:
+    """The outflow admission follows now: the adapted one while adaptive outflow is on and has adapted,
+    else the configured one (as lua/_lib.lua policy() reads it)."""
+    configured = float(config.get("outflow_per_minute", 0) or 0)
+    if config.get("adaptive_outflow") == "1" and stats.get("outflow_effective"):
+        return float(stats["outflow_effective"])
+    return configured
+
+
+def health_window_seconds(config: dict[str, str]) -> int:
+    """The site's health is judged, and shown, over the queue's adjustment interval."""
+    return int(config.get("adaptive_interval_seconds") or 10)
+
+
+def site_health_get(*, slug: str, now: float | None = None, window_seconds: int | None = None) -> health.SiteHealth:
+    """The protected site's reported responses over the queue's adjustment interval (or `window_seconds`)."""
+    if window_seconds is None:
+        window_seconds = health_window_seconds(store.config_read(slug))
+    now_ms = int((time.time() if now is None else now) * 1000)
+    return store.health_window(slug, now_ms=now_ms, seconds=window_seconds)
+
+
 def queue_stats_get(*, slug: str, now: float | None = None) -> dict[str, Any]:
-    """The live figures of one queue, for staff (one Redis round trip)."""
+    """The live figures of one queue, for staff (a Redis round trip for the queue, one for the site's
+    health, one for the viewers)."""
     snap = store.snapshot(slug)
     st, cfg = snap.stats, snap.config
+    site = site_health_get(slug=slug, now=now, window_seconds=health_window_seconds(cfg))
 
     def count(name: str) -> int:
         return int(st.get(name, 0))
@@ -282,6 +306,9 @@ def queue_stats_get(*, slug: str, now: float | None = None) -> dict[str, Any]:
         "reported_in_use": count("reported_in_use") if "reported_in_use" in st else None,
         "outflow_per_minute_configured": float(cfg.get("outflow_per_minute", 0) or 0),
         "outflow_per_minute_observed": round(observed, 3),
+        "outflow_per_minute_effective": round(outflow_in_force(cfg, st), 3),
+        "adaptive_outflow": cfg.get("adaptive_outflow") == "1",
+        "site_health": site.payload(),
         "average_wait_seconds": round(float(st["ema_wait_ms"]) / 1000, 1) if "ema_wait_ms" in st else None,
         "average_service_seconds": (round(float(st["ema_service_ms"]) / 1000, 1) if "ema_service_ms" in st else None),
         "totals": {

@@ -25,7 +25,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from . import pow, realtime, selectors, shuffle, store, tokens
+from . import health, pow, realtime, selectors, shuffle, store, tokens
 from .models import PriorityCode, PriorityLevel, Queue, QueueAPIKey, QueueChange, QueueShuffle
 
 logger = logging.getLogger(__name__)
@@ -361,7 +361,34 @@ def queue_configure(
     # re-mirrors the database's policy within a second; waiting for a commit that test transactions
     # never make would leave Redis behind instead.
     queue_config_sync(Queue.objects.prefetch_related("priority_levels").get(pk=queue.pk))
+    if not created and any(before[f] != getattr(queue, f) for f in OUTFLOW_POLICY_FIELDS):
+        outflow_adaptation_reset(queue, actor=actor, actor_label=actor_label)
     return queue, created
+
+
+# Changing any of these starts the adaptive outflow again from the configured outflow.
+OUTFLOW_POLICY_FIELDS = ("outflow_per_minute", "adaptive_outflow", "outflow_min_per_minute", "outflow_max_per_minute")
+
+
+def outflow_adaptation_reset(
+    queue: Queue, *, actor: Any = None, actor_label: str = "", now: float | None = None
+) -> None:
+    """The operator re-tuned the outflow (or turned adaptation on or off): admission follows the
+    configured outflow again, and the adaptation, if on, starts from it a full interval later. The jump
+    of the rate in force is audited."""
+    adapted = store.outflow_reset(queue.slug, now_ms=_now_ms(now))
+    if adapted is not None and adapted != queue.outflow_per_minute:
+        queue_change_record(
+            queue,
+            action="outflow_reset",
+            before={"outflow_per_minute_effective": round(adapted, 3)},
+            after={
+                "outflow_per_minute_effective": queue.outflow_per_minute,
+                "adaptive_outflow": queue.adaptive_outflow,
+            },
+            actor=actor,
+            actor_label=actor_label,
+        )
 
 
 def queue_update(queue: Queue, *, changes: dict[str, Any], actor: Any = None, actor_label: str = "") -> Queue:
@@ -578,6 +605,74 @@ def queue_admit(*, slug: str, now: float | None = None, leader_token: str = "") 
     return reply
 
 
+@dataclass(frozen=True)
+class OutflowStep:
+    """One step of the adaptive outflow: what the site's health said, and what the script did."""
+
+    outcome: str  # see lua/outflow_adapt.lua: adapted | not_admitting | not_limiting
+    verdict: str  # increase | decrease | hold
+    reason: str  # healthy | latency | errors | latency_and_errors | no_traffic | too_few_requests
+    before: float
+    after: float
+    window: health.SiteHealth  # the site's health the verdict was judged on
+
+    @property
+    def changed(self) -> bool:
+        return self.after != self.before
+
+
+ADAPTIVE_ACTOR = "adaptive outflow"
+
+
+def queue_outflow_adapt(*, slug: str, leader_token: str, now: float | None = None) -> OutflowStep | None:
+    """Follow the protected site's health, once per adjustment interval (the tick calls this while it
+    holds the queue's leader lease): cut the outflow by the decrease factor while the site's p95 response
+    time or error rate is over its threshold, raise it by the step while healthy, never past the bounds.
+    Every change of the rate is audited with the figures that caused it. None when nothing was due."""
+    now = time.time() if now is None else now
+    now_ms = _now_ms(now)
+    config, adapted_at_ms = store.outflow_adapt_state(slug)
+    if config.get("adaptive_outflow") != "1":
+        return None
+    interval = int(config.get("adaptive_interval_seconds") or 10)
+    if adapted_at_ms and adapted_at_ms <= now_ms < adapted_at_ms + interval * 1000:
+        return None  # not due: the script checks again, atomically; this spares reading the window
+    window = store.health_window(slug, now_ms=now_ms, seconds=interval)
+    verdict, reason = health.outflow_verdict(window, health.Thresholds.from_config(config))
+    outcome, before, after = store.outflow_adapt(slug, now_ms=now_ms, leader_token=leader_token, verdict=verdict)
+    if outcome not in ("adapted", "not_admitting", "not_limiting"):
+        return None
+    step = OutflowStep(outcome, verdict, reason, before, after, window)
+    if step.changed:
+        queue = Queue.objects.filter(slug=slug).first()
+        if queue is not None:
+            queue_change_record(
+                queue,
+                action="outflow_adapted",
+                before={"outflow_per_minute_effective": round(before, 3)},
+                after={"outflow_per_minute_effective": round(after, 3), "reason": reason, **window.payload()},
+                actor=None,
+                actor_label=ADAPTIVE_ACTOR,
+            )
+    return step
+
+
+def site_health_report(
+    *, slug: str, requests: int, errors: int, latencies_ms: list[float], now: float | None = None
+) -> None:
+    """Count the protected site's responses (require_queue_access, or the health API): how many, how
+    many failed (5xx), and their response times (all of them, or a sample standing for all)."""
+    if not 0 <= errors <= requests or len(latencies_ms) > max(requests, 0):
+        raise ValueError("a health report needs 0 <= errors <= requests and at most one time per request")
+    store.health_report(
+        slug,
+        now_ms=_now_ms(now),
+        requests=requests,
+        errors=errors,
+        buckets=health.histogram(latencies_ms, requests=requests),
+    )
+
+
 def instance_id() -> str:
     """This process's identity for leader election."""
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -589,6 +684,10 @@ def queue_tick(*, slug: str, instance: str | None = None, now: float | None = No
     if token is None:
         return None
     queue_schedule_step(slug, now=now)
+    try:
+        queue_outflow_adapt(slug=slug, leader_token=token, now=now)
+    except Exception:  # admission goes on at the rate in force: adapting is secondary to admitting
+        logger.exception("adaptive outflow step failed for queue %s", slug)
     return queue_admit(slug=slug, now=now, leader_token=token)
 
 

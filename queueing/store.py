@@ -13,6 +13,7 @@ import enum
 import os
 import re
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -23,6 +24,8 @@ import msgpack
 import redis
 from django.conf import settings
 from redis.commands.core import Script
+
+from . import health
 
 LUA_DIR = Path(__file__).resolve().parent / "lua"
 SEQ_DIGITS = 10
@@ -64,6 +67,7 @@ class QueueKeys:
     waits: str
     restore: str  # places of pre-queue tickets after the shuffle, kept for a while after lost state
     viewers: str  # not a script key: websocket servers report their viewer counts here
+    health: str  # not a script key: the prefix of the protected site's health slices (health_slice_key)
 
     def script_keys(self) -> list[str]:
         """The KEYS every transition script receives, in the order `_lib.lua` expects."""
@@ -649,7 +653,9 @@ def queue_slugs() -> list[str]:
 def queue_delete(slug: str) -> None:
     """Drop all live state of one queue (a deleted queue, or a test)."""
     keys = queue_keys(slug)
-    client().delete(*keys.script_keys(), keys.viewers)
+    newest = int(time.time())
+    slices = [health_slice_key(slug, second) for second in range(newest - health.KEEP_SECONDS, newest + 2)]
+    client().delete(*keys.script_keys(), keys.viewers, *slices)
 
 
 @dataclass(frozen=True)
@@ -703,6 +709,80 @@ def reorder(slug: str, places: list[tuple[str, float]], *, now_ms: int) -> tuple
         args += [ticket_id, score]
     moved, seq = _run("reorder", slug, *args)
     return int(moved), int(seq)
+
+
+def outflow_adapt(slug: str, *, now_ms: int, leader_token: str, verdict: str) -> tuple[str, float, float]:
+    """Apply one verdict of the adaptive outflow (outflow_adapt.lua): (outcome, rate before, rate after)."""
+    outcome, before, after = _run("outflow_adapt", slug, now_ms, leader_token, verdict)
+    return str(outcome), float(before), float(after)
+
+
+def outflow_adapt_state(slug: str) -> tuple[dict[str, str], int]:
+    """The queue's mirrored policy and when its outflow was last adapted (ms; 0 never), in one round trip."""
+    keys = queue_keys(slug)
+    pipe = client().pipeline(transaction=False)
+    pipe.hgetall(keys.cfg)
+    pipe.hget(keys.st, "outflow_adapted_at")
+    config, adapted_at = pipe.execute()
+    return config, int(float(adapted_at or 0))
+
+
+def outflow_reset(slug: str, *, now_ms: int) -> float | None:
+    """Forget the adapted outflow (the scripts fall back to the configured one) and start the next
+    adjustment interval now; returns the adapted rate that was in force, if any. MULTI/EXEC: atomic."""
+    st = queue_keys(slug).st
+    pipe = client().pipeline(transaction=True)
+    pipe.hget(st, "outflow_effective")
+    pipe.hdel(st, "outflow_effective")
+    pipe.hset(st, "outflow_adapted_at", now_ms)
+    previous, _, _ = pipe.execute()
+    return float(previous) if previous is not None else None
+
+
+# --- The protected site's health (see health.py) --------------------------------------------------------
+
+
+def health_slice_key(slug: str, second: int) -> str:
+    """The protected site's responses reported in one second (a HASH: n requests, e errors, b<i> histogram
+    bucket counts), kept health.KEEP_SECONDS."""
+    return f"{queue_keys(slug).health}:{second}"
+
+
+def health_report(slug: str, *, now_ms: int, requests: int, errors: int, buckets: dict[int, int]) -> None:
+    """Add one report to the current second's counts.
+
+    Pure increments with no decision to take, so a MULTI/EXEC pipeline is as atomic as a script would be
+    (the counts and the expiry land together or not at all, in one round trip): no Lua file needed.
+    """
+    key = health_slice_key(slug, now_ms // 1000)
+    pipe = client().pipeline(transaction=True)
+    pipe.hincrby(key, "n", requests)
+    if errors:
+        pipe.hincrby(key, "e", errors)
+    for index, count in buckets.items():
+        pipe.hincrby(key, f"b{index}", count)
+    pipe.expire(key, health.KEEP_SECONDS)
+    pipe.execute()
+
+
+def health_window(slug: str, *, now_ms: int, seconds: int) -> health.SiteHealth:
+    """The site's responses reported in the last `seconds` seconds (the current one included), summed."""
+    newest = now_ms // 1000
+    pipe = client().pipeline(transaction=False)
+    for second in range(newest - seconds + 1, newest + 1):
+        pipe.hgetall(health_slice_key(slug, second))
+    requests = errors = 0
+    buckets: dict[int, int] = {}
+    for counts in pipe.execute():
+        for field_name, value in counts.items():
+            if field_name == "n":
+                requests += int(value)
+            elif field_name == "e":
+                errors += int(value)
+            elif field_name.startswith("b"):
+                index = int(field_name[1:])
+                buckets[index] = buckets.get(index, 0) + int(value)
+    return health.SiteHealth.from_counts(window_seconds=seconds, requests=requests, errors=errors, buckets=buckets)
 
 
 def pow_difficulty(slug: str) -> int:

@@ -29,7 +29,7 @@ from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from . import ratelimit, selectors, services, store, tokens
-from .middleware import QueueAccess, access_cookie_name, queue_access_check, waiting_page_url
+from .middleware import QueueAccess, access_cookie_name, queue_access_serve, waiting_page_url
 from .models import Queue
 from .visitors import InvalidVisitorId, VisitorIdentity, client_address, visitor_cookie_set, visitor_identity
 
@@ -243,19 +243,24 @@ def home(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 def demo_protected(request: HttpRequest, slug: str = DEMO_QUEUE) -> HttpResponseBase:
-    access = queue_access_check(request, slug)  # what @require_queue_access(slug) does, slug from the URL
-    if not isinstance(access, QueueAccess):
-        return access
+    # What @require_queue_access(slug) does (access check, timed for the site's health), slug from the URL.
+    return queue_access_serve(request, slug, lambda: _demo_page(request, slug))
+
+
+def _demo_page(request: HttpRequest, slug: str) -> HttpResponse:
     finish_url = reverse("demo-finish") if slug == DEMO_QUEUE else reverse("demo-finish-queue", args=[slug])
-    return render(request, "queueing/demo_protected.html", {"access": access, "slug": slug, "finish_url": finish_url})
+    context = {"access": request.queue_access, "slug": slug, "finish_url": finish_url}  # type: ignore[attr-defined]
+    return render(request, "queueing/demo_protected.html", context)
 
 
 @require_POST
 def demo_finish(request: HttpRequest, slug: str = DEMO_QUEUE) -> HttpResponseBase:
     """The visitor is done: complete the session so the next visitor is admitted at once."""
-    access = queue_access_check(request, slug)
-    if not isinstance(access, QueueAccess):
-        return access
+    return queue_access_serve(request, slug, lambda: _demo_finish(request, slug))
+
+
+def _demo_finish(request: HttpRequest, slug: str) -> HttpResponse:
+    access: QueueAccess = request.queue_access  # type: ignore[attr-defined]
     claims = tokens.access_token_decode(access.token, slug=slug)
     services.session_complete(slug=slug, claims=claims)
     response = render(request, "queueing/demo_finished.html", {"slug": slug, "waiting_url": waiting_page_url(slug)})

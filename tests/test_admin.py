@@ -34,6 +34,13 @@ FORM = {
     "max_waiting": "0",
     "max_tickets_per_address": "0",
     "pow_difficulty": "0",
+    # Adaptive outflow: off, with the defaults the add form shows.
+    "health_latency_p95_ms": "1000",
+    "health_error_rate": "0.05",
+    "adaptive_step_per_minute": "6",
+    "adaptive_decrease_factor": "0.7",
+    "adaptive_interval_seconds": "10",
+    "adaptive_min_requests": "20",
 }
 
 

@@ -15,6 +15,7 @@ OPERATIONS = {
     ("/api/v1/queues/{slug}/sessions/complete", "post"): "session_complete",
     ("/api/v1/queues/{slug}/sessions/revoke", "post"): "session_revoke",
     ("/api/v1/queues/{slug}/capacity", "put"): "capacity_report",
+    ("/api/v1/queues/{slug}/health", "post"): "site_health_report",
     ("/api/v1/queues/{slug}/stats", "get"): "queue_stats",
     ("/api/v1/queues/{slug}/pause", "post"): "queue_pause",
     ("/api/v1/queues/{slug}/resume", "post"): "queue_resume",

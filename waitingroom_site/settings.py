@@ -220,6 +220,12 @@ WR_VERIFY_MODE = os.environ.get("WR_VERIFY_MODE", "local")
 WR_API_URL = os.environ.get("WR_API_URL", "")
 WR_API_KEY = os.environ.get("WR_API_KEY", "")
 WR_WAITING_PAGE_URL = os.environ.get("WR_WAITING_PAGE_URL", "/q/{slug}/")
+# require_queue_access reports the protected site's response times and errors (adaptive outflow):
+# "auto" (local when WR_VERIFY_MODE is local, else remote when WR_API_URL and WR_API_KEY are set),
+# "local", "remote" (batched: every WR_HEALTH_FLUSH_SECONDS or WR_HEALTH_FLUSH_REQUESTS) or "off".
+WR_HEALTH_REPORT = os.environ.get("WR_HEALTH_REPORT", "auto")
+WR_HEALTH_FLUSH_SECONDS = envint("WR_HEALTH_FLUSH_SECONDS", 2)
+WR_HEALTH_FLUSH_REQUESTS = envint("WR_HEALTH_FLUSH_REQUESTS", 500)
 # Admission tick leadership lease; ticks run every second.
 WR_LEADER_TTL_MS = envint("WR_LEADER_TTL_MS", 3000)
 WR_ADMIT_MAX_PER_CALL = envint("WR_ADMIT_MAX_PER_CALL", 1000)

@@ -8,6 +8,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from .. import health
 from .errors import ApiError
 
 
@@ -32,6 +33,24 @@ class StrictFloatField(serializers.FloatField):
         if isinstance(data, bool) or not isinstance(data, (int, float)):
             self.fail("invalid")
         return float(super().to_internal_value(data))
+
+
+class StrictBooleanField(serializers.BooleanField):
+    default_error_messages = {"invalid": "Must be true or false."}
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
+
+
+class BoundedListField(serializers.ListField):
+    """A list whose length is checked before its items are (a huge list is refused at once)."""
+
+    def to_internal_value(self, data: Any) -> list[Any]:
+        if isinstance(data, list) and self.max_length is not None and len(data) > self.max_length:
+            self.fail("max_length", max_length=self.max_length)
+        return list(super().to_internal_value(data))
 
 
 class StrictSerializer(serializers.Serializer):
@@ -135,6 +154,34 @@ class CapacitySerializer(StrictSerializer):
     in_use = StrictIntegerField(min_value=0, max_value=1_000_000_000)
 
 
+class HealthReportSerializer(StrictSerializer):
+    requests = StrictIntegerField(
+        min_value=0, max_value=health.REPORT_MAX_REQUESTS, help_text="Responses served since the last report."
+    )
+    # DRF's metaclass takes declared fields off the class, so `.errors` stays the serializer's property.
+    errors = StrictIntegerField(  # type: ignore[assignment]
+        min_value=0,
+        max_value=health.REPORT_MAX_REQUESTS,
+        help_text="Of those, server errors (HTTP 5xx, or the request failed). At most `requests`.",
+    )
+    latency_ms = BoundedListField(
+        child=StrictFloatField(min_value=0, max_value=health.LATENCY_MAX_MS),
+        required=False,
+        max_length=health.REPORT_MAX_SAMPLES,
+        help_text=(
+            "Their response times in milliseconds: all of them, or a random sample (at most "
+            f"{health.REPORT_MAX_SAMPLES:,}) that then stands for all `requests`. At most `requests` entries."
+        ),
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["errors"] > attrs["requests"]:
+            raise serializers.ValidationError({"errors": ["Cannot be more than requests."]})
+        if len(attrs.get("latency_ms", [])) > attrs["requests"]:
+            raise serializers.ValidationError({"latency_ms": ["At most one response time per request."]})
+        return attrs
+
+
 class QueuePatchSerializer(StrictSerializer):
     capacity = StrictIntegerField(required=False, min_value=1)
     outflow_per_minute = StrictFloatField(required=False, min_value=0.1)
@@ -147,6 +194,17 @@ class QueuePatchSerializer(StrictSerializer):
         "on; tickets joined before are not counted.",
     )
     pow_difficulty = StrictIntegerField(required=False, min_value=0, max_value=32)
+    adaptive_outflow = StrictBooleanField(required=False)
+    outflow_min_per_minute = StrictFloatField(required=False, min_value=0.1)
+    outflow_max_per_minute = StrictFloatField(required=False, min_value=0.1)
+    health_latency_p95_ms = StrictIntegerField(required=False, min_value=1)
+    health_error_rate = StrictFloatField(required=False, min_value=0.001, max_value=1)
+    adaptive_step_per_minute = StrictFloatField(required=False, min_value=0.1)
+    adaptive_decrease_factor = StrictFloatField(required=False, min_value=0.01, max_value=0.99)
+    adaptive_interval_seconds = StrictIntegerField(
+        required=False, min_value=health.INTERVAL_MIN_SECONDS, max_value=health.INTERVAL_MAX_SECONDS
+    )
+    adaptive_min_requests = StrictIntegerField(required=False, min_value=1)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if not attrs:
@@ -238,6 +296,25 @@ class QueueSerializer(serializers.Serializer):
     max_waiting = serializers.IntegerField()
     max_tickets_per_address = serializers.IntegerField()
     pow_difficulty = serializers.IntegerField()
+    adaptive_outflow = serializers.BooleanField()
+    outflow_min_per_minute = serializers.FloatField(allow_null=True)
+    outflow_max_per_minute = serializers.FloatField(allow_null=True)
+    health_latency_p95_ms = serializers.IntegerField()
+    health_error_rate = serializers.FloatField()
+    adaptive_step_per_minute = serializers.FloatField()
+    adaptive_decrease_factor = serializers.FloatField()
+    adaptive_interval_seconds = serializers.IntegerField()
+    adaptive_min_requests = serializers.IntegerField()
+
+
+class SiteHealthSerializer(serializers.Serializer):
+    window_seconds = serializers.IntegerField(help_text="The figures cover this many last seconds.")
+    requests = serializers.IntegerField(help_text="Responses the site reported in the window.")
+    errors = serializers.IntegerField(help_text="Of those, server errors (5xx).")  # type: ignore[assignment]
+    error_rate = serializers.FloatField(allow_null=True, help_text="errors / requests; null without requests.")
+    p95_latency_ms = serializers.FloatField(
+        allow_null=True, help_text="95th percentile response time; null when no times were reported."
+    )
 
 
 class ShuffleResponseSerializer(serializers.Serializer):
@@ -278,6 +355,14 @@ class StatsResponseSerializer(serializers.Serializer):
     capacity_in_use = serializers.IntegerField()
     outflow_per_minute_configured = serializers.FloatField()
     outflow_per_minute_observed = serializers.FloatField()
+    outflow_per_minute_effective = serializers.FloatField(
+        help_text="The outflow admission follows now: the adapted one when adaptive outflow is on, else the "
+        "configured one."
+    )
+    adaptive_outflow = serializers.BooleanField()
+    site_health = SiteHealthSerializer(
+        help_text="The protected site's reported responses over the adjustment interval (adaptive outflow)."
+    )
     average_wait_seconds = serializers.FloatField(allow_null=True)
     average_service_seconds = serializers.FloatField(allow_null=True)
     viewers = serializers.IntegerField(help_text="Websockets watching the queue now (summed over servers).")

@@ -14,6 +14,7 @@ urlpatterns = [
     path("queues/<queue:slug>/sessions/complete", views.CompleteView.as_view(), name="session-complete"),
     path("queues/<queue:slug>/sessions/revoke", views.RevokeView.as_view(), name="session-revoke"),
     path("queues/<queue:slug>/capacity", views.CapacityView.as_view(), name="queue-capacity"),
+    path("queues/<queue:slug>/health", views.HealthView.as_view(), name="queue-health"),
     path("queues/<queue:slug>/stats", views.StatsView.as_view(), name="queue-stats"),
     path("queues/<queue:slug>/pause", views.PauseView.as_view(), name="queue-pause"),
     path("queues/<queue:slug>/resume", views.ResumeView.as_view(), name="queue-resume"),

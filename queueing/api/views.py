@@ -481,6 +481,29 @@ class CapacityView(_ProtectedSiteView):
         return Response({"capacity": capacity, "in_use": in_use, "capacity_source": source})
 
 
+class HealthView(_ProtectedSiteView):
+    @extend_schema(
+        operation_id="site_health_report",
+        summary="Report the site's recent responses: count, server errors, response times",
+        description=(
+            "For the adaptive outflow (a per-queue option): send every few seconds what the site served "
+            "since its last report. `requests` responses, `errors` of them server errors (5xx), and "
+            "`latency_ms`, their response times (all of them, or a random sample that stands for all). "
+            "Reports from many web servers add up. The answer is the site's health as the admission tick "
+            "now sees it, over the queue's adjustment interval. `require_queue_access` sends these by itself."
+        ),
+        request=s.HealthReportSerializer,
+        responses={200: s.SiteHealthSerializer, **_errors(400, 401, 403)},
+        auth=API_KEY_AUTH,
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        data = _validated(s.HealthReportSerializer, request.data)
+        services.site_health_report(
+            slug=slug, requests=data["requests"], errors=data["errors"], latencies_ms=data.get("latency_ms", [])
+        )
+        return Response(selectors.site_health_get(slug=slug).payload())
+
+
 # --- Staff ------------------------------------------------------------------------------------------------
 
 
@@ -495,6 +518,7 @@ def _queue_payload(queue: Queue) -> dict[str, Any]:
         "max_waiting": queue.max_waiting,
         "max_tickets_per_address": queue.max_tickets_per_address,
         "pow_difficulty": queue.pow_difficulty,
+        **{field: getattr(queue, field) for field in Queue.ADAPTIVE_FIELDS},
     }
 
 
@@ -562,7 +586,7 @@ class QueueView(_StaffView):
 
     @extend_schema(
         operation_id="queue_update",
-        summary="Change capacity or outflow (effective on the next tick; audited)",
+        summary="Change capacity, outflow or the adaptive outflow (effective on the next tick; audited)",
         request=s.QueuePatchSerializer,
         responses={200: s.QueueSerializer, **_errors(400, 401, 403, 404)},
         auth=STAFF_AUTH,

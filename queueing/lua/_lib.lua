@@ -2,7 +2,8 @@
 --
 -- Every script gets the same KEYS, all under the queue's hash tag `{slug}` (store.QueueKeys):
 --   KEYS[1] cfg       HASH  the queue's policy, mirrored from the database
---   KEYS[2] st        HASH  counters, token bucket, EMAs, sequence numbers, tails, cursors
+--   KEYS[2] st        HASH  counters, token bucket, EMAs, sequence numbers, tails, cursors, and the
+--                           adaptive outflow's current rate (outflow_effective, outflow_adapted_at)
 --   KEYS[3] line      ZSET  waiting tickets: member = ticket id, score = placement
 --   KEYS[4] tk        HASH  ticket records: field = visitor key, value = msgpack array (below)
 --   KEYS[5] claims    ZSET  admitted tickets, score = claim deadline (ms)
@@ -82,15 +83,20 @@ local function num(t, field, default)
 end
 
 -- The policy, or nil when the queue's config is not in Redis (never synced, or Redis lost it) or its
--- epoch has not been started there.
+-- epoch has not been started there. The outflow is the adapted one while adaptive outflow is on and has
+-- adapted (outflow_adapt.lua), else the configured one.
 local function policy()
   local c = hash_table(K_CFG)
   if c.state == nil or c.live_epoch == nil or c.live_epoch ~= c.epoch then return nil end
+  local outflow = num(c, 'outflow_per_minute', 60)
+  if c.adaptive_outflow == '1' then
+    outflow = tonumber(redis.call('HGET', K_ST, 'outflow_effective')) or outflow
+  end
   return {
     state = c.state,
     capacity = num(c, 'capacity', 1),
     capacity_source = c.capacity_source or 'counted',
-    outflow = num(c, 'outflow_per_minute', 60),
+    outflow = outflow,
     burst = num(c, 'burst', 1),
     session_ttl = num(c, 'session_ttl', 900),
     claim_ttl = num(c, 'claim_ttl', 120),

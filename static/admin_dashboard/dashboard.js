@@ -45,15 +45,22 @@
     return series.map(function (p) { return p[name]; });
   }
 
+  // A line may name a second scale (its own axis on the right), e.g. a percentage beside milliseconds.
   function chart(el, series, lines) {
     var data = [column(series, "t")];
     var uSeries = [{}];
+    var axes = [{}, { size: 50 }];
     lines.forEach(function (line) {
       data.push(line.values ? line.values(series) : column(series, line.name));
-      uSeries.push({ label: line.label, stroke: line.color, width: 2, dash: line.dash, spanGaps: true });
+      uSeries.push({ label: line.label, stroke: line.color, width: 2, dash: line.dash, spanGaps: true, scale: line.scale || "y" });
+      if (line.scale) axes.push({ scale: line.scale, side: 1, size: 50, grid: { show: false } });
     });
     var width = Math.max(280, el.clientWidth || 600);
-    return new window.uPlot({ width: width, height: 200, series: uSeries, axes: [{}, { size: 50 }], legend: { live: false } }, data, el);
+    return new window.uPlot({ width: width, height: 200, series: uSeries, axes: axes, legend: { live: false } }, data, el);
+  }
+
+  function percent(name) {
+    return function (s) { return s.map(function (p) { return p[name] === null || p[name] === undefined ? null : p[name] * 100; }); };
   }
 
   function drawCharts(series) {
@@ -66,11 +73,15 @@
       ["chart-waiting", [{ name: "waiting", label: "waiting", color: "#2457d6" }]],
       ["chart-outflow", [
         { name: "outflow_configured", label: "configured", color: "#8a94a6", dash: [6, 4] },
+        { name: "outflow_effective", label: "in force", color: "#2457d6" },
         { name: "outflow_observed", label: "observed", color: "#1f9d55" }]],
       ["chart-capacity", [
         { label: "admitted + active", color: "#d97706", values: function (s) { return s.map(function (p) { return p.admitted + p.active; }); } },
         { name: "capacity", label: "capacity", color: "#8a94a6", dash: [6, 4] }]],
       ["chart-wait", [{ name: "average_wait_seconds", label: "average wait", color: "#7c3aed" }]],
+      ["chart-health", [
+        { name: "health_p95_ms", label: "p95 ms", color: "#d97706" },
+        { label: "errors %", color: "#dc2626", scale: "%", values: percent("health_error_rate") }]],
     ];
     specs.forEach(function (spec) {
       var el = document.getElementById(spec[0]);

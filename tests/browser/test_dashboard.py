@@ -36,7 +36,7 @@ def test_the_dashboard_shows_live_figures_and_charts_and_pausing_takes_effect(st
     expect(page.locator('#q-live [data-field="admitted"]')).to_have_text("2")
     # The beat stores a snapshot every 10 s; the page redraws its charts as each one arrives.
     page.wait_for_function("window.dashboard.data && window.dashboard.data.series.length >= 2", timeout=40_000)
-    for chart in ("waiting", "outflow", "capacity", "wait"):
+    for chart in ("waiting", "outflow", "capacity", "wait", "health"):
         expect(page.locator(f"#chart-{chart} canvas")).to_have_count(1)
     expect(page.locator("#chart-empty")).to_be_hidden()
     screenshot(page, "dashboard-1-queue")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,7 +14,18 @@ from django.utils.dateparse import parse_datetime
 from queueing import services
 from queueing.models import Queue
 
-OPTIONS: list[tuple[str, type, str]] = [
+
+def _bool(value: str) -> bool:
+    if value.lower() in ("on", "true", "yes", "1"):
+        return True
+    if value.lower() in ("off", "false", "no", "0"):
+        return False
+    raise ValueError(value)
+
+
+_bool.__name__ = "on/off"  # argparse names the type in its error message
+
+OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     ("name", str, "Display name"),
     ("target_url", str, "Where admitted visitors go (absolute URL or /path)"),
     ("capacity", int, "Most visitors holding a slot at once"),
@@ -35,6 +47,15 @@ OPTIONS: list[tuple[str, type, str]] = [
     ("prequeue_opens_at", str, "When joins open, before the start (ISO 8601; 'none' to clear)"),
     ("starts_at", str, "When admission starts (ISO 8601, e.g. 2026-12-01T10:00:00Z; 'none' to clear)"),
     ("ends_at", str, "When the queue closes (ISO 8601; 'none' to clear)"),
+    ("adaptive_outflow", _bool, "Follow the protected site's health: on | off"),
+    ("outflow_min_per_minute", float, "Adaptive outflow: never below this"),
+    ("outflow_max_per_minute", float, "Adaptive outflow: never above this"),
+    ("health_latency_p95_ms", int, "Adaptive outflow: unhealthy above this p95 response time (ms)"),
+    ("health_error_rate", float, "Adaptive outflow: unhealthy above this share of 5xx (0.05 = 5%)"),
+    ("adaptive_step_per_minute", float, "Adaptive outflow: added per adjustment while healthy"),
+    ("adaptive_decrease_factor", float, "Adaptive outflow: multiplied by this per adjustment while unhealthy"),
+    ("adaptive_interval_seconds", int, "Adaptive outflow: seconds between adjustments"),
+    ("adaptive_min_requests", int, "Adaptive outflow: fewest responses in an interval to cut on"),
 ]
 
 
