@@ -142,6 +142,8 @@ def dashboard_control(request: HttpRequest, slug: str) -> HttpResponse:
                 done = {"pause": "Paused.", "resume": "Resumed.", "update": "Saved."}[action]
         except queueing_services.TicketNotFound:
             errors = {"ticket_id": [{"message": "No such ticket in this queue.", "code": "not_found"}]}
+        except queueing_services.NotInStatelessMode as error:
+            errors = {"ticket_id": [{"message": str(error), "code": "stateless"}]}
         except ValidationError as error:
             errors = {
                 field: [{"message": m, "code": "invalid"} for m in messages_]

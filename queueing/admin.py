@@ -41,7 +41,20 @@ class QueueAdmin(admin.ModelAdmin):
     inlines = (PriorityLevelInline,)
     fieldsets = (
         (None, {"fields": ("slug", "name", "target_url", "state")}),
-        ("Admission policy", {"fields": [f for f in Queue.POLICY_FIELDS if f not in Queue.ADAPTIVE_FIELDS]}),
+        (
+            "Admission policy",
+            {"fields": [f for f in Queue.POLICY_FIELDS if f not in (*Queue.ADAPTIVE_FIELDS, *Queue.STATELESS_FIELDS)]},
+        ),
+        (
+            "Mode",
+            {
+                "fields": Queue.STATELESS_FIELDS,
+                "description": "Tracked (the default) keeps each visitor's place, presence and session in Redis. "
+                "Stateless keeps nothing per visitor (for the largest drops): a ticket is a number, and a window of "
+                "active numbers moves by its size every interval; capacity, presence, priorities, burst and "
+                "revocation do not apply. Changing the mode of a queue with people in it sends them to join again.",
+            },
+        ),
         (
             "Adaptive outflow",
             {

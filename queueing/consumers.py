@@ -40,7 +40,7 @@ ASK_STATUS_EVERY_SECONDS = 1.0
 
 class QueueConsumer(AsyncJsonWebsocketConsumer):
     slug = ""
-    claims: tokens.TicketClaims | None = None
+    claims: tokens.TicketClaims | tokens.PositionClaims | None = None
     heartbeat: asyncio.Task[None] | None = None
     asked_at = -1e9
 
@@ -49,18 +49,23 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         # Not UTF-8: no ticket of ours (they are ASCII), so refused like any other bad ticket, not an error.
         raw = parse_qs(self.scope.get("query_string", b"").decode(errors="replace")).get("ticket", [""])[0]
         try:
-            self.claims = tokens.ticket_decode(raw, slug=self.slug)
+            self.claims = tokens.visitor_ticket_decode(raw, slug=self.slug)
         except tokens.InvalidTicket:
             await self.close(code=CLOSE_INVALID_TICKET)  # before accept: the handshake is refused
             return
         # Private events come through this consumer's own channel; the queue's public ones through the
         # server's one listener for the queue (_PublicFanout), which writes them to every socket.
-        await self.channel_layer.group_add(self._private_group(), self.channel_name)
+        # A stateless queue's ticket has no private events and no presence to keep: it hears the window
+        # move and asks for its status (its access token) when the window reaches it.
+        stateless = isinstance(self.claims, tokens.PositionClaims)
+        if not stateless:
+            await self.channel_layer.group_add(self._private_group(), self.channel_name)
         await self.accept()
         _fanout().add(self.slug, self, self.channel_layer)
         collector.ensure()
         viewers.opened(self.slug)
-        self.heartbeat = asyncio.ensure_future(self._heartbeat())
+        if not stateless:
+            self.heartbeat = asyncio.ensure_future(self._heartbeat())
 
     async def disconnect(self, code: int) -> None:
         await self._release()
@@ -78,13 +83,15 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         if self.claims is None:
             return
         group = self._private_group()
+        stateless = isinstance(self.claims, tokens.PositionClaims)
         self.claims = None
         if self.heartbeat is not None:
             self.heartbeat.cancel()
         _fanout().discard(self.slug, self)
         viewers.closed(self.slug)
-        with contextlib.suppress(Exception):  # the layer's subscription ends with the consumer anyway
-            await self.channel_layer.group_discard(group, self.channel_name)
+        if not stateless:
+            with contextlib.suppress(Exception):  # the layer's subscription ends with the consumer anyway
+                await self.channel_layer.group_discard(group, self.channel_name)
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         # Channels' own dispatch first runs close_old_connections in its one sync thread before every
@@ -121,6 +128,8 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
 
     def _private_group(self) -> str:
         assert self.claims is not None
+        if isinstance(self.claims, tokens.PositionClaims):
+            return ""
         return realtime.ticket_group(self.slug, self.claims.visitor_key)
 
     async def _heartbeat(self) -> None:
@@ -134,7 +143,13 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         try:
             # In a pool thread, closing that thread's stale database connection (used only when Redis
             # lost the queue's policy and it is synced again).
-            view = await database_sync_to_async(selectors.ticket_status_get, thread_sensitive=False)(claims=self.claims)
+            if isinstance(self.claims, tokens.PositionClaims):
+                read = database_sync_to_async(selectors.position_status_get, thread_sensitive=False)
+                view = await read(claims=self.claims)
+            else:
+                view = await database_sync_to_async(selectors.ticket_status_get, thread_sensitive=False)(
+                    claims=self.claims
+                )
         except selectors.TicketGone:
             await self.send_json({"type": "expired", "ticket_id": self.claims.ticket_id, "reason": "expired"})
             return None

@@ -19,7 +19,7 @@ from django.db import models
 from django.utils import timezone
 from rest_framework_api_key.models import AbstractAPIKey
 
-from . import health
+from . import health, shuffle
 
 SLUG_VALIDATOR = RegexValidator(
     r"^[a-z0-9](?:[a-z0-9-]{0,48}[a-z0-9])?$",
@@ -53,6 +53,10 @@ class Queue(models.Model):
         COUNTED = "counted", "Counted by the waiting room"
         REPORTED = "reported", "Reported by the protected site"
 
+    class Mode(models.TextChoices):
+        TRACKED = "tracked", "Tracked: every visitor's place, presence and session in Redis"
+        STATELESS = "stateless", "Stateless: a numbered ticket and a sliding window (the largest drops)"
+
     slug = models.CharField(max_length=50, unique=True, validators=[SLUG_VALIDATOR])
     name = models.CharField(max_length=120)
     target_url = models.CharField(
@@ -61,6 +65,15 @@ class Queue(models.Model):
         help_text="Where admitted visitors are sent (absolute URL, or a path on this site).",
     )
     state = models.CharField(max_length=10, choices=State.choices, default=State.OPEN)
+    mode = models.CharField(
+        max_length=10,
+        choices=Mode.choices,
+        default=Mode.TRACKED,
+        help_text="Stateless mode keeps no per-visitor state (seed 000): a ticket is its number, and a window "
+        "of active numbers slides forward by `window size` every `window interval`. No priorities, presence, "
+        "capacity counting, revocation or neighbours; for queues too big for tracked mode. Switching the mode "
+        "of a queue with people in it sends them to join again.",
+    )
 
     capacity = models.PositiveIntegerField(
         default=100,
@@ -204,6 +217,30 @@ class Queue(models.Model):
     epoch = models.PositiveIntegerField(default=1, editable=False)
     seq_reserved = models.PositiveBigIntegerField(default=0, editable=False)
 
+    window_size = models.PositiveIntegerField(
+        default=100,
+        validators=[MinValueValidator(1), MaxValueValidator(10_000_000)],
+        help_text="Stateless mode: how many numbers each step of the window lets in.",
+    )
+    window_interval = models.PositiveIntegerField(
+        "window interval (s)",
+        default=10,
+        validators=[MinValueValidator(1), MaxValueValidator(3600)],
+        help_text="Stateless mode: seconds between two steps of the window (outflow = size / interval).",
+    )
+    active_windows = models.PositiveSmallIntegerField(
+        default=2,
+        validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="Stateless mode: a number stays active for this many steps (at least 2 lets a visitor who "
+        "joined just before a step still get through).",
+    )
+    # Stateless mode, as the tick last saw it: the window's last active place and the last place issued
+    # (where the window and the places resume after lost state), and per epoch the numbers it skipped
+    # (a ticket's place is its number less its epoch's gap).
+    window_active = models.PositiveBigIntegerField(default=0, editable=False)
+    window_issued = models.PositiveBigIntegerField(default=0, editable=False)
+    window_gaps = models.JSONField(default=dict, editable=False)
+
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -219,6 +256,8 @@ class Queue(models.Model):
         "adaptive_interval_seconds",
         "adaptive_min_requests",
     )
+    # Stateless mode's settings (part of the policy; a fieldset of their own in admin).
+    STATELESS_FIELDS = ("mode", "window_size", "window_interval", "active_windows")
     # The admission policy, as operators edit it (admin, configure_queue, the staff API).
     POLICY_FIELDS = (
         "capacity",
@@ -236,6 +275,7 @@ class Queue(models.Model):
         "starts_at",
         "ends_at",
         *ADAPTIVE_FIELDS,
+        *STATELESS_FIELDS,
     )
 
     class Meta:
@@ -254,6 +294,8 @@ class Queue(models.Model):
             errors["prequeue_opens_at"] = "A pre-queue needs a start time."
         if self.prequeue_opens_at and self.starts_at and self.prequeue_opens_at > self.starts_at:
             errors["prequeue_opens_at"] = "The pre-queue must open before the start."
+        if self.mode == self.Mode.STATELESS and self.adaptive_outflow:
+            errors["adaptive_outflow"] = "A stateless queue's outflow is its window (size / interval): not adapted."
         if self.ends_at and self.starts_at and self.ends_at <= self.starts_at:
             errors["ends_at"] = "The end must come after the start."
         errors.update(self._adaptive_errors())
@@ -317,7 +359,15 @@ class Queue(models.Model):
             "adaptive_decrease_factor": self.adaptive_decrease_factor,
             "adaptive_interval_seconds": self.adaptive_interval_seconds,
             "adaptive_min_requests": self.adaptive_min_requests,
+            "mode": self.mode,
+            "window_size": self.window_size,
+            "window_interval": self.window_interval,
+            "active_windows": self.active_windows,
         }
+
+    @property
+    def is_stateless(self) -> bool:
+        return self.mode == self.Mode.STATELESS
 
 
 class PriorityLevel(models.Model):
@@ -457,6 +507,8 @@ class QueueShuffle(models.Model):
     revealed_at = models.DateTimeField(null=True, blank=True)
     tickets = models.JSONField(default=list, help_text="[[sequence number, priority level], ...] in the pre-queue.")
     order = models.JSONField(default=list, help_text="Their sequence numbers in the order they were put in.")
+    # A stateless queue's pre-queue is a range of numbers, shuffled number by number (shuffle.place).
+    numbers = models.JSONField(null=True, blank=True, help_text="Stateless mode: [first, last] number shuffled.")
 
     class Meta:
         ordering = ("-starts_at",)
@@ -473,7 +525,14 @@ class QueueShuffle(models.Model):
             "committed_at": self.committed_at.isoformat(),
             "revealed": self.revealed_at is not None,
         }
-        if self.revealed_at is not None:
+        if self.revealed_at is not None and self.numbers is not None:
+            body.update(
+                seed=self.seed,
+                revealed_at=self.revealed_at.isoformat(),
+                method=shuffle.STATELESS_METHOD,
+                numbers=self.numbers,
+            )
+        elif self.revealed_at is not None:
             body.update(
                 seed=self.seed, revealed_at=self.revealed_at.isoformat(), tickets=self.tickets, order=self.order
             )

@@ -126,3 +126,8 @@ def snapshot(slug: str, stats: dict[str, Any]) -> Message:
         "viewers": stats["viewers"],
     }
     return queue_group(slug), event
+
+
+def window_moved(slug: str, window: dict[str, Any]) -> Message:
+    """A stateless queue's window moved: every watcher can tell its own state from it (SPEC 4)."""
+    return queue_group(slug), {"type": "window", "seq": window["event_seq"], **window}

@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from django.conf import settings
 
-from . import health, ratelimit, realtime, store, tokens
+from . import health, ratelimit, realtime, shuffle, store, tokens
 from .models import Queue
 from .store import QueueFigures, TicketReply, TicketState, TicketStatus
 
@@ -46,6 +47,8 @@ class TicketView:
     # The longest a visitor may go unseen without being counted absent or missing its admission.
     heartbeat_ceiling_seconds: float = 20.0
     placement: float | None = None  # its line score (joins only), signed into the ticket
+    place: int | None = None  # stateless mode: the ticket's place (its number, shuffled, less its epoch's gap)
+    window: dict[str, Any] | None = None  # stateless mode: the window as window_public() shows it
 
     @property
     def is_waiting(self) -> bool:
@@ -74,6 +77,8 @@ class TicketView:
             body.update(access_token=self.access_token, redirect_url=self.redirect_url, expires_at=self.expires_at)
         if self.reason:
             body["reason"] = self.reason  # why a finished ticket finished
+        if self.window is not None:
+            body.update(mode="stateless", number=self.seq, place=self.place, window=self.window)
         return body
 
 
@@ -280,6 +285,8 @@ def queue_stats_get(*, slug: str, now: float | None = None) -> dict[str, Any]:
     health, one for the viewers)."""
     snap = store.snapshot(slug)
     st, cfg = snap.stats, snap.config
+    if cfg.get("mode") == "stateless":
+        return _window_stats(slug, cfg, now)
     site = site_health_get(slug=slug, now=now, window_seconds=health_window_seconds(cfg))
 
     def count(name: str) -> int:
@@ -337,3 +344,232 @@ def queue_shuffle_get(*, slug: str) -> dict[str, Any] | None:
 
     record = QueueShuffle.objects.filter(queue__slug=slug).order_by("-starts_at").first()
     return record.public() if record is not None else None
+
+
+# --- Stateless mode (SPEC 4): a ticket's state follows from its number and the window -------------------
+
+EXPIRED_WINDOW = "expired_window"  # why a stateless ticket expired: the window passed it
+
+
+MODE_CACHE_SECONDS = 2.0
+_modes: dict[str, tuple[float, str]] = {}
+
+
+def queue_mode_get(slug: str) -> str:
+    """A queue's mode (tracked | stateless), as mirrored in Redis; remembered per process for a moment
+    (a join must know which way to go; the scripts refuse the wrong one, so a stale answer costs a retry)."""
+    now = time.monotonic()
+    cached = _modes.get(slug)
+    if cached is not None and now - cached[0] < MODE_CACHE_SECONDS:
+        return cached[1]
+    mode = store.config_read(slug).get("mode")
+    if mode is None:
+        queue = Queue.objects.filter(slug=slug).only("mode").first()
+        mode = queue.mode if queue is not None else Queue.Mode.TRACKED
+    if len(_modes) > 10_000:
+        _modes.clear()
+    _modes[slug] = (now, mode)
+    return mode
+
+
+def queue_mode_forget(slug: str) -> None:
+    _modes.pop(slug, None)
+
+
+def window_place(window: store.Window, number: int) -> int:
+    """A ticket's place: its number (moved by the pre-queue shuffle if it joined the pre-queue) less the
+    numbers its epoch skipped."""
+    if window.prequeue is not None and window.prequeue[0] <= number <= window.prequeue[1]:
+        number = shuffle.place(window.seed, window.prequeue[0], window.prequeue[1], number)
+    return number - window.ticket_gap
+
+
+def window_admitting(window: store.Window, now_ms: int) -> bool:
+    """Whether the window may move now (the queue admits): open, started, shuffled, not ended."""
+    return (
+        window.state == "open"
+        and now_ms >= window.starts_ms
+        and not window.shuffle_pending
+        and (window.ends_ms == 0 or now_ms < window.ends_ms)
+    )
+
+
+def window_next_step_seconds(window: store.Window, now_ms: int) -> float | None:
+    """Seconds until the window moves next (None: it is not moving: paused, closed, before the start)."""
+    if not window_admitting(window, now_ms):
+        return None
+    return max(0.0, (window.at_ms + window.interval_ms - now_ms) / 1000)
+
+
+def position_view(
+    slug: str, claims: tokens.PositionClaims, window: store.Window, *, now_ms: int | None = None
+) -> TicketView:
+    """A stateless ticket's state from its own number and the window (no per-visitor state): waiting
+    above the window, active within its last `active_windows` steps (an access token is issued now, as
+    the ticket asks), expired below."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    place = window_place(window, claims.number)
+    started = now_ms >= window.starts_ms and not window.shuffle_pending
+    interval = window.interval_ms / 1000
+    access_token = redirect_url = None
+    expires_at = None
+    position = ahead = estimate = None
+    reason = ""
+    if not started or place > window.active:
+        status = "waiting"
+        position = max(1, place - window.active)
+        ahead = position - 1
+        steps = math.ceil(position / window.size)
+        if window.state == "open":
+            until_start = max(0.0, (window.starts_ms - now_ms) / 1000)
+            due = window_next_step_seconds(window, now_ms)
+            estimate = math.ceil(until_start + (steps - 1) * interval + (interval if due is None else due))
+        poll = min(60.0, max(interval, (estimate or 0) / 5, 2.0))
+    elif place > window.active - window.windows * window.size:
+        status = "admitted"
+        expires_ms = now_ms + window.session_ttl * 1000
+        access_token = tokens.access_token_issue(
+            slug=slug, ticket_id=claims.ticket_id, fence=0, expires_ms=expires_ms, epoch=claims.epoch, stateless=True
+        )
+        redirect_url = _with_query(window.target_url, **{settings.WR_ACCESS_QUERY_PARAM: access_token})
+        expires_at = expires_ms // 1000
+        poll = 60.0
+    else:
+        status, reason, poll = "expired", EXPIRED_WINDOW, 60.0
+    figures_state = "closed" if window.ends_ms and now_ms >= window.ends_ms else window.state
+    return TicketView(
+        ticket_id=claims.ticket_id,
+        status=status,
+        position=position,
+        ahead=ahead,
+        queue_length=max(0, window.issued - window.active),
+        estimated_wait_seconds=estimate,
+        poll_after_seconds=round(poll * random.uniform(0.8, 1.2), 1),
+        access_token=access_token,
+        redirect_url=redirect_url,
+        expires_at=expires_at,
+        reason=reason,
+        epoch=window.epoch,
+        seq=claims.number,
+        priority=0,
+        queue_state=figures_state,
+        opens_in_seconds=math.ceil((window.starts_ms - now_ms) / 1000) if window.starts_ms > now_ms else None,
+        event_seq=window.evseq,
+        place=place,
+        window=window_public(window, now_ms=now_ms),
+    )
+
+
+def _window(slug: str, read: Callable[[], store.Window]) -> store.Window:
+    """A window read; synced from the database first when Redis does not have the queue's (rare)."""
+    window = read()
+    if window.live:
+        return window
+    from .services import queue_config_sync
+
+    queue = Queue.objects.prefetch_related("priority_levels").filter(slug=slug).first()
+    if queue is None or not queue.is_stateless:
+        raise TicketGone(slug)
+    queue_config_sync(queue)
+    window = read()
+    if not window.live:
+        raise TicketGone(slug)
+    return window
+
+
+def position_status_get(
+    *, claims: tokens.PositionClaims, now: float | None = None, limit_scope: str = ""
+) -> TicketView:
+    """A stateless ticket's status: one Redis read (with the ticket's rate limiter in the same round trip
+    when `limit_scope` is given; ratelimit.Limited when it refuses)."""
+    slug = claims.slug
+    call = ratelimit.prepare(limit_scope, claims.ticket_id, now=now) if limit_scope else None
+    if call is None:
+        window = _window(slug, lambda: store.window_read(slug, ticket_epoch=claims.epoch))
+    else:
+        window, limited = store.window_read_limited(slug, ticket_epoch=claims.epoch, limit=call)
+        decision = ratelimit.decision_from(limited)
+        if not decision.allowed:
+            raise ratelimit.Limited(decision)
+        if not window.live:
+            window = _window(slug, lambda: store.window_read(slug, ticket_epoch=claims.epoch))
+    return position_view(slug, claims, window, now_ms=int((time.time() if now is None else now) * 1000))
+
+
+def window_public(window: store.Window, *, now_ms: int) -> dict[str, Any]:
+    """What anyone may know of a stateless queue's window: enough for a client holding its place to tell
+    its own state without asking (the window endpoint, the `window` event)."""
+    due = window_next_step_seconds(window, now_ms)
+    return {
+        "mode": "stateless",
+        "state": "closed" if window.ends_ms and now_ms >= window.ends_ms else window.state,
+        "epoch": window.epoch,
+        "active_from": max(1, window.active - window.windows * window.size + 1),
+        "active_to": window.active,
+        "issued": window.issued,
+        "queue_length": max(0, window.issued - window.active),
+        "window_size": window.size,
+        "window_interval": window.interval_ms / 1000,
+        "active_windows": window.windows,
+        "moved_at": window.at_ms / 1000,
+        "next_step_in": None if due is None else round(due, 3),
+        "opens_in_seconds": math.ceil((window.starts_ms - now_ms) / 1000) if window.starts_ms > now_ms else None,
+        "admitted_per_minute": round(observed_per_minute(window.ema_rate, window.ema_ts_ms, now_ms / 1000), 3),
+        "event_seq": window.evseq,
+    }
+
+
+def window_public_get(*, slug: str, now: float | None = None) -> dict[str, Any]:
+    """The window endpoint's answer (one HMGET; no ticket, no per-visitor state)."""
+    window = _window(slug, lambda: store.window_read(slug))
+    return window_public(window, now_ms=int((time.time() if now is None else now) * 1000))
+
+
+def _window_stats(slug: str, cfg: dict[str, str], now: float | None) -> dict[str, Any]:
+    """queue_stats_get for a stateless queue: what a window can know (no presence, sessions or waits)."""
+    now = time.time() if now is None else now
+    window = store.window_read(slug)
+    in_window = max(0, min(window.active, window.issued) - max(0, window.active - window.windows * window.size))
+    capacity = int(cfg.get("capacity", 0) or 0)
+    observed = observed_per_minute(window.ema_rate, window.ema_ts_ms, now)
+    configured = window.size / (window.interval_ms / 60000)
+    return {
+        "slug": slug,
+        "mode": "stateless",
+        "state": cfg.get("state", "unknown"),
+        "waiting": max(0, window.issued - window.active),
+        "waiting_away": 0,
+        "head_position": window.active + 1,
+        "admitted": 0,
+        "active": in_window,
+        "capacity": capacity,
+        "capacity_source": cfg.get("capacity_source", "counted"),
+        "capacity_in_use": in_window,
+        "capacity_use": round(in_window / capacity, 4) if capacity else None,
+        "reported_in_use": None,
+        "outflow_per_minute_configured": round(configured, 3),
+        "outflow_per_minute_observed": round(observed, 3),
+        "outflow_per_minute_effective": round(configured, 3),
+        "adaptive_outflow": False,
+        "site_health": site_health_get(slug=slug, now=now, window_seconds=health_window_seconds(cfg)).payload(),
+        "average_wait_seconds": None,
+        "average_service_seconds": None,
+        "totals": {
+            "joined": window.issued,
+            "admitted": window.admitted,
+            "activated": 0,
+            "completed": 0,
+            "expired": 0,
+            "left": 0,
+            "abandoned": 0,
+            "expired_claim": 0,
+            "expired_session": 0,
+            "revoked": 0,
+            "restored": 0,
+            "restored_sessions": 0,
+        },
+        "event_seq": window.evseq,
+        "epoch": window.epoch,
+        "viewers": store.viewers_count(slug, now=now),
+        "window": window_public(window, now_ms=int(now * 1000)),
+    }

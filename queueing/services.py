@@ -8,6 +8,7 @@ the epoch) so that tests can drive the clock; callers in production leave it out
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -23,6 +24,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import F, Q
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from . import health, pow, realtime, selectors, shuffle, store, tokens
@@ -76,6 +78,31 @@ class TicketNotFound(Exception):
     pass
 
 
+# What a join may be refused with (the API maps each to its error code).
+JOIN_REFUSALS = (
+    QueueNotOpen,
+    ProofOfWorkRequired,
+    ProofOfWorkReused,
+    TicketCapReached,
+    QueueNotFound,
+    QueueClosed,
+    QueueFull,
+    InvalidPriorityCode,
+)
+
+
+class QueueIsStateless(Exception):
+    """The queue runs in stateless mode: it is joined with queue_join_stateless."""
+
+
+class QueueIsTracked(Exception):
+    """The queue runs in tracked mode (it changed a moment ago): it is joined with queue_join."""
+
+
+class NotInStatelessMode(Exception):
+    """What was asked needs per-visitor state, which a stateless queue does not keep."""
+
+
 def _now_ms(now: float | None) -> int:
     return int((time.time() if now is None else now) * 1000)
 
@@ -125,6 +152,8 @@ def queue_config_sync(queue: Queue, *, now: float | None = None) -> None:
 
 
 def _config_write(queue: Queue) -> store.LiveState:
+    """Write the policy (and, in stateless mode, what the window needs of it); the live state's epoch
+    and last number as Redis has them."""
     policy = {
         **queue.policy(),
         "seq_max": queue.seq_reserved,
@@ -137,49 +166,64 @@ def _config_write(queue: Queue) -> store.LiveState:
         and queue.shuffles.filter(starts_at=queue.starts_at, revealed_at__isnull=True).exists()
     )
     policy["shuffle_pending"] = "1" if pending else "0"
-    return store.config_write(queue.slug, policy)
+    live = store.config_write(queue.slug, policy)
+    if not queue.is_stateless:
+        return live
+    window = {
+        "state": queue.state,
+        "size": queue.window_size,
+        "interval_ms": queue.window_interval * 1000,
+        "windows": queue.active_windows,
+        "starts_ms": policy["starts_at_ms"],
+        "ends_ms": policy["ends_at_ms"],
+        "prequeue_ms": policy["prequeue_opens_at_ms"],
+        "target_url": queue.target_url,
+        "session_ttl": queue.session_ttl,
+        "shuffle_pending": policy["shuffle_pending"],
+        "name": queue.name,
+        "max": queue.seq_reserved,
+        "max_waiting": queue.max_waiting,
+        "pow": queue.pow_difficulty,
+        "capacity": queue.capacity,
+        "capacity_source": queue.capacity_source,
+    }
+    gaps = {int(epoch): int(gap) for epoch, gap in queue.window_gaps.items()}
+    return store.window_config_write(queue.slug, window, gaps)
 
 
 # --- Lost Redis state: epochs and reserved sequence numbers (SPEC 3.6) --------------------------------
 
 
-def queue_live_state_ensure(queue_pk: int, *, now: float | None = None) -> Queue:
+def queue_live_state_ensure(queue_pk: int, *, now: float | None = None, switched: bool = False) -> Queue:
     """Start the live state's epoch in Redis if it is not running, and reserve sequence numbers ahead.
 
     Redis without the queue's epoch has either never held this queue, or lost its state (a flush, a
     failover to an empty replica, a restart without persistence). After a loss the next epoch begins:
     numbering resumes above everything the database had reserved (so no number is issued twice), and
     for a while (the abandon timeout) tickets and sessions of earlier epochs are given back their places
-    as their holders return, ahead of everyone who joins afterwards. The row lock makes one process do it.
+    as their holders return, ahead of everyone who joins afterwards; in stateless mode the window resumes
+    where the tick last saw it. The row lock makes one process do it. `switched`: the epoch was bumped on
+    purpose (a change of mode), so this is no loss.
     """
     now = time.time() if now is None else now
     block = settings.WR_SEQ_BLOCK
     with transaction.atomic():
         queue = Queue.objects.select_for_update().get(pk=queue_pk)
-        live = store.live_state(queue.slug)
+        tracked, window = store.live_state(queue.slug), store.window_live_state(queue.slug)
+        live = window if queue.is_stateless else tracked
         if live.epoch == queue.epoch:
             if queue.seq_reserved - live.seq < block // 2:
                 queue.seq_reserved = max(queue.seq_reserved, live.seq) + block
                 queue.save(update_fields=["seq_reserved"])
         else:
             # Nothing in Redis although numbers were handed out, or Redis from another epoch: a new epoch.
-            lost = live.epoch is not None or queue.seq_reserved > 0
+            lost = not switched and (live.epoch is not None or queue.seq_reserved > 0)
             before = queue.epoch
-            floor = max(queue.seq_reserved, live.seq)
+            floor = max(queue.seq_reserved, tracked.seq, window.seq)
             if lost:
                 queue.epoch = max(queue.epoch, live.epoch or 0) + 1
             queue.seq_reserved = floor + block
-            queue.save(update_fields=["epoch", "seq_reserved"])
-            restore_until_ms = int((now + queue.abandon_timeout) * 1000) if lost else 0
-            started = store.epoch_start(
-                queue.slug,
-                epoch=queue.epoch,
-                floor=floor,
-                seq_max=queue.seq_reserved,
-                restore_until_ms=restore_until_ms,
-                places=_shuffled_places(queue) if lost else None,
-            )
-            if lost and started:
+            if _live_epoch_start(queue, floor=floor, lost=lost, now=now) and lost:
                 queue_change_record(
                     queue,
                     action="epoch",
@@ -192,6 +236,32 @@ def queue_live_state_ensure(queue_pk: int, *, now: float | None = None) -> Queue
     fresh = Queue.objects.prefetch_related("priority_levels").get(pk=queue_pk)
     _config_write(fresh)
     return fresh
+
+
+def _live_epoch_start(queue: Queue, *, floor: int, lost: bool, now: float) -> bool:
+    """Save the queue's new epoch and reservation, and start the epoch in Redis (inside the row lock)."""
+    if queue.is_stateless:
+        # Places continue where the last epoch's left off: this epoch skips the numbers up to the floor.
+        queue.window_gaps = {**queue.window_gaps, str(queue.epoch): floor - queue.window_issued}
+        queue.save(update_fields=["epoch", "seq_reserved", "window_gaps"])
+        return store.window_epoch_start(
+            queue.slug,
+            epoch=queue.epoch,
+            floor=floor,
+            seq_max=queue.seq_reserved,
+            active=queue.window_active,
+            gap=queue.window_gaps[str(queue.epoch)],
+            now_ms=_now_ms(now),
+        )
+    queue.save(update_fields=["epoch", "seq_reserved"])
+    return store.epoch_start(
+        queue.slug,
+        epoch=queue.epoch,
+        floor=floor,
+        seq_max=queue.seq_reserved,
+        restore_until_ms=int((now + queue.abandon_timeout) * 1000) if lost else 0,
+        places=_shuffled_places(queue) if lost else None,
+    )
 
 
 def _shuffled_places(queue: Queue) -> dict[int, float]:
@@ -234,15 +304,21 @@ def queue_prequeue_shuffle(queue: Queue, *, now: float | None = None) -> QueueSh
         )
         if record is None:
             return None
-        entries = store.prequeue_entries(queue.slug, joined_before_ms=starts_ms)
-        tickets = sorted((seq, level) for _, seq, level in entries)
-        order = shuffle.shuffle_order(record.seed, tickets)
-        by_seq = {seq: ticket_id for ticket_id, seq, _ in entries}
-        store.reorder(queue.slug, [(by_seq[seq], place) for place, seq in enumerate(order)], now_ms=_now_ms(now))
-        record.tickets = [list(t) for t in tickets]
-        record.order = order
+        if queue.is_stateless:
+            # No list of tickets: the pre-queue is a range of numbers, each placed by shuffle.place.
+            span = store.window_prequeue_close(queue.slug, seed=record.seed)
+            record.numbers = list(span) if span else []
+        else:
+            entries = store.prequeue_entries(queue.slug, joined_before_ms=starts_ms)
+            tickets = sorted((seq, level) for _, seq, level in entries)
+            order = shuffle.shuffle_order(record.seed, tickets)
+            by_seq = {seq: ticket_id for ticket_id, seq, _ in entries}
+            places = [(by_seq[seq], float(place)) for place, seq in enumerate(order)]
+            store.reorder(queue.slug, places, now_ms=_now_ms(now))
+            record.tickets = [list(t) for t in tickets]
+            record.order = order
         record.revealed_at = datetime.fromtimestamp(now, tz=UTC)
-        record.save(update_fields=["tickets", "order", "revealed_at"])
+        record.save(update_fields=["tickets", "order", "numbers", "revealed_at"])
     queue_config_sync(Queue.objects.prefetch_related("priority_levels").get(pk=queue.pk))
     # Everyone's place changed: the jump in the event sequence makes every page ask for its new one.
     realtime.send([realtime.snapshot(queue.slug, selectors.queue_stats_get(slug=queue.slug, now=now))])
@@ -349,6 +425,8 @@ def queue_configure(
         queue.save()
         if created:
             queue_priority_levels_ensure(queue)
+        elif before["mode"] != queue.mode:
+            _mode_switch(queue)
         shuffle_commit_ensure(queue)
         _audit(
             queue,
@@ -389,6 +467,17 @@ def outflow_adaptation_reset(
             actor=actor,
             actor_label=actor_label,
         )
+
+
+def _mode_switch(queue: Queue) -> None:
+    """A queue changes mode (inside the row lock): the other mode's live state goes, and a new epoch
+    starts, so numbering continues above every number issued and nothing of the old mode is restored."""
+    queue.epoch += 1
+    queue.window_active = queue.window_issued = 0
+    queue.window_gaps = {}
+    queue.save(update_fields=["epoch", "window_active", "window_issued", "window_gaps"])
+    store.mode_state_clear(queue.slug, keep_window=queue.is_stateless)
+    queue_live_state_ensure(queue.pk, switched=True)
 
 
 def queue_update(queue: Queue, *, changes: dict[str, Any], actor: Any = None, actor_label: str = "") -> Queue:
@@ -520,6 +609,8 @@ def queue_join(
         raise
     if priority_code and reply.outcome != "created":
         priority_code_release(slug=slug, code=priority_code)
+    if reply.outcome == "stateless":
+        raise QueueIsStateless(slug)
     realtime.send(realtime.queue_move(slug, reply.moves, reply.figures.waiting if reply.figures else None))
     if reply.outcome == "closed":
         raise QueueClosed(slug)
@@ -541,6 +632,56 @@ def queue_join(
     if reply.ticket.freed:
         queue_admit(slug=slug, now=now)
     return JoinResult(created=reply.outcome == "created", reply=reply)
+
+
+def queue_join_stateless(*, slug: str, proof: pow.Solved | None = None, now: float | None = None) -> store.Window:
+    """A new number in a stateless queue (SPEC 4): an increment in Redis, nothing stored per visitor.
+    Returns the window as the join left it; the number is `window.next_number`."""
+    outcome, number, window = _with_config(
+        slug,
+        lambda: store.window_join(
+            slug,
+            now_ms=_now_ms(now),
+            pow_bits=proof.bits if proof else 0,
+            pow_id=proof.challenge_id if proof else "",
+            pow_ttl_ms=pow.CHALLENGE_TTL_SECONDS * 1000 + 1000,
+        ),
+        lambda reply: reply[0] in ("no_config", "no_seq"),
+    )
+    if outcome == "closed":
+        raise QueueClosed(slug)
+    if outcome == "not_open":
+        raise QueueNotOpen(slug)
+    if outcome == "pow_required":
+        raise ProofOfWorkRequired(store.pow_difficulty(slug))
+    if outcome == "pow_reused":
+        raise ProofOfWorkReused(slug)
+    if outcome == "full":
+        raise QueueFull(max(5, min(300, window.interval_ms // 1000)))
+    if outcome == "no_config":
+        raise QueueIsTracked(slug)  # synced, yet no window: the queue is not (or no longer) stateless
+    return dataclasses.replace(window, next_number=number)
+
+
+def queue_window_tick(*, queue: Queue, leader_token: str = "", now: float | None = None) -> store.WindowStep:
+    """One step of a stateless queue's window, if one is due (lua/window/tick.lua); tells the watchers
+    when it moved, and keeps the database's note of where the window is (for lost state)."""
+    step = _with_config(
+        queue.slug,
+        lambda: store.window_tick(queue.slug, now_ms=_now_ms(now), leader_token=leader_token),
+        lambda reply: reply.outcome == "no_config",
+    )
+    if step.outcome != "ok":
+        return step
+    if step.stepped:
+        realtime.send([realtime.window_moved(queue.slug, selectors.window_public_get(slug=queue.slug, now=now))])
+    if (step.active, step.issued) != (queue.window_active, queue.window_issued):
+        Queue.objects.filter(pk=queue.pk).update(
+            window_active=Greatest(F("window_active"), step.active),
+            window_issued=Greatest(F("window_issued"), step.issued),
+        )
+        queue.window_active, queue.window_issued = step.active, step.issued
+    return step
 
 
 def pow_challenge_issue(*, slug: str) -> dict[str, Any]:
@@ -691,12 +832,28 @@ def queue_tick(*, slug: str, instance: str | None = None, now: float | None = No
     return queue_admit(slug=slug, now=now, leader_token=token)
 
 
+def queue_window_tick_lead(
+    *, queue: Queue, instance: str | None = None, now: float | None = None
+) -> store.WindowStep | None:
+    """A stateless queue's tick: only the holder of the queue's leader lease moves its window (seed 000)."""
+    token = store.leader(queue.slug, instance_id=instance or instance_id(), ttl_ms=settings.WR_LEADER_TTL_MS)
+    if token is None:
+        return None
+    queue_schedule_step(queue.slug, now=now)
+    return queue_window_tick(queue=queue, leader_token=token, now=now)
+
+
 def queues_tick(*, instance: str | None = None, now: float | None = None) -> int:
-    """Tick every queue that is not closed; returns how many visitors were admitted."""
+    """Tick every queue that is not closed; returns how many visitors were admitted (tracked queues) or
+    windows moved (stateless ones)."""
     admitted = 0
     for queue in Queue.objects.exclude(state=Queue.State.CLOSED).prefetch_related("priority_levels"):
         # Re-mirroring the policy each tick heals a Redis that lost it (restart, failover).
         queue_config_sync(queue)
+        if queue.is_stateless:
+            step = queue_window_tick_lead(queue=queue, instance=instance, now=now)
+            admitted += int(step is not None and step.stepped)
+            continue
         reply = queue_tick(slug=queue.slug, instance=instance, now=now)
         if reply is not None:
             admitted += len(reply.admitted)
@@ -765,6 +922,9 @@ def session_verify(*, slug: str, raw_token: str, now: float | None = None) -> Ve
         claims = tokens.access_token_decode(raw_token, slug=slug)
     except tokens.InvalidAccessToken as exc:
         return VerifyResult(False, "expired" if exc.expired else "invalid", "", 0)
+    if claims.stateless:
+        # A stateless queue keeps no sessions (SPEC 4): a token it signed is good until it expires.
+        return VerifyResult(True, "", claims.ticket_id, claims.expires_at)
     reply = _with_config(
         slug,
         lambda: store.session_start(
@@ -788,8 +948,11 @@ def session_verify(*, slug: str, raw_token: str, now: float | None = None) -> Ve
 def session_complete(*, slug: str, claims: tokens.AccessClaims, now: float | None = None) -> str:
     """End a session and free its slot at once; the next visitor is admitted without waiting for a tick.
 
-    Returns 'completed', 'already' (completing twice is harmless) or why the session is not live.
+    Returns 'completed', 'already' (completing twice is harmless) or why the session is not live. A
+    stateless queue's session holds no slot: completing it changes nothing.
     """
+    if claims.stateless:
+        return "completed"
     result, freed = store.complete(
         slug, visitor_key=claims.visitor_key, seq=claims.seq, fence=claims.fence, now_ms=_now_ms(now)
     )
@@ -802,6 +965,8 @@ def session_revoke(*, slug: str, ticket_id: str, now: float | None = None) -> st
     """Throw a visitor out (waiting or in session). Returns 'revoked' or 'already'."""
     if store.parse_ticket_id(ticket_id) is None:
         raise TicketNotFound(ticket_id)
+    if selectors.queue_mode_get(slug) == Queue.Mode.STATELESS:
+        raise NotInStatelessMode("A stateless queue keeps no tickets or sessions to revoke.")
     result, freed, moves = store.revoke(slug, ticket_id=ticket_id, now_ms=_now_ms(now))
     if result == "not_found":
         raise TicketNotFound(ticket_id)
@@ -815,7 +980,12 @@ def session_revoke(*, slug: str, ticket_id: str, now: float | None = None) -> st
 def capacity_report(*, slug: str, in_use: int, now: float | None = None) -> tuple[int, int, str]:
     """The protected site's own absolute count of sessions in use (seed 001); admits at once if room.
 
-    Returns (capacity, slots in use after that admission, capacity source)."""
+    Returns (capacity, slots in use after that admission, capacity source). A stateless queue's window
+    stands still while the site reports itself full (capacity_source = reported)."""
+    if selectors.queue_mode_get(slug) == Queue.Mode.STATELESS:
+        store.window_capacity_report(slug, in_use=in_use, now_ms=_now_ms(now))
+        config = store.config_read(slug)
+        return int(config.get("capacity") or 0), in_use, config.get("capacity_source", "counted")
     reply = _with_config(
         slug, lambda: store.capacity_report(slug, in_use=in_use, now_ms=_now_ms(now)), lambda r: r is None
     )

@@ -32,7 +32,6 @@ from django.utils import timezone
 from jwt.algorithms import OKPAlgorithm
 from rest_framework_simplejwt.backends import TokenBackend
 from rest_framework_simplejwt.exceptions import (
-    ExpiredTokenError,
     TokenBackendError,
     TokenBackendExpiredToken,
     TokenError,
@@ -195,30 +194,83 @@ def ticket_issue(
 
 def ticket_decode(raw: str, *, slug: str) -> TicketClaims:
     """The claims of a ticket for this queue, or InvalidTicket (forged, tampered, expired, other queue)."""
+    claims = visitor_ticket_decode(raw, slug=slug)
+    if not isinstance(claims, TicketClaims):
+        raise InvalidTicket("The ticket is not valid for this queue.")
+    return claims
+
+
+def visitor_ticket_decode(raw: str, *, slug: str) -> TicketClaims | PositionClaims:
+    """Either kind of visitor ticket for this queue (one signature check), or InvalidTicket."""
     try:
-        token = TicketToken(raw, slug=slug)
-    except ExpiredTokenError as exc:
+        payload = _ticket_backend(_ticket_signing_key(), slug).decode(raw)
+    except TokenBackendExpiredToken as exc:
         raise InvalidTicket("The ticket has expired.", expired=True) from exc
-    except TokenError as exc:
+    except TokenBackendError as exc:
         raise InvalidTicket("The ticket is not valid for this queue.") from exc
     try:
-        ticket_id, seq = str(token["tid"]), int(token["seq"])
+        if "jti" not in payload:
+            raise ValueError("no token id")
+        if payload.get("token_type") == PositionToken.token_type:
+            return PositionClaims(slug, _int(payload["sub"]), _int(payload["ep"]), _int(payload.get("iat", 0)))
+        if payload.get("token_type") != TicketToken.token_type:
+            raise ValueError("not a ticket")
+        ticket_id, seq = str(payload["tid"]), _int(payload["seq"])
         parsed = store.parse_ticket_id(ticket_id)
         if parsed is None or parsed[0] != seq:
             raise ValueError(ticket_id)
-        placement = token.get("pl")
+        placement = payload.get("pl")
         return TicketClaims(
             slug,
             ticket_id,
             seq,
             parsed[1],
-            int(token["pri"]),
-            int(token["ep"]),
+            _int(payload["pri"]),
+            _int(payload["ep"]),
             float(placement) if isinstance(placement, int | float) and not isinstance(placement, bool) else None,
-            int(token.get("iat", 0)),
+            _int(payload.get("iat", 0)),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise InvalidTicket("The ticket is not valid for this queue.") from exc
+
+
+def _int(value: Any) -> int:
+    """An integer claim (a digit string too, as JWT subjects are strings); ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(value)
+    return int(value)
+
+
+# --- Stateless mode: a ticket is its number (SPEC 4) --------------------------------------------------
+
+# The visitor key part of a stateless ticket's id: there is no visitor in Redis, only the number.
+STATELESS_VISITOR = "w"
+
+
+class PositionToken(TicketToken):
+    """A stateless queue's ticket: its number is its subject (`sub`), with the epoch it was issued in.
+    Nothing about it is stored; its state follows from its number and the queue's window."""
+
+    token_type = "wr_position"  # noqa: S105 (a type name, not a secret)
+
+
+@dataclass(frozen=True)
+class PositionClaims:
+    slug: str
+    number: int
+    epoch: int
+    issued_at: int = 0
+
+    @property
+    def ticket_id(self) -> str:
+        return store.ticket_id(self.number, STATELESS_VISITOR)
+
+
+def position_issue(*, slug: str, number: int, epoch: int) -> str:
+    token = PositionToken(slug=slug)
+    token["sub"] = str(number)
+    token["ep"] = epoch
+    return str(token)
 
 
 # --- Signing keys ---------------------------------------------------------------------------------------
@@ -340,11 +392,14 @@ class AccessClaims:
     fence: int
     expires_at: int  # seconds since the epoch
     epoch: int = 0  # the queue's epoch when the session began (0: a token from before epochs)
+    stateless: bool = False  # from a stateless queue: no session is kept, the signature and expiry are all
 
 
-def access_token_issue(*, slug: str, ticket_id: str, fence: int, expires_ms: int, epoch: int = 0) -> str:
+def access_token_issue(
+    *, slug: str, ticket_id: str, fence: int, expires_ms: int, epoch: int = 0, stateless: bool = False
+) -> str:
     ring = _keys.get()
-    payload = {
+    payload: dict[str, Any] = {
         "iss": ISSUER,
         "aud": slug,
         "sub": ticket_id,
@@ -353,6 +408,8 @@ def access_token_issue(*, slug: str, ticket_id: str, fence: int, expires_ms: int
         "iat": int(time.time()),
         "exp": expires_ms // 1000,
     }
+    if stateless:
+        payload["sl"] = 1
     return jwt.encode(payload, ring.signing_key, algorithm=ACCESS_ALGORITHM, headers={"kid": ring.signing_kid})
 
 
@@ -381,4 +438,6 @@ def access_token_decode(raw: str, *, slug: str) -> AccessClaims:
     fence, epoch = payload["fence"], payload.get("ep", 0)
     if parsed is None or any(not isinstance(v, int) or isinstance(v, bool) for v in (fence, epoch)):
         raise InvalidAccessToken("The access token is not valid for this queue.")
-    return AccessClaims(slug, str(payload["sub"]), parsed[0], parsed[1], fence, int(payload["exp"]), epoch)
+    return AccessClaims(
+        slug, str(payload["sub"]), parsed[0], parsed[1], fence, int(payload["exp"]), epoch, payload.get("sl") == 1
+    )

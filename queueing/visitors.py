@@ -114,6 +114,22 @@ def visitor_cookie_set(response: Any, value: str) -> None:
     )
 
 
+def position_cookie_name(slug: str) -> str:
+    """A stateless queue's ticket, kept by the browser: its only dedupe (SPEC 4; the ticket is signed)."""
+    return f"wr_pos_{slug}"
+
+
+def position_cookie_set(response: Any, slug: str, ticket: str) -> None:
+    response.set_cookie(
+        position_cookie_name(slug),
+        ticket,
+        max_age=int(settings.WR_TICKET_LIFETIME.total_seconds()),
+        secure=settings.HTTPS,
+        httponly=True,
+        samesite="Lax",
+    )
+
+
 # --- Client addresses ----------------------------------------------------------------------------------
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -41,6 +41,10 @@ FORM = {
     "adaptive_decrease_factor": "0.7",
     "adaptive_interval_seconds": "10",
     "adaptive_min_requests": "20",
+    "mode": "tracked",
+    "window_size": "100",
+    "window_interval": "10",
+    "active_windows": "2",
 }
 
 

@@ -32,11 +32,12 @@ from django.http.request import split_domain_port, validate_host
 from django.middleware.security import SecurityMiddleware
 
 from queueing.api.errors import service_unavailable
-from queueing.api.views import Answer, join_fast, status_answer, status_fast
+from queueing.api.views import Answer, join_fast, status_answer, status_fast, window_answer, window_fast
 
 _SLUG = r"([a-z0-9](?:[a-z0-9-]{0,48}[a-z0-9])?)"
 STATUS_PATH = re.compile(rf"^/api/v1/queues/{_SLUG}/status$")
 JOIN_PATH = re.compile(rf"^/api/v1/queues/{_SLUG}/join$")
+WINDOW_PATH = re.compile(rf"^/api/v1/queues/{_SLUG}/window$")
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
@@ -49,6 +50,9 @@ class FastPathMiddleware:
         if request.method == "GET" and (match := STATUS_PATH.match(request.path_info)):
             request.get_host()  # raises DisallowedHost (a 400) as CommonMiddleware would
             return status_fast(request, match.group(1))
+        if request.method == "GET" and (match := WINDOW_PATH.match(request.path_info)):
+            request.get_host()
+            return window_fast(request, match.group(1))
         if (
             request.method == "POST"
             and settings.SESSION_COOKIE_NAME not in request.COOKIES
@@ -76,21 +80,28 @@ def _security_headers(secure: bool) -> list[tuple[str, str]]:
 
 
 class HotPathWSGI:
-    """Answers GET status polls itself; everything else goes to Django's WSGI handler."""
+    """Answers GET status polls (and stateless queues' window reads) itself; everything else goes to
+    Django's WSGI handler."""
 
     def __init__(self, django_app: WSGIApp) -> None:
         self.django_app = django_app
         self.headers = {secure: _security_headers(secure) for secure in (False, True)}
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        match = STATUS_PATH.match(environ.get("PATH_INFO", "")) if environ["REQUEST_METHOD"] == "GET" else None
-        if match is None:
+        path = environ.get("PATH_INFO", "")
+        get = environ["REQUEST_METHOD"] == "GET"
+        status_match = STATUS_PATH.match(path) if get else None
+        window_match = WINDOW_PATH.match(path) if get and status_match is None else None
+        if status_match is None and window_match is None:
             return self.django_app(environ, start_response)
         secure = _is_secure(environ)
         if (settings.SECURE_SSL_REDIRECT and not secure) or not _host_allowed(environ):
             return self.django_app(environ, start_response)  # Django redirects, or refuses the host
         try:
-            answer = status_answer(environ.get("HTTP_AUTHORIZATION", ""), match.group(1))
+            if status_match is not None:
+                answer = status_answer(environ.get("HTTP_AUTHORIZATION", ""), status_match.group(1))
+            else:
+                answer = window_answer(window_match.group(1))  # type: ignore[union-attr]
         except redis.RedisError:
             answer = Answer(*service_unavailable())
         body = json.dumps(answer.body, separators=(",", ":")).encode()

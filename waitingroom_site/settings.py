@@ -312,7 +312,16 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_NAME_OVERRIDES": {
-        "FinishReasonEnum": ["completed", "left", "abandoned", "expired_claim", "expired_session", "revoked"],
+        "FinishReasonEnum": [
+            "completed",
+            "left",
+            "abandoned",
+            "expired_claim",
+            "expired_session",
+            "revoked",
+            "expired_window",
+        ],
+        "QueueStateEnum": ["open", "paused", "closed"],
         "VerifyReasonEnum": ["expired", "superseded", "revoked", "invalid"],
     },
     "APPEND_COMPONENTS": {

@@ -39,6 +39,7 @@ ERROR_CODES: dict[str, int] = {
     "queue_closed": 409,
     "queue_not_open": 409,
     "session_not_active": 409,
+    "not_in_stateless_mode": 409,
     "unsupported_media_type": 415,
     "rate_limited": 429,
     "ticket_cap_reached": 429,

@@ -224,6 +224,24 @@ class ErrorSerializer(serializers.Serializer):
     error = ErrorDetailSerializer()
 
 
+class WindowResponseSerializer(serializers.Serializer):
+    mode = serializers.ChoiceField(choices=["stateless"])
+    state = serializers.ChoiceField(choices=["open", "paused", "closed"])
+    epoch = serializers.IntegerField()
+    active_from = serializers.IntegerField(help_text="The lowest active place.")
+    active_to = serializers.IntegerField(help_text="The highest active place: places above it wait.")
+    issued = serializers.IntegerField(help_text="The last place handed out.")
+    queue_length = serializers.IntegerField(help_text="Places handed out above the window.")
+    window_size = serializers.IntegerField()
+    window_interval = serializers.FloatField(help_text="Seconds between two steps of the window.")
+    active_windows = serializers.IntegerField(help_text="A place stays active for this many steps.")
+    moved_at = serializers.FloatField(help_text="When the window last moved (epoch s).")
+    next_step_in = serializers.FloatField(allow_null=True, help_text="Seconds to the next step; null: standing.")
+    opens_in_seconds = serializers.IntegerField(allow_null=True, help_text="Before a scheduled start.")
+    admitted_per_minute = serializers.FloatField(help_text="Observed, recently.")
+    event_seq = serializers.IntegerField()
+
+
 class TicketResponseSerializer(serializers.Serializer):
     ticket_id = serializers.CharField()
     status = serializers.ChoiceField(choices=["waiting", "admitted", "active", "completed", "expired"])
@@ -237,7 +255,7 @@ class TicketResponseSerializer(serializers.Serializer):
     redirect_url = serializers.CharField(required=False, help_text="When admitted: go here.")
     expires_at = serializers.IntegerField(required=False, help_text="When admitted: session end (epoch s).")
     reason = serializers.ChoiceField(
-        choices=["completed", "left", "abandoned", "expired_claim", "expired_session", "revoked"],
+        choices=["completed", "left", "abandoned", "expired_claim", "expired_session", "revoked", "expired_window"],
         required=False,
         help_text="When completed or expired: why.",
     )
@@ -252,6 +270,12 @@ class TicketResponseSerializer(serializers.Serializer):
         help_text="The queue's epoch: a new one begins when Redis lost the queue's state, and event "
         "sequences start again with it. Tickets of earlier epochs get their places back."
     )
+    mode = serializers.ChoiceField(choices=["stateless"], required=False, help_text="Stateless queues only.")
+    number = serializers.IntegerField(required=False, help_text="Stateless: the ticket's number (its subject).")
+    place = serializers.IntegerField(
+        required=False, help_text="Stateless: the ticket's place, to compare with the window's active_from/active_to."
+    )
+    window = WindowResponseSerializer(required=False, help_text="Stateless: the window when this was read.")
 
 
 class JoinResponseSerializer(TicketResponseSerializer):

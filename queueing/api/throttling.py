@@ -81,9 +81,10 @@ class TicketThrottle(ScopedRateThrottle):
         if scheme.lower() != "bearer" or not credentials.strip():
             return None
         try:
-            return tokens.ticket_decode(credentials.strip(), slug=str(view.kwargs.get("slug", ""))).visitor_key
+            claims = tokens.visitor_ticket_decode(credentials.strip(), slug=str(view.kwargs.get("slug", "")))
         except tokens.InvalidTicket:
             return None
+        return claims.visitor_key if isinstance(claims, tokens.TicketClaims) else claims.ticket_id
 
 
 class StaffLoginThrottle(ClientAddressThrottle):

@@ -9,6 +9,7 @@ urlpatterns = [
     path("queues/<queue:slug>/leave", views.LeaveView.as_view(), name="queue-leave"),
     path("queues/<queue:slug>/challenge", views.ChallengeView.as_view(), name="queue-challenge"),
     path("queues/<queue:slug>/shuffle", views.ShuffleView.as_view(), name="queue-shuffle"),
+    path("queues/<queue:slug>/window", views.WindowView.as_view(), name="queue-window"),
     path("queues/<queue:slug>/neighbours", views.NeighboursView.as_view(), name="queue-neighbours"),
     path("queues/<queue:slug>/sessions/verify", views.VerifyView.as_view(), name="session-verify"),
     path("queues/<queue:slug>/sessions/complete", views.CompleteView.as_view(), name="session-complete"),

@@ -25,7 +25,14 @@ from rest_framework_simplejwt.authentication import JWTAuthentication
 
 from .. import pow, ratelimit, realtime, selectors, services, tokens
 from ..models import Queue
-from ..visitors import InvalidVisitorId, client_address, visitor_cookie_set, visitor_identity
+from ..visitors import (
+    InvalidVisitorId,
+    client_address,
+    position_cookie_name,
+    position_cookie_set,
+    visitor_cookie_set,
+    visitor_identity,
+)
 from . import serializers as s
 from .errors import ApiError, error_body, service_unavailable
 from .permissions import CanChangeQueue, HasQueueApiKey, IsStaff
@@ -62,12 +69,13 @@ def _validated(serializer_class: type[Serializer], data: Any) -> dict[str, Any]:
     return dict(serializer.validated_data)
 
 
-def _ticket_claims(authorization: str, slug: str) -> tokens.TicketClaims:
+def _ticket_claims(authorization: str, slug: str) -> tokens.TicketClaims | tokens.PositionClaims:
+    """A tracked queue's ticket, or a stateless queue's numbered one."""
     scheme, _, credentials = authorization.partition(" ")
     if scheme.lower() != "bearer" or not credentials.strip():
         raise ApiError("invalid_ticket", "Send the ticket as 'Authorization: Bearer <ticket>'.")
     try:
-        return tokens.ticket_decode(credentials.strip(), slug=slug)
+        return tokens.visitor_ticket_decode(credentials.strip(), slug=slug)
     except tokens.InvalidTicket as exc:
         raise ApiError("invalid_ticket", str(exc)) from exc
 
@@ -97,6 +105,7 @@ class Answer:
     body: dict[str, Any]
     headers: dict[str, str] = field(default_factory=dict)
     visitor_cookie: str | None = None
+    position_cookie: tuple[str, str] | None = None  # (slug, ticket): a stateless queue's dedupe cookie
 
     @classmethod
     def error(cls, exc: ApiError) -> Answer:
@@ -104,9 +113,14 @@ class Answer:
 
     def drf(self) -> Response:
         response = Response(self.body, status=self.status, headers=self.headers)
+        self._cookies(response)
+        return response
+
+    def _cookies(self, response: HttpResponse) -> None:
         if self.visitor_cookie:
             visitor_cookie_set(response, self.visitor_cookie)
-        return response
+        if self.position_cookie:
+            position_cookie_set(response, *self.position_cookie)
 
     def plain(self) -> HttpResponse:
         response = HttpResponse(
@@ -114,8 +128,7 @@ class Answer:
         )
         for name, value in self.headers.items():
             response[name] = value
-        if self.visitor_cookie:
-            visitor_cookie_set(response, self.visitor_cookie)
+        self._cookies(response)
         return response
 
 
@@ -123,6 +136,7 @@ def join_answer(request: HttpRequest, slug: str, data: Any, *, user: Any) -> Ans
     """A whole join: validate, identify the visitor, one Redis script, sign the ticket.
 
     Shared by JoinView (signed-in visitors, and the schema) and join_fast (everyone without a session).
+    A stateless queue (SPEC 4) is joined by number instead (`_join_stateless`).
     """
     try:
         address = client_address(request.META)
@@ -134,6 +148,11 @@ def join_answer(request: HttpRequest, slug: str, data: Any, *, user: Any) -> Ans
                 proof = pow.solution_check(slug, fields["pow_challenge"], fields["pow_nonce"])
             except pow.InvalidProof as exc:
                 raise ApiError("invalid_proof_of_work", str(exc)) from exc
+        if selectors.queue_mode_get(slug) == Queue.Mode.STATELESS:
+            try:
+                return _join_stateless(request, slug, fields, proof)
+            except services.QueueIsTracked:
+                selectors.queue_mode_forget(slug)  # the mode changed a moment ago
         try:
             identity = visitor_identity(request, user=user)
         except InvalidVisitorId as exc:
@@ -148,45 +167,10 @@ def join_answer(request: HttpRequest, slug: str, data: Any, *, user: Any) -> Ans
                 address=address,
                 proof=proof,
             )
-        except services.QueueNotOpen as exc:
-            queue = Queue.objects.filter(slug=slug).only("prequeue_opens_at").first()
-            opens = queue.prequeue_opens_at if queue else None
-            wait = max(1, math.ceil(opens.timestamp() - time.time())) if opens else 60
-            raise ApiError(
-                "queue_not_open",
-                "This queue has not opened yet.",
-                headers={"Retry-After": str(min(wait, 3600))},
-                opens_at=opens.isoformat() if opens else None,
-                retry_after_seconds=min(wait, 3600),
-            ) from exc
-        except services.ProofOfWorkRequired as exc:
-            raise ApiError(
-                "proof_of_work_required",
-                "Solve this challenge and join again with pow_challenge and pow_nonce.",
-                **services.pow_challenge_issue(slug=slug),
-            ) from exc
-        except services.ProofOfWorkReused as exc:
-            raise ApiError("proof_of_work_reused", "That challenge was already used; ask for a new one.") from exc
-        except services.TicketCapReached as exc:
-            raise ApiError(
-                "ticket_cap_reached",
-                "This network already holds as many tickets for this queue as it may.",
-                headers={"Retry-After": "60"},
-                retry_after_seconds=60,
-            ) from exc
-        except services.QueueNotFound as exc:
-            raise ApiError("queue_not_found", f"There is no queue '{slug}'.") from exc
-        except services.QueueClosed as exc:
-            raise ApiError("queue_closed", "This queue is closed and takes no new visitors.") from exc
-        except services.QueueFull as exc:
-            raise ApiError(
-                "queue_full",
-                "The queue is full; try again later.",
-                headers={"Retry-After": str(exc.retry_after)},
-                retry_after_seconds=exc.retry_after,
-            ) from exc
-        except services.InvalidPriorityCode as exc:
-            raise ApiError("invalid_priority_code", "That priority code is unknown, used up or expired.") from exc
+        except services.QueueIsStateless:
+            return _join_stateless(request, slug, fields, proof)  # the mode changed a moment ago
+        except services.JOIN_REFUSALS as exc:
+            raise _join_refused(slug, exc) from exc
     except ApiError as exc:
         return Answer.error(exc)
 
@@ -203,6 +187,77 @@ def join_answer(request: HttpRequest, slug: str, data: Any, *, user: Any) -> Ans
     if body["status"] == "active":
         body["status"] = "admitted"  # to a joiner, a live session is simply "go through"
     return Answer(201 if result.created else 200, body, _poll_headers(view), identity.new_cookie)
+
+
+def _join_refused(slug: str, exc: Exception) -> ApiError:
+    """The API's answer to a join the queue refused (either mode)."""
+    if isinstance(exc, services.QueueNotOpen):
+        queue = Queue.objects.filter(slug=slug).only("prequeue_opens_at").first()
+        opens = queue.prequeue_opens_at if queue else None
+        wait = min(3600, max(1, math.ceil(opens.timestamp() - time.time())) if opens else 60)
+        return ApiError(
+            "queue_not_open",
+            "This queue has not opened yet.",
+            headers={"Retry-After": str(wait)},
+            opens_at=opens.isoformat() if opens else None,
+            retry_after_seconds=wait,
+        )
+    if isinstance(exc, services.ProofOfWorkRequired):
+        return ApiError(
+            "proof_of_work_required",
+            "Solve this challenge and join again with pow_challenge and pow_nonce.",
+            **services.pow_challenge_issue(slug=slug),
+        )
+    if isinstance(exc, services.ProofOfWorkReused):
+        return ApiError("proof_of_work_reused", "That challenge was already used; ask for a new one.")
+    if isinstance(exc, services.TicketCapReached):
+        return ApiError(
+            "ticket_cap_reached",
+            "This network already holds as many tickets for this queue as it may.",
+            headers={"Retry-After": "60"},
+            retry_after_seconds=60,
+        )
+    if isinstance(exc, services.QueueClosed):
+        return ApiError("queue_closed", "This queue is closed and takes no new visitors.")
+    if isinstance(exc, services.QueueFull):
+        return ApiError(
+            "queue_full",
+            "The queue is full; try again later.",
+            headers={"Retry-After": str(exc.retry_after)},
+            retry_after_seconds=exc.retry_after,
+        )
+    if isinstance(exc, services.InvalidPriorityCode):
+        return ApiError("invalid_priority_code", "That priority code is unknown, used up or expired.")
+    return ApiError("queue_not_found", f"There is no queue '{slug}'.")
+
+
+def _join_stateless(request: HttpRequest, slug: str, fields: dict[str, Any], proof: pow.Solved | None) -> Answer:
+    """A join of a stateless queue: a new number, or (dedupe by signed cookie only, SPEC 4) the ticket this
+    browser already holds while it is not expired. Nothing is stored per visitor."""
+    if fields.get("priority_code"):
+        raise ApiError("invalid_priority_code", "This queue has no priority lanes (it runs in stateless mode).")
+    held = request.COOKIES.get(position_cookie_name(slug), "")
+    if held:
+        try:
+            claims = tokens.visitor_ticket_decode(held, slug=slug)
+            if isinstance(claims, tokens.PositionClaims):
+                view = selectors.position_status_get(claims=claims)
+                if not view.is_finished:
+                    return _position_answer(request, slug, held, view, 200)
+        except (tokens.InvalidTicket, selectors.TicketGone):
+            pass  # a stale cookie: join anew
+    try:
+        window = services.queue_join_stateless(slug=slug, proof=proof)
+    except services.JOIN_REFUSALS as exc:
+        raise _join_refused(slug, exc) from exc
+    claims = tokens.PositionClaims(slug, window.next_number, window.epoch, int(time.time()))
+    ticket = tokens.position_issue(slug=slug, number=claims.number, epoch=claims.epoch)
+    return _position_answer(request, slug, ticket, selectors.position_view(slug, claims, window), 201)
+
+
+def _position_answer(request: HttpRequest, slug: str, ticket: str, view: selectors.TicketView, status: int) -> Answer:
+    body = {"ticket": ticket, **view.payload(ahead=False), "ws_url": _ws_url(request, slug, ticket)}
+    return Answer(status, body, _poll_headers(view), position_cookie=(slug, ticket))
 
 
 class JoinView(APIView):
@@ -274,7 +329,10 @@ def status_answer(authorization: str, slug: str) -> Answer:
         return Answer.error(exc)
     try:
         # The ticket's rate limiter runs in the same Redis round trip as the poll.
-        view = selectors.ticket_status_get(claims=claims, limit_scope="status")
+        if isinstance(claims, tokens.PositionClaims):
+            view = selectors.position_status_get(claims=claims, limit_scope="status")
+        else:
+            view = selectors.ticket_status_get(claims=claims, limit_scope="status")
     except ratelimit.Limited as exc:
         return Answer.error(rate_limited(exc.decision))
     except selectors.TicketGone:
@@ -329,6 +387,8 @@ class NeighboursView(APIView):
     )
     def get(self, request: Request, slug: str) -> Response:
         claims = _ticket_claims(_authorization(request), slug)
+        if isinstance(claims, tokens.PositionClaims):
+            return Response({"neighbours": []})  # a stateless queue knows numbers, not people
         rows = selectors.ticket_neighbours_get(claims=claims)
         return Response(
             {"neighbours": [{"position": r.position, "display_name": r.display_name, "you": r.is_me} for r in rows]}
@@ -361,6 +421,47 @@ class ChallengeView(APIView):
             return Response(services.pow_challenge_issue(slug=slug), status=201)
         except services.QueueNotFound as exc:
             raise ApiError("queue_not_found", f"There is no queue '{slug}'.") from exc
+
+
+def window_answer(slug: str) -> Answer:
+    """A stateless queue's window, for anyone (no ticket): one Redis read. Cacheable until about the next
+    step of the window (at most one interval), so a CDN can answer most of a crowd's polls."""
+    try:
+        window = selectors.window_public_get(slug=slug)
+    except selectors.TicketGone:
+        return Answer.error(ApiError("not_found", f"Queue '{slug}' is not a stateless queue (or does not exist)."))
+    due, interval = window["next_step_in"], window["window_interval"]
+    max_age = max(1, min(math.ceil(interval), math.ceil(due) if due is not None else math.ceil(interval)))
+    return Answer(200, window, {"Cache-Control": f"public, max-age={max_age}"})
+
+
+class WindowView(APIView):
+    authentication_classes: list[Any] = []
+    permission_classes: list[Any] = []
+
+    @extend_schema(
+        operation_id="queue_window",
+        summary="A stateless queue's window (public, cacheable): tell your own state from your place",
+        description=(
+            "Stateless queues only (SPEC 4). A ticket is waiting while its `place` (in the join and status "
+            "answers) is above `active_to`, active while it is between `active_from` and `active_to`, and "
+            "expired below `active_from`. The window moves by `window_size` every `window_interval` seconds "
+            "while the queue admits (`next_step_in`: seconds to the next step; null while it stands still). "
+            "`Cache-Control: max-age` lasts until about the next step. An active ticket gets its access token "
+            "from the status endpoint. 404 `not_found` for a tracked queue."
+        ),
+        responses={200: s.WindowResponseSerializer, **_errors(404)},
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        return window_answer(slug).drf()
+
+
+def window_fast(request: HttpRequest, slug: str) -> HttpResponse:
+    try:
+        answer = window_answer(slug)
+    except redis.RedisError:
+        answer = Answer(*service_unavailable())
+    return answer.plain()
 
 
 class ShuffleView(APIView):
@@ -399,7 +500,8 @@ class LeaveView(APIView):
     )
     def post(self, request: Request, slug: str) -> Response:
         claims = _ticket_claims(_authorization(request), slug)
-        services.ticket_leave(slug=slug, claims=claims)
+        if isinstance(claims, tokens.TicketClaims):  # a stateless ticket is simply not used again
+            services.ticket_leave(slug=slug, claims=claims)
         return Response(status=204)
 
 
@@ -455,7 +557,7 @@ class RevokeView(_ProtectedSiteView):
         operation_id="session_revoke",
         summary="Revoke a ticket or session",
         request=s.RevokeSerializer,
-        responses={204: None, **_errors(400, 401, 403, 404)},
+        responses={204: None, **_errors(400, 401, 403, 404, 409)},
         auth=API_KEY_AUTH,
     )
     def post(self, request: Request, slug: str) -> Response:
@@ -464,6 +566,8 @@ class RevokeView(_ProtectedSiteView):
             services.session_revoke(slug=slug, ticket_id=data["ticket_id"])
         except services.TicketNotFound as exc:
             raise ApiError("ticket_not_found", "This queue has no such ticket.") from exc
+        except services.NotInStatelessMode as exc:
+            raise ApiError("not_in_stateless_mode", str(exc)) from exc
         return Response(status=204)
 
 

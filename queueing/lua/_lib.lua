@@ -116,6 +116,7 @@ local function policy()
     ends_ms = num(c, 'ends_at_ms', 0),
     shuffle_pending = c.shuffle_pending == '1',
     name = c.name or '',
+    mode = c.mode or 'tracked',  -- 'stateless': these scripts keep nobody (lua/window/ runs the queue)
     fractions = {[1] = num(c, 'pf1', 0.1), [2] = num(c, 'pf2', 0.5), [3] = num(c, 'pf3', 1)},
   }
 end

@@ -27,6 +27,7 @@ if token ~= '' and redis.call('GET', K_LEADER) ~= token then
 end
 local p = policy()
 if not p then return {'no_config', {}, {}, {}, {0, {}}} end
+if p.mode == 'stateless' then return {'ok', {}, {}, {}, {0, {}}} end  -- the window admits (lua/window/)
 
 local expired = expire_slots(now, max_admit)
 local st = hash_table(K_ST)

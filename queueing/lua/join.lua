@@ -23,6 +23,7 @@
 --   'pow_reused'             ticket = {}: that challenge was already spent on a join
 --   'no_config'              the queue's policy is not in Redis: sync it and retry
 --   'no_seq'                 the sequence numbers the database reserved are used up: reserve, retry
+--   'stateless'              the queue runs in stateless mode (lua/window/join.lua joins it)
 -- figures: see _lib.lua figures(); moves: see _lib.lua moves_reply() (a priority joiner placed ahead
 -- of others moves them back).
 --
@@ -40,6 +41,7 @@ local name = ARGV[4]
 
 local p = policy()
 if not p then return {'no_config', {}, {}, {0, {}}} end
+if p.mode == 'stateless' then return {'stateless', {}, {}, {0, {}}} end
 local st = hash_table(K_ST)
 
 local freed = 0

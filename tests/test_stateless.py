@@ -1,0 +1,301 @@
+"""Stateless mode (issue 6, part 3; SPEC 4, seed 000): numbered tickets and a sliding window, with nothing
+stored per visitor. Real Redis, a controlled clock."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from queueing import selectors, services, shuffle, store, tokens
+from queueing.models import Queue, QueueChange, QueueShuffle
+
+from .test_recovery import private_redis  # noqa: F401  (a redis-server of the test's own)
+
+
+def at(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+@pytest.fixture
+def window_queue(make_queue):
+    return make_queue(mode="stateless", window_size=3, window_interval=10, active_windows=2)
+
+
+def joined(slug: str, now: float) -> tokens.PositionClaims:
+    window = services.queue_join_stateless(slug=slug, now=now)
+    return tokens.PositionClaims(slug, window.next_number, window.epoch, int(now))
+
+
+def state(claims: tokens.PositionClaims, now: float) -> str:
+    return selectors.position_status_get(claims=claims, now=now).status
+
+
+def step(queue: Queue, now: float) -> store.WindowStep:
+    return services.queue_window_tick(queue=Queue.objects.get(pk=queue.pk), now=now)
+
+
+def test_a_tickets_state_follows_from_its_number_at_the_window_edges(window_queue, clock):
+    t0, slug = clock.now, window_queue.slug
+    tickets = [joined(slug, t0) for _ in range(10)]
+    assert [t.number for t in tickets] == list(range(1, 11))
+    assert {state(t, t0) for t in tickets} == {"waiting"}
+    assert not step(window_queue, t0 + 5).stepped  # the first step comes an interval after the start
+    assert step(window_queue, t0 + 10).active == 3
+    assert [state(t, t0 + 10) for t in tickets[:4]] == ["admitted", "admitted", "admitted", "waiting"]
+    assert selectors.position_status_get(claims=tickets[3], now=t0 + 10).position == 1
+    assert not step(window_queue, t0 + 15).stepped  # not before the interval has passed
+    assert step(window_queue, t0 + 20).active == 6
+    # Two active windows: 1-3 (the older window) and 4-6; 7 waits.
+    assert [state(t, t0 + 20) for t in tickets[:7]] == ["admitted"] * 6 + ["waiting"]
+    assert step(window_queue, t0 + 30).active == 9
+    # The window passed 1-3 (place <= 9 - 2 * 3): expired; 4 (= 9 - 6 + 1) is the oldest still active.
+    views = [selectors.position_status_get(claims=t, now=t0 + 30) for t in tickets]
+    assert [v.status for v in views] == ["expired"] * 3 + ["admitted"] * 6 + ["waiting"]
+    assert views[0].reason == selectors.EXPIRED_WINDOW
+    assert views[9].position == 1 and views[9].queue_length == 1
+
+
+def test_the_window_skips_its_steps_while_it_already_passes_the_next_number(window_queue, clock):
+    t0, slug = clock.now, window_queue.slug
+    first = [joined(slug, t0) for _ in range(2)]
+    assert step(window_queue, t0 + 10).active == 3  # two waiting: one step covers them, and one place more
+    assert not step(window_queue, t0 + 20).stepped  # a slow line: the window is ahead of every number
+    assert not step(window_queue, t0 + 30).stepped
+    third = joined(slug, t0 + 31)
+    assert third.number == 3 and state(third, t0 + 31) == "admitted"  # inside the window: through at once
+    fourth = joined(slug, t0 + 32)
+    assert state(fourth, t0 + 32) == "waiting"
+    # The window now does not pass the next number (4): the overdue step happens at the next tick.
+    assert step(window_queue, t0 + 33).active == 6
+    assert state(fourth, t0 + 33) == "admitted"
+    assert all(state(t, t0 + 33) == "admitted" for t in first)  # their window is still one of the last two
+
+
+def test_a_ticket_that_joined_just_before_a_step_stays_active_for_the_next_one_too(window_queue, clock):
+    t0, slug = clock.now, window_queue.slug
+    tickets = [joined(slug, t0) for _ in range(12)]
+    step(window_queue, t0 + 10)
+    late = joined(slug, t0 + 19.9)  # number 13, just before the second step
+    step(window_queue, t0 + 20)
+    assert state(tickets[2], t0 + 25) == "admitted"  # spill-over: the previous window is still active
+    step(window_queue, t0 + 30)
+    assert state(tickets[2], t0 + 30) == "expired"
+    assert state(late, t0 + 30) == "waiting" and selectors.position_status_get(claims=late, now=t0 + 30).position == 4
+
+
+def test_only_the_leader_moves_the_window(window_queue, clock):
+    t0, slug = clock.now, window_queue.slug
+    for _ in range(30):
+        joined(slug, t0)
+    queue = Queue.objects.get(pk=window_queue.pk)
+    first = services.queue_window_tick_lead(queue=queue, instance="node-a", now=t0 + 10)
+    second = services.queue_window_tick_lead(queue=queue, instance="node-b", now=t0 + 10)
+    assert first is not None and first.stepped and second is None
+    assert store.window_tick(slug, now_ms=int((t0 + 20) * 1000), leader_token="node-b:99").outcome == "not_leader"
+    # However often ticks run (every half second from +10 to +30), the window moves once per interval.
+    steps = 0
+    for i in range(41):
+        tick = services.queue_window_tick_lead(queue=queue, instance="node-a", now=t0 + 10 + i * 0.5)
+        steps += int(tick is not None and tick.stepped)
+    assert steps == 2 and store.window_read(slug).active == 9  # at +20 and +30
+
+
+def test_a_paused_or_full_site_holds_the_window(window_queue, clock, make_queue):
+    t0, slug = clock.now, window_queue.slug
+    for _ in range(10):
+        joined(slug, t0)
+    services.queue_pause(Queue.objects.get(pk=window_queue.pk), actor_label="tests")
+    assert not step(window_queue, t0 + 10).stepped
+    assert (
+        selectors.position_status_get(claims=tokens.PositionClaims(slug, 5, 1), now=t0 + 10).estimated_wait_seconds
+        is None
+    )
+    services.queue_configure(
+        slug=slug, changes={"state": "open", "capacity_source": "reported", "capacity": 5}, actor_label="t"
+    )
+    services.capacity_report(slug=slug, in_use=5, now=t0 + 11)
+    assert not step(window_queue, t0 + 12).stepped  # the site reports itself full
+    services.capacity_report(slug=slug, in_use=4, now=t0 + 13)
+    assert step(window_queue, t0 + 13).stepped
+
+
+def test_redis_does_not_grow_with_100000_joins(window_queue, clock):
+    slug = window_queue.slug
+    client = store.client()
+    keys_before = sorted(client.scan_iter(match=f"{store.key_pattern()[:-1]}{{{slug}}}*"))
+    bytes_before = int(client.memory_usage(store.queue_keys(slug).win, samples=0) or 0)
+    join = store.script("window/join")
+    now = int(clock.now * 1000)
+    for _ in range(100):
+        pipe = client.pipeline(transaction=False)
+        for _ in range(1000):
+            join(keys=[store.queue_keys(slug).win, "unused"], args=[now, 0, 0, "next"], client=pipe)
+        pipe.execute()
+    assert store.window_read(slug).issued == 100_000
+    assert sorted(client.scan_iter(match=f"{store.key_pattern()[:-1]}{{{slug}}}*")) == keys_before
+    # The window's hash holds counters only: longer numbers take a few bytes (an allocator size class at
+    # most), nothing per visitor. (Tracked mode holds ~240 bytes per waiting ticket: 24 MB here.)
+    assert int(client.memory_usage(store.queue_keys(slug).win, samples=0) or 0) - bytes_before <= 128
+
+
+def test_an_access_token_is_issued_only_when_an_active_ticket_asks_and_verifies_without_state(
+    window_queue, clock, api_key_for, api
+):
+    t0, slug = clock.now, window_queue.slug
+    waiting, _ = joined(slug, t0), [joined(slug, t0) for _ in range(5)]
+    assert selectors.position_status_get(claims=waiting, now=t0).access_token is None
+    step(window_queue, t0 + 10)
+    view = selectors.position_status_get(claims=waiting, now=t0 + 10)
+    assert (
+        view.status == "admitted" and view.access_token and str(view.redirect_url).startswith(window_queue.target_url)
+    )
+    claims = tokens.access_token_decode(view.access_token, slug=slug)
+    assert claims.stateless and claims.ticket_id == waiting.ticket_id
+    assert view.expires_at == int(t0 + 10) + window_queue.session_ttl
+    key = api_key_for(window_queue)
+    auth = {"HTTP_AUTHORIZATION": f"Api-Key {key}"}
+    verify = api.post(
+        f"/api/v1/queues/{slug}/sessions/verify", {"access_token": view.access_token}, format="json", **auth
+    )
+    assert verify.json() == {"valid": True, "ticket_id": waiting.ticket_id, "expires_at": view.expires_at}
+    done = api.post(
+        f"/api/v1/queues/{slug}/sessions/complete", {"access_token": view.access_token}, format="json", **auth
+    )
+    assert done.status_code == 204
+    revoke = api.post(f"/api/v1/queues/{slug}/sessions/revoke", {"ticket_id": waiting.ticket_id}, format="json", **auth)
+    assert revoke.status_code == 409 and revoke.json()["error"]["code"] == "not_in_stateless_mode"
+
+
+def test_joins_and_polls_over_the_api_with_dedupe_by_the_signed_cookie_only(window_queue, api):
+    slug = window_queue.slug
+    first = api.post(f"/api/v1/queues/{slug}/join", {}, format="json")
+    assert first.status_code == 201
+    body = first.json()
+    assert body["mode"] == "stateless" and body["number"] == 1 and body["place"] == 1 and body["status"] == "waiting"
+    assert body["window"]["active_to"] == 0 and body["ws_url"].endswith(f"?ticket={body['ticket']}")
+    assert first.cookies[f"wr_pos_{slug}"].value == body["ticket"]
+    again = api.post(f"/api/v1/queues/{slug}/join", {}, format="json")  # the cookie comes back
+    assert again.status_code == 200 and again.json()["ticket"] == body["ticket"]
+    api.cookies.clear()
+    other = api.post(f"/api/v1/queues/{slug}/join", {}, format="json", HTTP_X_VISITOR_ID=str(uuid.uuid4()))
+    assert other.status_code == 201 and other.json()["number"] == 2  # no cookie: a new number
+    api.cookies[f"wr_pos_{slug}"] = "forged." + body["ticket"]
+    assert api.post(f"/api/v1/queues/{slug}/join", {}, format="json").json()["number"] == 3
+
+    with CaptureQueriesContext(connection) as queries:
+        poll = api.get(f"/api/v1/queues/{slug}/status", HTTP_AUTHORIZATION=f"Bearer {body['ticket']}")
+    assert poll.status_code == 200 and poll.json()["position"] == 1 and len(queries) == 0
+    assert int(poll["Retry-After"]) >= 1
+    tampered = body["ticket"][:-3] + ("AAA" if not body["ticket"].endswith("AAA") else "BBB")
+    assert api.get(f"/api/v1/queues/{slug}/status", HTTP_AUTHORIZATION=f"Bearer {tampered}").status_code == 401
+    priority = api.post(f"/api/v1/queues/{slug}/join", {"priority_code": "VIP-1234"}, format="json")
+    assert priority.json()["error"]["code"] == "invalid_priority_code"
+    assert api.get(f"/api/v1/queues/{slug}/neighbours", HTTP_AUTHORIZATION=f"Bearer {body['ticket']}").json() == {
+        "neighbours": []
+    }
+
+
+def test_the_window_endpoint_is_public_and_cacheable_for_about_one_interval(window_queue, api, make_queue, clock):
+    slug = window_queue.slug
+    for _ in range(4):
+        joined(slug, clock.now)
+    with CaptureQueriesContext(connection) as queries:
+        answer = api.get(f"/api/v1/queues/{slug}/window")
+    assert answer.status_code == 200 and len(queries) == 0
+    body = answer.json()
+    assert (body["active_from"], body["active_to"], body["issued"], body["queue_length"]) == (1, 0, 4, 4)
+    assert (body["window_size"], body["window_interval"], body["active_windows"]) == (3, 10, 2)
+    max_age = int(answer["Cache-Control"].split("max-age=")[1])
+    assert answer["Cache-Control"].startswith("public") and 1 <= max_age <= 10
+    tracked = make_queue()
+    assert api.get(f"/api/v1/queues/{tracked.slug}/window").json()["error"]["code"] == "not_found"
+    assert api.get("/api/v1/queues/no-such-queue/window").status_code == 404
+
+
+def test_stats_and_the_dashboard_snapshot_work_in_stateless_mode(window_queue, clock):
+    from admin_dashboard import services as dashboard
+
+    t0, slug = clock.now, window_queue.slug
+    for _ in range(7):
+        joined(slug, t0)
+    step(window_queue, t0 + 10)
+    stats = selectors.queue_stats_get(slug=slug, now=t0 + 10)
+    assert (stats["mode"], stats["waiting"], stats["active"], stats["totals"]["joined"]) == ("stateless", 4, 3, 7)
+    assert stats["totals"]["admitted"] == 3 and stats["outflow_per_minute_configured"] == 18.0
+    assert stats["outflow_per_minute_observed"] > 0
+    snapshot = dashboard.queue_snapshot_take(Queue.objects.get(pk=window_queue.pk), now=t0 + 10)
+    assert (snapshot.waiting, snapshot.active, snapshot.total_admitted) == (4, 3, 3)
+
+
+def test_a_scheduled_stateless_sale_shuffles_its_pre_queue_verifiably(make_queue, clock, api):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    t0 = clock.now
+    queue = make_queue(
+        mode="stateless",
+        window_size=2,
+        window_interval=5,
+        prequeue_opens_at=at(t0 + 10),
+        starts_at=at(t0 + 20),
+    )
+    with pytest.raises(services.QueueNotOpen):
+        services.queue_join_stateless(slug=queue.slug, now=t0)
+    prequeue = [joined(queue.slug, t0 + 11) for _ in range(8)]
+    assert selectors.position_status_get(claims=prequeue[0], now=t0 + 12).opens_in_seconds == 8
+    services.queues_tick(now=t0 + 15)  # before the start: nothing moves
+    assert store.window_read(queue.slug).active == 0
+    services.queues_tick(now=t0 + 21)  # the start: the shuffle is revealed, and the window moves
+    record = QueueShuffle.objects.get(queue=queue)
+    assert record.numbers == [1, 8] and record.revealed_at is not None
+    order = shuffle.stateless_order(record.seed, 1, 8)
+    assert sorted(order) == list(range(1, 9)) and order != list(range(1, 9))
+    through = {t.number for t in prequeue if state(t, t0 + 21) == "admitted"}
+    assert through == set(order[:2])  # the first window lets in the first two of the shuffled order
+    later = joined(queue.slug, t0 + 22)
+    assert selectors.position_status_get(claims=later, now=t0 + 22).position == 7  # behind the pre-queue
+    public = api.get(f"/api/v1/queues/{queue.slug}/shuffle").json()
+    assert public["method"] == shuffle.STATELESS_METHOD and public["numbers"] == [1, 8]
+    out = StringIO()
+    call_command("verify_shuffle", queue.slug, stdout=out)
+    assert out.getvalue().startswith("OK:")
+
+
+def test_losing_redis_keeps_every_stateless_ticket_and_never_reissues_a_number(make_queue, private_redis, clock):  # noqa: F811
+    t0 = clock.now
+    queue = make_queue(mode="stateless", window_size=2, window_interval=5)
+    old = [joined(queue.slug, t0) for _ in range(6)]
+    services.queues_tick(now=t0 + 5)  # 1-2 through; the tick notes where the window and the numbers are
+    private_redis.flushall()
+    services.queues_tick(now=t0 + 6)
+    queue.refresh_from_db()
+    assert queue.epoch == 2 and QueueChange.objects.filter(queue=queue, action="epoch").exists()
+    new = joined(queue.slug, t0 + 6)
+    assert new.number > queue.seq_reserved - settings.WR_SEQ_BLOCK >= max(t.number for t in old)
+    assert [state(t, t0 + 6) for t in old] == ["admitted"] * 2 + ["waiting"] * 4
+    assert selectors.position_status_get(claims=old[2], now=t0 + 6).position == 1
+    assert selectors.position_status_get(claims=new, now=t0 + 6).position == 5  # right behind the old ones
+
+
+def test_switching_a_queue_to_stateless_sends_its_visitors_to_join_again(make_queue, clock, api):
+    from .factories import join
+
+    queue = make_queue(state="paused")
+    tracked = join(queue.slug, "before", now=clock.now)
+    services.queue_configure(slug=queue.slug, changes={"mode": "stateless"}, actor_label="tests")
+    queue.refresh_from_db()
+    assert queue.epoch == 2 and store.snapshot(queue.slug).waiting == 0
+    claims = tokens.TicketClaims(queue.slug, tracked.ticket_id, tracked.seq, tracked.ticket_id[11:], 0, 1)
+    with pytest.raises(selectors.TicketGone):
+        selectors.ticket_status_get(claims=claims, now=clock.now)
+    body = api.post(f"/api/v1/queues/{queue.slug}/join", {}, format="json").json()
+    assert body["mode"] == "stateless" and body["number"] > tracked.seq and body["place"] == 1
+    services.queue_configure(slug=queue.slug, changes={"mode": "tracked"}, actor_label="tests")
+    assert join(queue.slug, "after", now=clock.now).seq > body["number"]
+    assert not QueueChange.objects.filter(queue=queue, action="epoch").exists()  # a switch is no loss
