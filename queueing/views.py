@@ -31,7 +31,15 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from . import ratelimit, selectors, services, store, tokens
 from .middleware import QueueAccess, access_cookie_name, queue_access_serve, waiting_page_url
 from .models import Queue
-from .visitors import InvalidVisitorId, VisitorIdentity, client_address, visitor_cookie_set, visitor_identity
+from .visitors import (
+    InvalidVisitorId,
+    VisitorIdentity,
+    client_address,
+    position_cookie_name,
+    position_cookie_set,
+    visitor_cookie_set,
+    visitor_identity,
+)
 
 DEMO_QUEUE = "demo"
 
@@ -98,9 +106,13 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
     identity = _identity(request)
     if request.method == "POST":
         return _join_from_form(request, slug, identity)
+    stateless = policy.get("mode") == Queue.Mode.STATELESS
     view = None
     with contextlib.suppress(selectors.TicketGone):  # no ticket yet (or long finished)
-        view = selectors.visitor_status_get(slug=slug, visitor_key=identity.key)
+        if stateless:
+            view = _held_position(request, slug, live_only=False)
+        else:
+            view = selectors.visitor_status_get(slug=slug, visitor_key=identity.key)
     without_ticket = view is None or view.is_finished
     if "rejoin" in request.GET:  # the no-JavaScript page's own refresh, retrying a join
         retry = _retry_read(request.GET["rejoin"], slug, identity)
@@ -137,6 +149,8 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
             "joinUrl": reverse("queue-join", args=[slug]),
             "statusUrl": reverse("queue-status", args=[slug]),
             "neighboursUrl": reverse("queue-neighbours", args=[slug]),
+            "windowUrl": reverse("queue-window", args=[slug]),
+            "mode": policy.get("mode") or Queue.Mode.TRACKED,
             "powWorkerUrl": static("queueing/pow-worker.js"),
             "pageUrl": request.path,
         },
@@ -207,13 +221,18 @@ def _join_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity) 
     if not decision.allowed:
         wait = math.ceil(decision.retry_after)
         return HttpResponseRedirect(_refused(request, slug, identity, _Retry("limited", wait)), status=303)
+    position_ticket = ""
     try:
-        services.queue_join(
-            slug=slug,
-            visitor_key=identity.key,
-            priority=services.priority_for_user(slug=slug, user=identity.user),
-            address=address,
-        )
+        if _policy(slug).get("mode") != Queue.Mode.STATELESS:
+            services.queue_join(
+                slug=slug,
+                visitor_key=identity.key,
+                priority=services.priority_for_user(slug=slug, user=identity.user),
+                address=address,
+            )
+        elif _held_position(request, slug) is None:
+            window = services.queue_join_stateless(slug=slug)
+            position_ticket = tokens.position_issue(slug=slug, number=window.next_number, epoch=window.epoch)
     except services.TicketCapReached:
         target = _refused(request, slug, identity, _Retry("limited", 60))
     except services.QueueNotOpen:
@@ -229,7 +248,22 @@ def _join_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity) 
     response = HttpResponseRedirect(target, status=303)
     if identity.new_cookie:
         visitor_cookie_set(response, identity.new_cookie)
+    if position_ticket:
+        position_cookie_set(response, slug, position_ticket)
     return response
+
+
+def _held_position(request: HttpRequest, slug: str, *, live_only: bool = True) -> selectors.TicketView | None:
+    """A stateless queue: the state of the ticket this browser holds (its cookie); with `live_only`, None
+    for a finished one."""
+    try:
+        claims = tokens.visitor_ticket_decode(request.COOKIES.get(position_cookie_name(slug), ""), slug=slug)
+    except tokens.InvalidTicket:
+        return None
+    if not isinstance(claims, tokens.PositionClaims):
+        return None
+    view = selectors.position_status_get(claims=claims)
+    return None if live_only and view.is_finished else view
 
 
 def home(request: HttpRequest) -> HttpResponse:

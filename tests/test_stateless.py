@@ -3,6 +3,7 @@ stored per visitor. Real Redis, a controlled clock."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import UTC, datetime
 
@@ -299,3 +300,37 @@ def test_switching_a_queue_to_stateless_sends_its_visitors_to_join_again(make_qu
     services.queue_configure(slug=queue.slug, changes={"mode": "tracked"}, actor_label="tests")
     assert join(queue.slug, "after", now=clock.now).seq > body["number"]
     assert not QueueChange.objects.filter(queue=queue, action="epoch").exists()  # a switch is no loss
+
+
+def test_the_waiting_page_works_without_javascript_in_stateless_mode(window_queue, clock):
+    from django.test import Client
+
+    slug, browser = window_queue.slug, Client()
+    page = browser.get(f"/q/{slug}/")
+    assert 'data-state="join"' in page.content.decode()
+    assert '"mode": "stateless"' in page.content.decode() and f"/api/v1/queues/{slug}/window" in page.content.decode()
+    joined_page = browser.post(f"/q/{slug}/", {"action": "join"})
+    assert joined_page.status_code == 303 and f"wr_pos_{slug}" in joined_page.cookies
+    browser.post(f"/q/{slug}/", {"action": "join"})  # again: the cookie's ticket is kept, no new number
+    assert store.window_read(slug).issued == 1
+    waiting = browser.get(f"/q/{slug}/").content.decode()
+    assert 'data-state="waiting"' in waiting and 'id="wr-number">1<' in waiting
+    assert 'http-equiv="refresh"' in waiting
+    step(window_queue, time.time() + window_queue.window_interval)
+    through = browser.get(f"/q/{slug}/").content.decode()
+    assert 'data-state="admitted"' in through and "wr_access=" in through
+
+
+def test_the_dashboard_shows_a_stateless_queue(window_queue, staff_user, clock):
+    from django.test import Client
+
+    for _ in range(5):
+        joined(window_queue.slug, clock.now)
+    step(window_queue, clock.now + 10)
+    staff = Client()
+    staff.force_login(staff_user)
+    assert staff.get("/dashboard/").status_code == 200
+    page = staff.get(f"/dashboard/{window_queue.slug}/")
+    assert page.status_code == 200 and "stateless" in page.content.decode().lower()
+    live = staff.get(f"/dashboard/{window_queue.slug}/data.json").json()
+    assert live["live"]["waiting"] == 2 and live["live"]["window"]["active_to"] == 3

@@ -39,6 +39,9 @@
     reconnectTimer: null,
     opensAt: null,
     rate: null, // admissions per second, from snapshots
+    stateless: config.mode === "stateless", // a numbered ticket and a sliding window (SPEC 4)
+    place: null, // stateless: the ticket's place, compared with the window's active_from..active_to
+    window: null, // stateless: the window as last heard (the public window endpoint, or a `window` event)
     lastNeighbours: null,
     neighboursAt: 0,
     announced: { text: "", at: 0 },
@@ -145,6 +148,7 @@
     if (bar) bar.style.width = done + "%";
     if (progress) progress.setAttribute("aria-valuenow", String(done));
     announce("You are number " + S.position + " in line. Estimated wait " + formatWait(eta.shown) + ".");
+    if (S.stateless) return; // a stateless queue knows numbers, not people: no picture of the line
     if (S.lastNeighbours === null || Math.abs(S.lastNeighbours - S.position) >= 3) fetchNeighbours();
   }
 
@@ -183,6 +187,15 @@
     if (info.epoch !== undefined && info.epoch !== S.epoch) { S.epoch = info.epoch; S.seq = info.event_seq || 0; }
     if (info.event_seq !== undefined && info.event_seq > S.seq) S.seq = info.event_seq;
     if (info.poll_after_seconds) S.pollAfter = info.poll_after_seconds;
+    if (info.mode === "stateless") {
+      S.stateless = true;
+      if (info.place !== undefined && info.place !== null) S.place = info.place;
+      if (info.number !== undefined) setText("wr-number", String(info.number));
+      if (info.window) {
+        S.window = info.window;
+        setText("wr-window-desc", "in groups of " + info.window.window_size + " every " + Math.round(info.window.window_interval) + " seconds");
+      }
+    }
     S.status = info.status;
     if (info.redirect_url && (info.status === "admitted" || info.status === "active")) {
       goThrough(info.redirect_url);
@@ -238,6 +251,7 @@
     if (event.type === "position") { apply(event); return; }
     if (event.type === "queue_move") { onMove(event); return; }
     if (event.type === "snapshot") { onSnapshot(event); return; }
+    if (event.type === "window") { onWindow(event); return; }
   }
 
   function onMove(event) {
@@ -264,6 +278,53 @@
       if (S.rate && moved > 0 && eta.shown !== null) eta.update(Math.max(0, eta.shown - moved / S.rate));
       drawPosition();
     }
+  }
+
+  // --- Stateless mode: the ticket's state follows from its place and the public window -------------
+
+  // The window moved (a `window` event, or a read of the cacheable window endpoint): tell our own state
+  // without asking the server; only an active ticket asks (for its access token).
+  function onWindow(w) {
+    if (S.stopped || S.place === null) return;
+    S.window = w;
+    if (w.event_seq !== undefined && w.event_seq > S.seq) S.seq = w.event_seq;
+    if (w.admitted_per_minute > 0) S.rate = w.admitted_per_minute / 60;
+    if (S.place <= w.active_to && w.opens_in_seconds === null) { poll(); return; } // our turn (or passed): ask
+    S.queueLength = w.queue_length;
+    S.queueState = w.state;
+    var position = Math.max(1, S.place - w.active_to);
+    if (w.state === "open") {
+      var steps = Math.ceil(position / w.window_size), next = w.next_step_in === null ? w.window_interval : w.next_step_in;
+      eta.update((w.opens_in_seconds || 0) + (steps - 1) * w.window_interval + next);
+    } else {
+      eta.update(null);
+    }
+    if (position !== S.position) { S.position = position; drawPosition(); }
+    if (S.queueState === "closed") setState("closed");
+    else if (w.opens_in_seconds) setState("prequeue");
+    else setState(S.queueState === "paused" ? "paused" : "waiting");
+    setText("wr-window-desc", "in groups of " + w.window_size + " every " + Math.round(w.window_interval) + " seconds");
+    setText("wr-updated", "Updated " + new Date().toLocaleTimeString() + ".");
+    everySecond();
+  }
+
+  // The public window, without the ticket (so that a cache or CDN can answer for everyone).
+  function pollWindow() {
+    clearTimeout(S.pollTimer);
+    if (S.stopped) return;
+    fetch(config.windowUrl, { headers: { "Accept": "application/json" }, credentials: "omit" })
+      .then(function (response) { return response.ok ? response.json() : Promise.reject(response.status); })
+      .then(function (w) { onWindow(w); if (!S.stopped && !S.redirecting) schedulePoll(); })
+      .catch(function () { setState("offline"); schedulePoll(); });
+  }
+
+  // Stateless: wait for the window's next step when it may reach us, else the server's advice.
+  function windowPollSeconds() {
+    var w = S.window;
+    if (!w || w.next_step_in === null || S.place === null) return S.pollAfter;
+    var stepsAway = Math.ceil(Math.max(1, S.place - w.active_to) / w.window_size);
+    if (stepsAway <= 1) return Math.max(1, w.next_step_in + 0.3 + Math.random());
+    return Math.max(1, Math.min(S.pollAfter, w.next_step_in + (stepsAway - 1) * w.window_interval));
   }
 
   function onSnapshot(event) {
@@ -369,8 +430,11 @@
     clearTimeout(S.pollTimer);
     if (S.stopped) return;
     // The socket carries the news while it is open; polls then only guard against a silent socket.
-    var seconds = S.socketOpen ? Math.max(SAFETY_POLL_SECONDS, S.pollAfter * 3) : (retryAfter || S.pollAfter);
-    S.pollTimer = setTimeout(poll, seconds * 1000);
+    // A stateless ticket waiting in line reads the public window instead of its status.
+    var byWindow = S.stateless && S.place !== null && S.status === "waiting";
+    var seconds = S.socketOpen ? Math.max(SAFETY_POLL_SECONDS, S.pollAfter * 3)
+      : (retryAfter || (byWindow ? windowPollSeconds() : S.pollAfter));
+    S.pollTimer = setTimeout(byWindow ? pollWindow : poll, seconds * 1000);
   }
 
   function askStatus() {

@@ -344,3 +344,28 @@ def test_with_the_proof_of_work_gate_on_the_page_solves_the_puzzle_in_a_worker_a
     page.wait_for_function("window.waitingRoom.ticketId !== null && window.waitingRoom.ticketId !== undefined")
     expect_state(page, "paused")
     assert stack.waiting(slug) == 1
+
+
+def test_a_stateless_queues_page_follows_the_window_and_goes_through_without_polling_its_status(
+    stack, visitor, screenshot
+):
+    slug = stack.new_queue(mode="stateless", window_size=2, window_interval=2, state="paused")
+    for _ in range(4):
+        api_join(stack, slug)  # numbers 1-4, ahead of the page
+    page = visitor()
+    asked: list[str] = []
+    page.on("request", lambda request: asked.append(request.url.split("?")[0].rsplit("/", 1)[-1]))
+    page.goto(f"{stack.url}/q/{slug}/")
+    expect(page.locator("#wr-position")).to_have_text("5")
+    expect(page.locator("#wr-number")).to_have_text("5")
+    expect_state(page, "paused")
+    screenshot(page, "stateless-1-waiting")
+
+    stack.configure(slug, state="open")  # the beat's tick moves the window by 2 every 2 s
+    expect(page.locator("#wr-position")).to_have_text("3", timeout=10_000)
+    screenshot(page, "stateless-2-moving")
+    page.wait_for_url(re.compile(rf"/demo/{slug}/protected/$"), timeout=15_000)
+    expect(page.get_by_role("heading", name="You're in")).to_be_visible()
+    # It learnt every move from the window (pushed, or read from the public endpoint) and asked for its
+    # own status only when the window reached it, for the access token.
+    assert asked.count("status") <= 2, asked
