@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,10 +184,15 @@ def join_answer(request: HttpRequest, slug: str, data: Any, *, user: Any) -> Ans
         epoch=view.epoch,
         placement=view.placement,
     )
-    body = {"ticket": ticket, **view.payload(ahead=False), "ws_url": _ws_url(request, slug, ticket)}
+    body = _ticket_body(request, slug, ticket, view)
     if body["status"] == "active":
         body["status"] = "admitted"  # to a joiner, a live session is simply "go through"
     return Answer(201 if result.created else 200, body, _poll_headers(view), identity.new_cookie)
+
+
+def _ticket_body(request: HttpRequest, slug: str, ticket: str, view: selectors.TicketView) -> dict[str, Any]:
+    """A join's answer: the ticket, its state, and where its websocket is."""
+    return {"ticket": ticket, **view.payload(ahead=False), "ws_url": _ws_url(request, slug, ticket)}
 
 
 def _join_refused(slug: str, exc: Exception) -> ApiError:
@@ -256,8 +262,9 @@ def _join_stateless(request: HttpRequest, slug: str, fields: dict[str, Any], pro
 
 
 def _position_answer(request: HttpRequest, slug: str, ticket: str, view: selectors.TicketView, status: int) -> Answer:
-    body = {"ticket": ticket, **view.payload(ahead=False), "ws_url": _ws_url(request, slug, ticket)}
-    return Answer(status, body, _poll_headers(view), position_cookie=(slug, ticket))
+    return Answer(
+        status, _ticket_body(request, slug, ticket, view), _poll_headers(view), position_cookie=(slug, ticket)
+    )
 
 
 class JoinView(APIView):
@@ -366,11 +373,15 @@ class StatusView(APIView):
 
 def status_fast(request: HttpRequest, slug: str) -> HttpResponse:
     """The status poll without DRF's dispatch (content negotiation, renderers): the hot path."""
+    return _plain(lambda: status_answer(_authorization(request), slug))
+
+
+def _plain(answer: Callable[[], Answer]) -> HttpResponse:
+    """A fast-path answer as a plain response; Redis away is a 503 in the error shape."""
     try:
-        answer = status_answer(_authorization(request), slug)
+        return answer().plain()
     except redis.RedisError:
-        answer = Answer(*service_unavailable())
-    return answer.plain()
+        return Answer(*service_unavailable()).plain()
 
 
 class NeighboursView(APIView):
@@ -457,11 +468,7 @@ class WindowView(APIView):
 
 
 def window_fast(request: HttpRequest, slug: str) -> HttpResponse:
-    try:
-        answer = window_answer(slug)
-    except redis.RedisError:
-        answer = Answer(*service_unavailable())
-    return answer.plain()
+    return _plain(lambda: window_answer(slug))
 
 
 class ShuffleView(APIView):
