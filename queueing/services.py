@@ -8,7 +8,6 @@ the epoch) so that tests can drive the clock; callers in production leave it out
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import socket
@@ -637,7 +636,7 @@ def queue_join(
 def queue_join_stateless(*, slug: str, proof: pow.Solved | None = None, now: float | None = None) -> store.Window:
     """A new number in a stateless queue (SPEC 4): an increment in Redis, nothing stored per visitor.
     Returns the window as the join left it; the number is `window.next_number`."""
-    outcome, number, window = _with_config(
+    outcome, window = _with_config(
         slug,
         lambda: store.window_join(
             slug,
@@ -660,7 +659,7 @@ def queue_join_stateless(*, slug: str, proof: pow.Solved | None = None, now: flo
         raise QueueFull(max(5, min(300, window.interval_ms // 1000)))
     if outcome == "no_config":
         raise QueueIsTracked(slug)  # synced, yet no window: the queue is not (or no longer) stateless
-    return dataclasses.replace(window, next_number=number)
+    return window
 
 
 def queue_window_tick(*, queue: Queue, leader_token: str = "", now: float | None = None) -> store.WindowStep:
@@ -819,12 +818,20 @@ def instance_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+def _lead(slug: str, *, instance: str | None, now: float | None) -> str | None:
+    """Take or keep the queue's leader lease (seed 000); its holder runs what the clock decides. The
+    lease token, or None when another instance leads."""
+    token = store.leader(slug, instance_id=instance or instance_id(), ttl_ms=settings.WR_LEADER_TTL_MS)
+    if token is not None:
+        queue_schedule_step(slug, now=now)
+    return token
+
+
 def queue_tick(*, slug: str, instance: str | None = None, now: float | None = None) -> store.AdmitReply | None:
     """One admission tick: only the holder of the queue's leader lease admits (SPEC 3.2)."""
-    token = store.leader(slug, instance_id=instance or instance_id(), ttl_ms=settings.WR_LEADER_TTL_MS)
+    token = _lead(slug, instance=instance, now=now)
     if token is None:
         return None
-    queue_schedule_step(slug, now=now)
     try:
         queue_outflow_adapt(slug=slug, leader_token=token, now=now)
     except Exception:  # admission goes on at the rate in force: adapting is secondary to admitting
@@ -836,11 +843,8 @@ def queue_window_tick_lead(
     *, queue: Queue, instance: str | None = None, now: float | None = None
 ) -> store.WindowStep | None:
     """A stateless queue's tick: only the holder of the queue's leader lease moves its window (seed 000)."""
-    token = store.leader(queue.slug, instance_id=instance or instance_id(), ttl_ms=settings.WR_LEADER_TTL_MS)
-    if token is None:
-        return None
-    queue_schedule_step(queue.slug, now=now)
-    return queue_window_tick(queue=queue, leader_token=token, now=now)
+    token = _lead(queue.slug, instance=instance, now=now)
+    return None if token is None else queue_window_tick(queue=queue, leader_token=token, now=now)
 
 
 def queues_tick(*, instance: str | None = None, now: float | None = None) -> int:

@@ -14,7 +14,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -512,22 +512,18 @@ class LiveState(NamedTuple):
 def config_write(slug: str, policy: dict[str, Any]) -> LiveState:
     """Mirror a queue's policy into Redis, where every script reads it (no SQL on the hot path), and
     read back which epoch the live state runs in, in the same round trip."""
-    keys = queue_keys(slug)
-    mapping: dict[Any, Any] = {k: ("" if v is None else str(v)) for k, v in policy.items()}
-    pipe = client().pipeline(transaction=False)
-    pipe.hset(keys.cfg, mapping=mapping)
-    pipe.hget(keys.cfg, "live_epoch")
-    pipe.hget(keys.st, "seq")
-    _, epoch, seq = pipe.execute()
-    return LiveState(int(epoch) if epoch else None, int(seq or 0))
+    return live_state(slug, policy=policy)
 
 
-def live_state(slug: str) -> LiveState:
+def live_state(slug: str, *, policy: dict[str, Any] | None = None) -> LiveState:
+    """The tracked live state's epoch and last sequence number (after writing `policy`, if given)."""
     keys = queue_keys(slug)
     pipe = client().pipeline(transaction=False)
+    if policy is not None:
+        pipe.hset(keys.cfg, mapping={k: ("" if v is None else str(v)) for k, v in policy.items()})
     pipe.hget(keys.cfg, "live_epoch")
     pipe.hget(keys.st, "seq")
-    epoch, seq = pipe.execute()
+    *_, epoch, seq = pipe.execute()
     return LiveState(int(epoch) if epoch else None, int(seq or 0))
 
 
@@ -829,14 +825,19 @@ def limit_hit(algorithm: str, key: str, *args: str | int | float) -> tuple[bool,
     return _limit_reply(scripts[f"limits/{algorithm}"](keys=[key], args=args))
 
 
-def _evalsha_together(calls: list[tuple[str, list[str], tuple[Any, ...]]]) -> list[Any]:
-    """Several scripts in one round trip (a plain pipeline of EVALSHA: redis-py's script pipelines would
-    add a SCRIPT EXISTS round trip each time). A server that lost its scripts gets them loaded, once."""
+def _evalsha_together(
+    calls: list[tuple[str, list[str], tuple[Any, ...]]], then: Callable[[Any], None] | None = None
+) -> list[Any]:
+    """Several scripts (and, with `then`, plain commands added to the pipeline after them) in one round
+    trip (a plain pipeline of EVALSHA: redis-py's script pipelines would add a SCRIPT EXISTS round trip
+    each time). A server that lost its scripts gets them loaded, once."""
     client, scripts = _connection.get()
     for attempt in (1, 2):
         pipe = client.pipeline(transaction=False)
         for name, keys, args in calls:
             pipe.evalsha(scripts[name].sha, len(keys), *keys, *args)
+        if then is not None:
+            then(pipe)
         try:
             return list(pipe.execute())
         except redis.exceptions.NoScriptError:
@@ -987,31 +988,24 @@ def window_read_limited(
     slug: str, *, ticket_epoch: int, limit: LimitCall
 ) -> tuple[Window, tuple[bool, int, float, int]]:
     """The window and the asking ticket's rate limiter, in one round trip."""
-    client_, scripts = _connection.get()
-    for attempt in (1, 2):
-        pipe = client_.pipeline(transaction=False)
-        pipe.evalsha(scripts[f"limits/{limit.algorithm}"].sha, 1, limit.key, *limit.args)
-        pipe.hmget(queue_keys(slug).win, [*WINDOW_FIELDS, f"gap:{ticket_epoch}"])
-        try:
-            limited, raw = pipe.execute()
-            return Window.parse(raw[:-1], raw[-1]), _limit_reply(limited)
-        except redis.exceptions.NoScriptError:
-            if attempt == 2:
-                raise
-            script_ = scripts[f"limits/{limit.algorithm}"]
-            script_.sha = client_.script_load(script_.script)
-    raise AssertionError("unreachable")
+    fields = [*WINDOW_FIELDS, f"gap:{ticket_epoch}"]
+    limited, raw = _evalsha_together(
+        [(f"limits/{limit.algorithm}", [limit.key], limit.args)],
+        then=lambda pipe: pipe.hmget(queue_keys(slug).win, fields),
+    )
+    return Window.parse(raw[:-1], raw[-1]), _limit_reply(limited)
 
 
 def window_join(
     slug: str, *, now_ms: int, pow_bits: int = 0, pow_id: str = "", pow_ttl_ms: int = 0
-) -> tuple[str, int, Window]:
-    """A stateless join: (outcome, the ticket's number or 0, the window after it)."""
+) -> tuple[str, Window]:
+    """A stateless join: (outcome, the window after it; when created, the ticket's number is its
+    `next_number`, read in the same atomic script)."""
     _, scripts = _connection.get()
     base = f"{settings.WR_REDIS_PREFIX}:{{{slug}}}:"
     keys = [queue_keys(slug).win, f"{base}pow:{pow_id}"]
-    outcome, number, raw = scripts["window/join"](keys=keys, args=[now_ms, pow_bits, pow_ttl_ms, *WINDOW_FIELDS])
-    return str(outcome), int(number), Window.parse(raw) if raw else Window.parse([None] * len(WINDOW_FIELDS))
+    outcome, raw = scripts["window/join"](keys=keys, args=[now_ms, pow_bits, pow_ttl_ms, *WINDOW_FIELDS])
+    return str(outcome), Window.parse(raw or [None] * len(WINDOW_FIELDS))
 
 
 class WindowStep(NamedTuple):
@@ -1034,18 +1028,19 @@ def window_tick(slug: str, *, now_ms: int, leader_token: str = "") -> WindowStep
 
 def window_config_write(slug: str, fields: dict[str, Any], gaps: dict[int, int]) -> LiveState:
     """Mirror what the window needs of the policy into its HASH; read back its epoch and last number."""
-    key = queue_keys(slug).win
     mapping: dict[Any, Any] = {k: ("" if v is None else str(v)) for k, v in fields.items()}
     mapping.update({f"gap:{epoch}": str(gap) for epoch, gap in gaps.items()})
+    return window_live_state(slug, mapping=mapping)
+
+
+def window_live_state(slug: str, *, mapping: dict[Any, Any] | None = None) -> LiveState:
+    """The window's epoch and last number (after writing `mapping` into it, if given)."""
+    key = queue_keys(slug).win
     pipe = client().pipeline(transaction=False)
-    pipe.hset(key, mapping=mapping)
+    if mapping:
+        pipe.hset(key, mapping=mapping)
     pipe.hmget(key, ["live", "next"])
-    _, (epoch, number) = pipe.execute()
-    return LiveState(int(epoch) if epoch else None, int(number or 0))
-
-
-def window_live_state(slug: str) -> LiveState:
-    epoch, number = client().hmget(queue_keys(slug).win, ["live", "next"])
+    *_, (epoch, number) = pipe.execute()
     return LiveState(int(epoch) if epoch else None, int(number or 0))
 
 

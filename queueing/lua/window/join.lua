@@ -5,7 +5,7 @@
 -- ARGV[1] now (ms)   ARGV[2] proof-of-work bits solved (0: none)   ARGV[3] challenge lifetime (ms)
 -- ARGV[4..] the window fields to answer with (store.WINDOW_FIELDS)
 --
--- Returns {outcome, number, {window fields}}: outcome 'created' (number = the ticket's number) |
+-- Returns {outcome, {window fields}}: outcome 'created' (the ticket's number is the window's `next`) |
 -- 'closed' | 'not_open' | 'full' | 'pow_required' | 'pow_reused' | 'no_config' (the policy or the
 -- epoch is not in Redis: sync and retry) | 'no_seq' (the numbers reserved in the database are used up).
 --
@@ -17,24 +17,24 @@
 local win, now = KEYS[1], tonumber(ARGV[1])
 local w = redis.call('HMGET', win, 'live', 'epoch', 'state', 'next', 'max', 'ends_ms', 'prequeue_ms',
   'starts_ms', 'max_waiting', 'active', 'pow', 'gap')
-if not w[1] or w[1] ~= w[2] then return {'no_config', 0, {}} end
+if not w[1] or w[1] ~= w[2] then return {'no_config', {}} end
 local nxt, max, active, gap = tonumber(w[4]) or 0, tonumber(w[5]) or 0, tonumber(w[10]) or 0, tonumber(w[12]) or 0
 local ends, opens, starts = tonumber(w[6]) or 0, tonumber(w[7]) or 0, tonumber(w[8]) or 0
 local fields = {}
 for i = 4, #ARGV do fields[#fields + 1] = ARGV[i] end
 
-local function answer(outcome, number)
-  return {outcome, number, redis.call('HMGET', win, unpack(fields))}
+local function answer(outcome)
+  return {outcome, redis.call('HMGET', win, unpack(fields))}
 end
 
-if w[3] == 'closed' or (ends > 0 and now >= ends) then return answer('closed', 0) end
-if opens > 0 and now < opens then return answer('not_open', 0) end
+if w[3] == 'closed' or (ends > 0 and now >= ends) then return answer('closed') end
+if opens > 0 and now < opens then return answer('not_open') end
 local max_waiting = tonumber(w[9]) or 0
-if max_waiting > 0 and nxt - gap - active >= max_waiting then return answer('full', 0) end
+if max_waiting > 0 and nxt - gap - active >= max_waiting then return answer('full') end
 local pow = tonumber(w[11]) or 0
-if pow > 0 and (tonumber(ARGV[2]) or 0) < pow then return answer('pow_required', 0) end
-if nxt >= max then return answer('no_seq', 0) end
-if pow > 0 and not redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[3]) then return answer('pow_reused', 0) end
+if pow > 0 and (tonumber(ARGV[2]) or 0) < pow then return answer('pow_required') end
+if nxt >= max then return answer('no_seq') end
+if pow > 0 and not redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[3]) then return answer('pow_reused') end
 
 local number = redis.call('HINCRBY', win, 'next', 1)
 if starts > now then
@@ -42,4 +42,4 @@ if starts > now then
 elseif number - gap <= active and w[3] == 'open' then
   redis.call('HINCRBY', win, 'admitted', 1)  -- inside the window already: through at once
 end
-return answer('created', number)
+return answer('created')
