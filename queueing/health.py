@@ -3,8 +3,8 @@
 A site reports its responses: how many, how many were server errors (5xx), and their response times.
 Times are counted in a log-spaced histogram (bucket i holds times up to 2^(i/4) ms, so neighbouring
 bounds are 19% apart), which adds up across web processes and time slices: the p95 of many reports is
-the p95 of their summed histograms, never an average of percentiles. `store.py` keeps the counts in
-Redis per queue, in one-second slices that expire; services write reports and apply the tick's
+the p95 of their summed histograms, never an average of percentiles. `store.health` keeps the counts
+in Redis per queue, in one-second slices that expire; services write reports and apply the tick's
 decision, selectors read the window.
 """
 
@@ -16,15 +16,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
+
+from .models import ADAPTIVE_INTERVAL_MAX_SECONDS, ADAPTIVE_INTERVAL_MIN_SECONDS
+from .store import HEALTH_KEEP_SECONDS
+
 BUCKETS_PER_DOUBLING = 4
 BUCKET_MAX = 80  # 2^20 ms, about 17 minutes: anything slower is counted here
 QUANTILE = 0.95
 
 # Adjustment interval bounds (the queue's adaptive_interval_seconds); reports are kept a little longer
 # than the longest window they can be read for, then expire.
-INTERVAL_MIN_SECONDS = 2
-INTERVAL_MAX_SECONDS = 120
-KEEP_SECONDS = INTERVAL_MAX_SECONDS + 10
+INTERVAL_MIN_SECONDS = ADAPTIVE_INTERVAL_MIN_SECONDS
+INTERVAL_MAX_SECONDS = ADAPTIVE_INTERVAL_MAX_SECONDS
+KEEP_SECONDS = HEALTH_KEEP_SECONDS
+if KEEP_SECONDS <= INTERVAL_MAX_SECONDS:
+    raise ImproperlyConfigured("Health reports must outlive the longest adjustment interval.")
 
 # What one report may carry (the API refuses more; the middleware never sends more).
 REPORT_MAX_SAMPLES = 10_000

@@ -19,7 +19,9 @@ from django.db import models
 from django.utils import timezone
 from rest_framework_api_key.models import AbstractAPIKey
 
-from . import health, shuffle
+# Bounds of a queue's adaptive outflow adjustment interval (health.py judges the site over one interval).
+ADAPTIVE_INTERVAL_MIN_SECONDS = 2
+ADAPTIVE_INTERVAL_MAX_SECONDS = 120
 
 SLUG_VALIDATOR = RegexValidator(
     r"^[a-z0-9](?:[a-z0-9-]{0,48}[a-z0-9])?$",
@@ -199,8 +201,8 @@ class Queue(models.Model):
         "adjustment interval (s)",
         default=10,
         validators=[
-            MinValueValidator(health.INTERVAL_MIN_SECONDS),
-            MaxValueValidator(health.INTERVAL_MAX_SECONDS),
+            MinValueValidator(ADAPTIVE_INTERVAL_MIN_SECONDS),
+            MaxValueValidator(ADAPTIVE_INTERVAL_MAX_SECONDS),
         ],
         help_text="At most one adjustment this often, judged on the site's reports of the last interval.",
     )
@@ -497,7 +499,7 @@ class QueueShuffle(models.Model):
     When the schedule is set the queue commits to a random seed by publishing its SHA-256
     (`commitment`); at the start the seed is revealed with the pre-queue's tickets (sequence number and
     priority level) and the order they were put in, which anyone can recompute (queueing/shuffle.py,
-    `manage.py verify_shuffle`)."""
+    `manage.py verify_shuffle`; shuffle.public_record is what is published)."""
 
     queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="shuffles")
     starts_at = models.DateTimeField(help_text="The start this shuffle is for.")
@@ -516,24 +518,3 @@ class QueueShuffle(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue.slug} start {self.starts_at:%Y-%m-%d %H:%M:%S}"
-
-    def public(self) -> dict[str, Any]:
-        """What anyone may see: the commitment always; the seed and the lists once revealed."""
-        body: dict[str, Any] = {
-            "starts_at": self.starts_at.isoformat(),
-            "commitment": self.commitment,
-            "committed_at": self.committed_at.isoformat(),
-            "revealed": self.revealed_at is not None,
-        }
-        if self.revealed_at is not None and self.numbers is not None:
-            body.update(
-                seed=self.seed,
-                revealed_at=self.revealed_at.isoformat(),
-                method=shuffle.STATELESS_METHOD,
-                numbers=self.numbers,
-            )
-        elif self.revealed_at is not None:
-            body.update(
-                seed=self.seed, revealed_at=self.revealed_at.isoformat(), tickets=self.tickets, order=self.order
-            )
-        return body

@@ -277,7 +277,10 @@ def site_health_get(*, slug: str, now: float | None = None, window_seconds: int 
     if window_seconds is None:
         window_seconds = health_window_seconds(store.config_read(slug))
     now_ms = int((time.time() if now is None else now) * 1000)
-    return store.health_window(slug, now_ms=now_ms, seconds=window_seconds)
+    counts = store.health_window(slug, now_ms=now_ms, seconds=window_seconds)
+    return health.SiteHealth.from_counts(
+        window_seconds=counts.window_seconds, requests=counts.requests, errors=counts.errors, buckets=counts.buckets
+    )
 
 
 def queue_stats_get(*, slug: str, now: float | None = None) -> dict[str, Any]:
@@ -343,7 +346,7 @@ def queue_shuffle_get(*, slug: str) -> dict[str, Any] | None:
     from .models import QueueShuffle
 
     record = QueueShuffle.objects.filter(queue__slug=slug).order_by("-starts_at").first()
-    return record.public() if record is not None else None
+    return shuffle.public_record(record) if record is not None else None
 
 
 # --- Stateless mode (SPEC 4): a ticket's state follows from its number and the window -------------------

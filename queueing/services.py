@@ -777,7 +777,7 @@ def queue_outflow_adapt(*, slug: str, leader_token: str, now: float | None = Non
     interval = int(config.get("adaptive_interval_seconds") or 10)
     if adapted_at_ms and adapted_at_ms <= now_ms < adapted_at_ms + interval * 1000:
         return None  # not due: the script checks again, atomically; this spares reading the window
-    window = store.health_window(slug, now_ms=now_ms, seconds=interval)
+    window = selectors.site_health_get(slug=slug, now=now, window_seconds=interval)
     verdict, reason = health.outflow_verdict(window, health.Thresholds.from_config(config))
     outcome, before, after = store.outflow_adapt(slug, now_ms=now_ms, leader_token=leader_token, verdict=verdict)
     if outcome not in ("adapted", "not_admitting", "not_limiting"):

@@ -29,6 +29,10 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .models import QueueShuffle
 
 
 def seed_new() -> str:
@@ -96,3 +100,25 @@ def stateless_order(seed: str, first: int, last: int) -> list[int]:
     for number in range(first, last + 1):
         order[place(seed, first, last, number) - first] = number
     return order
+
+
+def public_record(record: QueueShuffle) -> dict[str, Any]:
+    """What anyone may see of a shuffle: the commitment always; the seed and the lists once revealed."""
+    body: dict[str, Any] = {
+        "starts_at": record.starts_at.isoformat(),
+        "commitment": record.commitment,
+        "committed_at": record.committed_at.isoformat(),
+        "revealed": record.revealed_at is not None,
+    }
+    if record.revealed_at is not None and record.numbers is not None:
+        body.update(
+            seed=record.seed,
+            revealed_at=record.revealed_at.isoformat(),
+            method=STATELESS_METHOD,
+            numbers=record.numbers,
+        )
+    elif record.revealed_at is not None:
+        body.update(
+            seed=record.seed, revealed_at=record.revealed_at.isoformat(), tickets=record.tickets, order=record.order
+        )
+    return body

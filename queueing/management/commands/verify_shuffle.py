@@ -35,7 +35,7 @@ class Command(BaseCommand):
             found = QueueShuffle.objects.filter(queue__slug=options["slug"]).order_by("-starts_at").first()
             if found is None:
                 raise CommandError(f"Queue '{options['slug']}' has no scheduled start, so no shuffle.")
-            record = found.public()
+            record = shuffle.public_record(found)
         if options["number"] is not None and record.get("method") == shuffle.STATELESS_METHOD:
             first, last = record["numbers"] or [1, 0]
             if not first <= options["number"] <= last:

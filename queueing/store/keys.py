@@ -1,0 +1,83 @@
+"""The key builder: every key of a queue under its Redis Cluster hash tag, and ticket ids.
+
+One function builds every key under `settings.WR_REDIS_PREFIX`, so tests can change the prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from django.conf import settings
+
+SEQ_DIGITS = 10
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """Every key of one queue, all under the hash tag `{slug}` so multi-key scripts run on one shard."""
+
+    cfg: str
+    st: str
+    line: str
+    tk: str
+    claims: str
+    sessions: str
+    done: str
+    leader: str
+    away: str
+    waits: str
+    restore: str  # places of pre-queue tickets after the shuffle, kept for a while after lost state
+    viewers: str  # not a script key: websocket servers report their viewer counts here
+    health: str  # not a script key: the prefix of the protected site's health slices (store.health)
+    win: str  # stateless mode: the window and its counters, with the policy it needs (lua/window/)
+
+    def script_keys(self) -> list[str]:
+        """The KEYS every transition script receives, in the order `_lib.lua` expects."""
+        return [
+            *(self.cfg, self.st, self.line, self.tk, self.claims, self.sessions, self.done, self.leader, self.away),
+            *(self.waits, self.restore),
+        ]
+
+    def tagged(self, name: str) -> str:
+        """A further key of this queue under its hash tag (a join's address index, a spent challenge)."""
+        return f"{self.cfg[: -len('cfg')]}{name}"
+
+
+@lru_cache(maxsize=4096)
+def _queue_keys(prefix: str, slug: str) -> QueueKeys:
+    base = f"{prefix}:{{{slug}}}:"
+    return QueueKeys(*(base + name for name in QueueKeys.__dataclass_fields__))
+
+
+def queue_keys(slug: str) -> QueueKeys:
+    return _queue_keys(settings.WR_REDIS_PREFIX, slug)
+
+
+def key_pattern() -> str:
+    """A SCAN pattern matching every key this installation writes (tests clean up with it)."""
+    return f"{settings.WR_REDIS_PREFIX}:*"
+
+
+def queue_config_pattern() -> tuple[str, str]:
+    """(SCAN pattern of every queue's policy key, the prefix before the slug in it)."""
+    return f"{settings.WR_REDIS_PREFIX}:{{*}}:cfg", f"{settings.WR_REDIS_PREFIX}:{{"
+
+
+def limit_key(scope: str, ident: str) -> str:
+    """The key of one limited subject (a client address, a ticket, an API key, a user) in one scope."""
+    return f"{settings.WR_REDIS_PREFIX}:rl:{scope}:{{{ident}}}"
+
+
+def ticket_id(seq: int, visitor_key: str) -> str:
+    return f"{seq:0{SEQ_DIGITS}d}.{visitor_key}"
+
+
+def parse_ticket_id(value: str) -> tuple[int, str] | None:
+    """(seq, visitor key) from a ticket id, or None if it is not one."""
+    seq, dot, visitor_key = value.partition(".")
+    if not dot or len(seq) != SEQ_DIGITS or not seq.isdigit() or not visitor_key:
+        return None
+    if len(visitor_key) > 64 or not all(c.isalnum() or c in "-_" for c in visitor_key):
+        return None
+    return int(seq), visitor_key

@@ -1,0 +1,48 @@
+"""Limiter plumbing: the five rate-limiting scripts (lua/limits/), one key per limited subject.
+
+The algorithms and their arguments are the domain's (`queueing/ratelimit.py`); here they are run, alone
+(`limit_hit`) or in the same round trip as other work (`LimitCall`, see tracked.status_limited).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from .client import run
+from .keys import limit_key
+
+__all__ = ["LimitCall", "LimitReply", "limit_hit", "limit_key"]
+
+
+class LimitCall(NamedTuple):
+    """One limiter script to run: its algorithm (lua/limits/<algorithm>.lua), key and arguments."""
+
+    algorithm: str
+    key: str
+    args: tuple[str | int | float, ...]
+
+    @property
+    def script(self) -> str:
+        return f"limits/{self.algorithm}"
+
+
+class LimitReply(NamedTuple):
+    """Every limiter script's reply: {allowed 0|1, retry after (ms), remaining (or the weighted count),
+    wait (ms; the leaking bucket's turn in its queue)}."""
+
+    allowed: bool
+    retry_ms: int
+    remaining: float
+    wait_ms: int
+
+    @classmethod
+    def parse(cls, raw: Sequence[Any]) -> LimitReply:
+        allowed, retry_ms, remaining, wait_ms = raw
+        return cls(bool(int(allowed)), int(retry_ms), float(remaining), int(wait_ms))
+
+
+def limit_hit(algorithm: str, key: str, *args: str | int | float) -> LimitReply:
+    """Run one limiter script: (allowed, retry after ms, remaining or weighted count, wait ms)."""
+    call = LimitCall(algorithm, key, args)
+    return LimitReply.parse(run(call.script, [key], args))

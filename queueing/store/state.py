@@ -1,0 +1,81 @@
+"""A queue's policy and the life of its live state: the mirrored policy every script reads, the epoch
+the live state runs in (epoch.lua starts it), and dropping state (a deleted queue, a change of mode)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple, cast
+
+from .client import client, run
+from .health import health_slice_keys
+from .keys import queue_config_pattern, queue_keys
+
+
+class LiveState(NamedTuple):
+    epoch: int | None  # the epoch the live state runs in; None: not started (new queue, or state lost)
+    seq: int  # the last sequence number issued
+
+
+def config_write(slug: str, policy: dict[str, Any]) -> LiveState:
+    """Mirror a queue's policy into Redis, where every script reads it (no SQL on the hot path), and
+    read back which epoch the live state runs in, in the same round trip."""
+    return live_state(slug, policy=policy)
+
+
+def live_state(slug: str, *, policy: dict[str, Any] | None = None) -> LiveState:
+    """The tracked live state's epoch and last sequence number (after writing `policy`, if given)."""
+    keys = queue_keys(slug)
+    pipe = client().pipeline(transaction=False)
+    if policy is not None:
+        pipe.hset(keys.cfg, mapping={k: ("" if v is None else str(v)) for k, v in policy.items()})
+    pipe.hget(keys.cfg, "live_epoch")
+    pipe.hget(keys.st, "seq")
+    *_, epoch, seq = pipe.execute()
+    return LiveState(int(epoch) if epoch else None, int(seq or 0))
+
+
+def epoch_start(
+    slug: str,
+    *,
+    epoch: int,
+    floor: int,
+    seq_max: int,
+    restore_until_ms: int = 0,
+    places: dict[int, float] | None = None,
+) -> bool:
+    """Start the queue's live state in `epoch` (epoch.lua replies 1); False when it was live already (0)."""
+    args: list[str | int | float] = [str(epoch), floor, seq_max, restore_until_ms]
+    for seq, score in (places or {}).items():
+        args += [seq, repr(float(score))]
+    return bool(int(run("epoch", queue_keys(slug).script_keys(), args)))
+
+
+def config_read(slug: str) -> dict[str, str]:
+    return cast(dict[str, str], client().hgetall(queue_keys(slug).cfg))
+
+
+def pow_difficulty(slug: str) -> int:
+    """The queue's proof-of-work difficulty in force (0: no gate), from its mirrored policy."""
+    return int(client().hget(queue_keys(slug).cfg, "pow_difficulty") or 0)
+
+
+def queue_slugs() -> list[str]:
+    """Every queue that has a policy in Redis (found by SCAN, not KEYS: it does not block the server)."""
+    pattern, prefix = queue_config_pattern()
+    return sorted(key[len(prefix) : -len("}:cfg")] for key in client().scan_iter(match=pattern, count=1000))
+
+
+def queue_delete(slug: str) -> None:
+    """Drop all live state of one queue (a deleted queue, or a test)."""
+    keys = queue_keys(slug)
+    slices = health_slice_keys(slug, newest=int(time.time()))
+    client().delete(*keys.script_keys(), keys.viewers, keys.win, *slices)
+
+
+def mode_state_clear(slug: str, *, keep_window: bool) -> None:
+    """A queue changed mode: drop the live state of the mode it left (its policy and counters stay)."""
+    keys = queue_keys(slug)
+    if keep_window:  # now stateless: the tracked line, records and slots go
+        client().delete(keys.line, keys.tk, keys.claims, keys.sessions, keys.done, keys.away, keys.waits, keys.restore)
+    else:
+        client().delete(keys.win)
