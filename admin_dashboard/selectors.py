@@ -9,7 +9,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from queueing import selectors, store
+from queueing import selectors
 from queueing.models import Queue, QueueChange
 
 from .models import QueueSnapshot, WaitSample
@@ -120,7 +120,7 @@ def queue_sessions(queue: Queue, *, limit: int = 50) -> list[dict[str, Any]]:
     """Admitted and active tickets (the ones staff may revoke), soonest to expire first."""
     return [
         {"ticket_id": ticket_id, "status": status, "until": datetime.fromtimestamp(until_ms / 1000, tz=UTC)}
-        for ticket_id, status, until_ms in store.sessions_list(queue.slug, limit=limit)
+        for ticket_id, status, until_ms in selectors.queue_sessions_get(queue.slug, limit=limit)
     ]
 
 

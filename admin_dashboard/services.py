@@ -9,7 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from queueing import realtime, selectors, services, store
+from queueing import realtime, selectors, services
 from queueing.models import Queue
 
 from .models import QueueSnapshot, WaitSample
@@ -28,7 +28,7 @@ def wait_samples_store(queue: Queue) -> int:
     Read, store, and only then drop from Redis what was stored (after the commit): a database error
     leaves every sample in Redis for the next run, and samples stored twice (the drop failed, the task
     ran again) are kept once."""
-    samples = store.wait_samples_read(queue.slug)
+    samples = selectors.wait_samples_get(queue.slug)
     if not samples:
         return 0
     rows = [
@@ -44,7 +44,7 @@ def wait_samples_store(queue: Queue) -> int:
     ]
     with transaction.atomic():  # a failure rolls back only this (a caller may be in a transaction)
         WaitSample.objects.bulk_create(rows, ignore_conflicts=True)  # a sample stored twice is kept once
-    transaction.on_commit(lambda: store.wait_samples_drop(queue.slug, through=samples[-1], read=len(samples)))
+    transaction.on_commit(lambda: services.wait_samples_drop(queue.slug, through=samples[-1], read=len(samples)))
     return len(samples)
 
 

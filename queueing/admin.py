@@ -8,7 +8,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from rest_framework_api_key.admin import APIKeyModelAdmin
 
-from . import services, store, tokens
+from . import selectors, services, tokens
 from .models import PriorityCode, PriorityLevel, Queue, QueueAPIKey, QueueChange, QueueShuffle, SigningKey
 
 # The per-address index is written only while a cap is set (README: Join caps), so say so where it is set.
@@ -80,13 +80,13 @@ class QueueAdmin(admin.ModelAdmin):
         return super().get_inline_instances(request, obj) if obj else []
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
-        self._snapshots: dict[str, store.QueueSnapshot] = {}
+        self._snapshots: dict[str, selectors.QueueSnapshot] = {}
         return super().get_changelist_instance(request)
 
-    def _snapshot(self, obj: Queue) -> store.QueueSnapshot:
-        snaps: dict[str, store.QueueSnapshot] = getattr(self, "_snapshots", {})
+    def _snapshot(self, obj: Queue) -> selectors.QueueSnapshot:
+        snaps: dict[str, selectors.QueueSnapshot] = getattr(self, "_snapshots", {})
         if obj.slug not in snaps:
-            snaps[obj.slug] = store.snapshot(obj.slug)
+            snaps[obj.slug] = selectors.queue_snapshot_get(obj.slug)
         return snaps[obj.slug]
 
     @admin.display(description="waiting")

@@ -29,7 +29,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
-from . import realtime, selectors, store, tokens
+from . import modes, realtime, selectors, services, tokens
 
 CLOSE_INVALID_TICKET = 4401
 VIEWERS_REPORT_SECONDS = 5.0
@@ -40,7 +40,8 @@ ASK_STATUS_EVERY_SECONDS = 1.0
 
 class QueueConsumer(AsyncJsonWebsocketConsumer):
     slug = ""
-    claims: tokens.TicketClaims | tokens.PositionClaims | None = None
+    claims: tokens.VisitorClaims | None = None
+    mode: modes.QueueMode[Any] = modes.TRACKED
     heartbeat: asyncio.Task[None] | None = None
     asked_at = -1e9
 
@@ -50,6 +51,7 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         raw = parse_qs(self.scope.get("query_string", b"").decode(errors="replace")).get("ticket", [""])[0]
         try:
             self.claims = tokens.visitor_ticket_decode(raw, slug=self.slug)
+            self.mode = modes.of_claims(self.claims)
         except tokens.InvalidTicket:
             await self.close(code=CLOSE_INVALID_TICKET)  # before accept: the handshake is refused
             return
@@ -57,14 +59,13 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         # server's one listener for the queue (_PublicFanout), which writes them to every socket.
         # A stateless queue's ticket has no private events and no presence to keep: it hears the window
         # move and asks for its status (its access token) when the window reaches it.
-        stateless = isinstance(self.claims, tokens.PositionClaims)
-        if not stateless:
-            await self.channel_layer.group_add(self._private_group(), self.channel_name)
+        if self.mode.keeps_visitors:
+            await self.channel_layer.group_add(self.mode.private_group(self.claims), self.channel_name)
         await self.accept()
         _fanout().add(self.slug, self, self.channel_layer)
         collector.ensure()
         viewers.opened(self.slug)
-        if not stateless:
+        if self.mode.keeps_visitors:
             self.heartbeat = asyncio.ensure_future(self._heartbeat())
 
     async def disconnect(self, code: int) -> None:
@@ -82,14 +83,13 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
     async def _release(self) -> None:
         if self.claims is None:
             return
-        group = self._private_group()
-        stateless = isinstance(self.claims, tokens.PositionClaims)
+        group = self.mode.private_group(self.claims)
         self.claims = None
         if self.heartbeat is not None:
             self.heartbeat.cancel()
         _fanout().discard(self.slug, self)
         viewers.closed(self.slug)
-        if not stateless:
+        if group:
             with contextlib.suppress(Exception):  # the layer's subscription ends with the consumer anyway
                 await self.channel_layer.group_discard(group, self.channel_name)
 
@@ -126,12 +126,6 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
                 self.asked_at = now
                 await self._send_status()
 
-    def _private_group(self) -> str:
-        assert self.claims is not None
-        if isinstance(self.claims, tokens.PositionClaims):
-            return ""
-        return realtime.ticket_group(self.slug, self.claims.visitor_key)
-
     async def _heartbeat(self) -> None:
         await asyncio.sleep(random.uniform(1, 3))  # sockets opened together do not poll together
         while (interval := await self._send_status()) is not None:
@@ -143,13 +137,7 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         try:
             # In a pool thread, closing that thread's stale database connection (used only when Redis
             # lost the queue's policy and it is synced again).
-            if isinstance(self.claims, tokens.PositionClaims):
-                read = database_sync_to_async(selectors.position_status_get, thread_sensitive=False)
-                view = await read(claims=self.claims)
-            else:
-                view = await database_sync_to_async(selectors.ticket_status_get, thread_sensitive=False)(
-                    claims=self.claims
-                )
+            view = await database_sync_to_async(modes.status, thread_sensitive=False)(self.claims)
         except selectors.TicketGone:
             await self.send_json({"type": "expired", "ticket_id": self.claims.ticket_id, "reason": "expired"})
             return None
@@ -302,7 +290,7 @@ class _Viewers:
     async def report(self) -> None:
         counts = {slug: max(0, count) for slug, count in self.counts.items()}
         if counts:
-            await sync_to_async(store.viewers_report, thread_sensitive=False)(
+            await sync_to_async(services.viewers_report, thread_sensitive=False)(
                 counts, instance=self.instance, now=time.time()
             )
         for slug, count in counts.items():

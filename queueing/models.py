@@ -438,11 +438,6 @@ class PriorityCode(models.Model):
         if self.max_uses == 0:
             raise ValidationError({"max_uses": "Leave empty for unlimited; 0 would never be usable."})
 
-    def is_usable(self) -> bool:
-        if self.expires_at is not None and self.expires_at <= timezone.now():
-            return False
-        return self.max_uses is None or self.uses < self.max_uses
-
 
 class QueueAPIKey(AbstractAPIKey):
     """A protected site's key for one queue: stored hashed (SHA-512), shown once on creation."""

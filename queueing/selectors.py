@@ -1,11 +1,13 @@
-"""Every read: a ticket's status (also its heartbeat), queue stats, the advice a poller gets."""
+"""Every read: a ticket's status (also its heartbeat), queue stats, the advice a poller gets.
+
+Never imports services: a read that finds the queue's policy missing from Redis raises PolicyMissing,
+and the caller syncs it (services.with_policy; modes.py does for the visitor paths) and reads again."""
 
 from __future__ import annotations
 
 import math
 import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
@@ -15,12 +17,17 @@ from django.conf import settings
 from . import health, ratelimit, realtime, shuffle, store, tokens
 from .models import Queue
 from .store import QueueFigures, TicketReply, TicketState, TicketStatus
+from .store import QueueSnapshot as QueueSnapshot
 
 RATE_TAU_S = 30  # as in lua/_lib.lua
 
 
 class TicketGone(Exception):
     """The ticket is signed but its queue no longer knows it."""
+
+
+class PolicyMissing(Exception):
+    """Redis has no policy (or no live window) for the queue: a new queue, or lost state. Sync, read again."""
 
 
 @dataclass(frozen=True)
@@ -222,13 +229,7 @@ def visitor_status_get(
         if not decision.allowed:
             raise ratelimit.Limited(decision)
     if reply.outcome == "no_config":
-        from .services import queue_config_sync  # rare: Redis lost the policy
-
-        queue = Queue.objects.prefetch_related("priority_levels").filter(slug=slug).first()
-        if queue is None:
-            raise TicketGone(slug)
-        queue_config_sync(queue)
-        reply = store.status(slug, visitor_key=visitor_key, seq=seq, now_ms=now_ms, restore=restore)
+        raise PolicyMissing(slug)  # rare: Redis lost the policy
     if reply.moves.seq:
         # A parked visitor came back to its place: the only way a poll moves anyone.
         realtime.send(realtime.queue_move(slug, reply.moves))
@@ -339,6 +340,29 @@ def queue_stats_get(*, slug: str, now: float | None = None) -> dict[str, Any]:
         "epoch": int(cfg.get("epoch") or 1),
         "viewers": store.viewers_count(slug, now=time.time() if now is None else now),
     }
+
+
+def queue_snapshot_get(slug: str) -> store.QueueSnapshot:
+    """A tracked queue's counters and sizes in one round trip (admin's list)."""
+    return store.snapshot(slug)
+
+
+def queue_sessions_get(slug: str, *, limit: int) -> list[tuple[str, str, int]]:
+    """(ticket id, 'admitted' | 'active', claim deadline or session end in ms), soonest first."""
+    return store.sessions_list(slug, limit=limit)
+
+
+def wait_samples_get(slug: str, *, limit: int = 10000) -> list[store.WaitSample]:
+    """The oldest wait samples admissions left in Redis (kept there until services.wait_samples_drop)."""
+    return store.wait_samples_read(slug, limit=limit)
+
+
+def queue_policy_get(slug: str) -> dict[str, str]:
+    """The queue's policy as mirrored in Redis (no SQL); PolicyMissing when Redis has none."""
+    policy = store.config_read(slug)
+    if not policy:
+        raise PolicyMissing(slug)
+    return policy
 
 
 def queue_shuffle_get(*, slug: str) -> dict[str, Any] | None:
@@ -463,39 +487,22 @@ def position_view(
     )
 
 
-def _window(slug: str, read: Callable[[], store.Window]) -> store.Window:
-    """A window read; synced from the database first when Redis does not have the queue's (rare)."""
-    window = read()
-    if window.live:
-        return window
-    from .services import queue_config_sync
-
-    queue = Queue.objects.prefetch_related("priority_levels").filter(slug=slug).first()
-    if queue is None or not queue.is_stateless:
-        raise TicketGone(slug)
-    queue_config_sync(queue)
-    window = read()
-    if not window.live:
-        raise TicketGone(slug)
-    return window
-
-
 def position_status_get(
     *, claims: tokens.PositionClaims, now: float | None = None, limit_scope: str = ""
 ) -> TicketView:
     """A stateless ticket's status: one Redis read (with the ticket's rate limiter in the same round trip
-    when `limit_scope` is given; ratelimit.Limited when it refuses)."""
+    when `limit_scope` is given; ratelimit.Limited when it refuses). PolicyMissing without a live window."""
     slug = claims.slug
     call = ratelimit.prepare(limit_scope, claims.ticket_id, now=now) if limit_scope else None
     if call is None:
-        window = _window(slug, lambda: store.window_read(slug, ticket_epoch=claims.epoch))
+        window = store.window_read(slug, ticket_epoch=claims.epoch)
     else:
         window, limited = store.window_read_limited(slug, ticket_epoch=claims.epoch, limit=call)
         decision = ratelimit.decision_from(limited)
         if not decision.allowed:
             raise ratelimit.Limited(decision)
-        if not window.live:
-            window = _window(slug, lambda: store.window_read(slug, ticket_epoch=claims.epoch))
+    if not window.live:
+        raise PolicyMissing(slug)
     return position_view(slug, claims, window, now_ms=int((time.time() if now is None else now) * 1000))
 
 
@@ -523,8 +530,11 @@ def window_public(window: store.Window, *, now_ms: int) -> dict[str, Any]:
 
 
 def window_public_get(*, slug: str, now: float | None = None) -> dict[str, Any]:
-    """The window endpoint's answer (one HMGET; no ticket, no per-visitor state)."""
-    window = _window(slug, lambda: store.window_read(slug))
+    """The window endpoint's answer (one HMGET; no ticket, no per-visitor state). PolicyMissing without a
+    live window (a tracked or unknown queue, or lost state)."""
+    window = store.window_read(slug)
+    if not window.live:
+        raise PolicyMissing(slug)
     return window_public(window, now_ms=int((time.time() if now is None else now) * 1000))
 
 

@@ -192,16 +192,9 @@ def ticket_issue(
     return str(token)
 
 
-def ticket_decode(raw: str, *, slug: str) -> TicketClaims:
-    """The claims of a ticket for this queue, or InvalidTicket (forged, tampered, expired, other queue)."""
-    claims = visitor_ticket_decode(raw, slug=slug)
-    if not isinstance(claims, TicketClaims):
-        raise InvalidTicket("The ticket is not valid for this queue.")
-    return claims
-
-
-def visitor_ticket_decode(raw: str, *, slug: str) -> TicketClaims | PositionClaims:
-    """Either kind of visitor ticket for this queue (one signature check), or InvalidTicket."""
+def visitor_ticket_decode(raw: str, *, slug: str) -> VisitorClaims:
+    """Either kind of visitor ticket for this queue (one signature check), or InvalidTicket (forged,
+    tampered, expired, another queue's). Which kind it is chooses the queue mode (modes.of_claims)."""
     try:
         payload = _ticket_backend(_ticket_signing_key(), slug).decode(raw)
     except TokenBackendExpiredToken as exc:
@@ -266,6 +259,10 @@ class PositionClaims:
         return store.ticket_id(self.number, STATELESS_VISITOR)
 
 
+# What a visitor holds: a tracked queue's ticket or a stateless queue's numbered one.
+VisitorClaims = TicketClaims | PositionClaims
+
+
 def position_issue(*, slug: str, number: int, epoch: int) -> str:
     token = PositionToken(slug=slug)
     token["sub"] = str(number)
@@ -295,13 +292,23 @@ class _KeyCache:
 
     def get(self, *, kid: str | None = None) -> _KeyRing:
         ring = self._ring
-        stale = ring is None or time.monotonic() - ring.loaded_at > settings.WR_KEY_CACHE_SECONDS
-        unknown = ring is not None and kid is not None and kid not in ring.public
-        if stale or (unknown and ring is not None and time.monotonic() - ring.loaded_at > 1):
+        if self._needs_load(ring, kid):
             with self._lock:
-                ring = self._ring = _load_key_ring()
+                # Checked again under the lock: the thread that held it may have just loaded the keys.
+                ring = self._ring
+                if self._needs_load(ring, kid):
+                    ring = self._ring = _load_key_ring()
         assert ring is not None
         return ring
+
+    @staticmethod
+    def _needs_load(ring: _KeyRing | None, kid: str | None) -> bool:
+        if ring is None:
+            return True
+        age = time.monotonic() - ring.loaded_at
+        stale = age > settings.WR_KEY_CACHE_SECONDS
+        unknown = kid is not None and kid not in ring.public
+        return stale or (unknown and age > 1)
 
     def reset(self) -> None:
         self._ring = None

@@ -10,7 +10,6 @@ page's refresh: it carries a signed, short-lived `rejoin` token for this visitor
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import math
 import time
@@ -28,15 +27,14 @@ from django.urls import reverse
 from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from . import ratelimit, selectors, services, store, tokens
+from . import modes, selectors, services, tokens
+from .api.answers import join_answer
 from .middleware import QueueAccess, access_cookie_name, queue_access_serve, waiting_page_url
 from .models import Queue
 from .visitors import (
     InvalidVisitorId,
     VisitorIdentity,
-    client_address,
     position_cookie_name,
-    position_cookie_set,
     visitor_cookie_set,
     visitor_identity,
 )
@@ -54,14 +52,10 @@ RETURN_REASONS = {
 
 def _policy(slug: str) -> dict[str, str]:
     """The queue's policy as mirrored in Redis (no SQL on page loads); synced from the database if missing."""
-    policy = store.config_read(slug)
-    if not policy:
-        queue = Queue.objects.prefetch_related("priority_levels").filter(slug=slug).first()
-        if queue is None:
-            raise Http404("No such queue.")
-        services.queue_config_sync(queue)
-        policy = store.config_read(slug)
-    return policy
+    try:
+        return services.with_policy(slug, lambda: selectors.queue_policy_get(slug))
+    except services.QueueNotFound as exc:
+        raise Http404("No such queue.") from exc
 
 
 def _identity(request: HttpRequest) -> VisitorIdentity:
@@ -106,13 +100,8 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
     identity = _identity(request)
     if request.method == "POST":
         return _join_from_form(request, slug, identity)
-    stateless = policy.get("mode") == Queue.Mode.STATELESS
-    view = None
-    with contextlib.suppress(selectors.TicketGone):  # no ticket yet (or long finished)
-        if stateless:
-            view = _held_position(request, slug, live_only=False)
-        else:
-            view = selectors.visitor_status_get(slug=slug, visitor_key=identity.key)
+    held_ticket = request.COOKIES.get(position_cookie_name(slug), "")
+    view = modes.named(policy.get("mode")).held(slug, identity=identity, held_ticket=held_ticket)
     without_ticket = view is None or view.is_finished
     if "rejoin" in request.GET:  # the no-JavaScript page's own refresh, retrying a join
         retry = _retry_read(request.GET["rejoin"], slug, identity)
@@ -214,56 +203,30 @@ def _refused(request: HttpRequest, slug: str, identity: VisitorIdentity, retry: 
 
 
 def _join_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity) -> HttpResponse:
-    """The join button without JavaScript (or its retry): join, then show the page (post/redirect/get)."""
-    target = request.path
-    address = client_address(request.META)
-    decision = ratelimit.hit("join", address)
-    if not decision.allowed:
-        wait = math.ceil(decision.retry_after)
-        return HttpResponseRedirect(_refused(request, slug, identity, _Retry("limited", wait)), status=303)
-    position_ticket = ""
-    try:
-        if _policy(slug).get("mode") != Queue.Mode.STATELESS:
-            services.queue_join(
-                slug=slug,
-                visitor_key=identity.key,
-                priority=services.priority_for_user(slug=slug, user=identity.user),
-                address=address,
-            )
-        elif _held_position(request, slug) is None:
-            window = services.queue_join_stateless(slug=slug)
-            position_ticket = tokens.position_issue(slug=slug, number=window.next_number, epoch=window.epoch)
-    except services.TicketCapReached:
+    """The join button without JavaScript (or its retry): the API's join, then the page (post/redirect/get).
+    A refused join shows the refusal's page, which retries by itself where waiting can help."""
+    answer = join_answer(request, slug, {}, user=request.user, identity=identity)
+    target, code = request.path, answer.error_code
+    wait = int(answer.body.get("error", {}).get("retry_after_seconds") or 0) if code else 0
+    if code == "queue_not_found":
+        raise Http404("No such queue.")
+    if code == "rate_limited":
+        target = _refused(request, slug, identity, _Retry("limited", max(1, wait)))
+    elif code == "ticket_cap_reached":
         target = _refused(request, slug, identity, _Retry("limited", 60))
-    except services.QueueNotOpen:
+    elif code == "queue_not_open":
         target = _refused(request, slug, identity, _Retry("notyet", _until_open(_policy(slug))))
-    except services.ProofOfWorkRequired:
+    elif code == "queue_full":
+        target = _refused(request, slug, identity, _Retry("full", wait))
+    elif code == "proof_of_work_required":
         target += "?state=pow"  # the gate's puzzle needs JavaScript
-    except services.QueueClosed:
+    elif code == "queue_closed":
         target += "?state=closed"
-    except services.QueueFull as exc:
-        target = _refused(request, slug, identity, _Retry("full", exc.retry_after))
-    except services.QueueNotFound as exc:
-        raise Http404("No such queue.") from exc
     response = HttpResponseRedirect(target, status=303)
+    answer.cookies_set(response)
     if identity.new_cookie:
         visitor_cookie_set(response, identity.new_cookie)
-    if position_ticket:
-        position_cookie_set(response, slug, position_ticket)
     return response
-
-
-def _held_position(request: HttpRequest, slug: str, *, live_only: bool = True) -> selectors.TicketView | None:
-    """A stateless queue: the state of the ticket this browser holds (its cookie); with `live_only`, None
-    for a finished one."""
-    try:
-        claims = tokens.visitor_ticket_decode(request.COOKIES.get(position_cookie_name(slug), ""), slug=slug)
-    except tokens.InvalidTicket:
-        return None
-    if not isinstance(claims, tokens.PositionClaims):
-        return None
-    view = selectors.position_status_get(claims=claims)
-    return None if live_only and view.is_finished else view
 
 
 def home(request: HttpRequest) -> HttpResponse:

@@ -62,8 +62,15 @@ def ticket_token(slug: str, ticket: store.TicketState) -> str:
     return tokens.ticket_issue(slug=slug, ticket_id=ticket.ticket_id, seq=ticket.seq, priority=ticket.priority, epoch=1)
 
 
+def decode_ticket(raw: str, *, slug: str) -> tokens.TicketClaims:
+    """A tracked queue's ticket's claims (InvalidTicket as the product decodes it; not a numbered one)."""
+    claims = tokens.visitor_ticket_decode(raw, slug=slug)
+    assert isinstance(claims, tokens.TicketClaims)
+    return claims
+
+
 def ticket_claims(slug: str, ticket: store.TicketState) -> tokens.TicketClaims:
-    return tokens.ticket_decode(ticket_token(slug, ticket), slug=slug)
+    return decode_ticket(ticket_token(slug, ticket), slug=slug)
 
 
 def rank_of(ticket: store.TicketState) -> int:

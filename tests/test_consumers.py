@@ -12,7 +12,7 @@ from channels.testing import WebsocketCommunicator
 from queueing import consumers, realtime, services, store, tasks, tokens
 from waitingroom_site.asgi import application
 
-from .factories import ticket_token, visitor
+from .factories import decode_ticket, ticket_token, visitor
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
@@ -120,7 +120,7 @@ async def test_queue_moves_carry_a_growing_sequence_and_the_places_that_moved(qu
     tickets = [await waiting_visitor(queue.slug, f"v{i}") for i in range(4)]
     communicator, _, _ = await open_socket(queue.slug, tickets[3])
     await asyncio.sleep(0.3)
-    claims = await sync_to_async(tokens.ticket_decode)(tickets[1], slug=queue.slug)
+    claims = await sync_to_async(decode_ticket)(tickets[1], slug=queue.slug)
     await sync_to_async(services.ticket_leave)(slug=queue.slug, claims=claims)
     first = await next_event(communicator, "queue_move")
     assert first["ops"] == [["-", 1, 1]]
@@ -135,7 +135,7 @@ async def test_revoking_a_waiting_visitor_tells_it_so(queue):
     ticket = await waiting_visitor(queue.slug, "v")
     communicator, _, _ = await open_socket(queue.slug, ticket)
     await asyncio.sleep(0.3)
-    ticket_id = (await sync_to_async(tokens.ticket_decode)(ticket, slug=queue.slug)).ticket_id
+    ticket_id = (await sync_to_async(decode_ticket)(ticket, slug=queue.slug)).ticket_id
     await sync_to_async(services.session_revoke)(slug=queue.slug, ticket_id=ticket_id)
     event = await next_event(communicator, "expired")
     assert (event["ticket_id"], event["reason"]) == (ticket_id, "revoked")
@@ -144,7 +144,7 @@ async def test_revoking_a_waiting_visitor_tells_it_so(queue):
 
 async def test_snapshots_reach_every_watcher(queue):
     ticket = await waiting_visitor(queue.slug, "v")
-    ticket_id = (await sync_to_async(tokens.ticket_decode)(ticket, slug=queue.slug)).ticket_id
+    ticket_id = (await sync_to_async(decode_ticket)(ticket, slug=queue.slug)).ticket_id
     communicator, _, _ = await open_socket(queue.slug, ticket)
     await consumers.viewers.report()
     assert await sync_to_async(lambda: tasks.realtime_snapshots.apply().get())() >= 1
@@ -185,7 +185,7 @@ async def test_public_events_reach_every_socket_of_their_queue_only_and_survive_
     sockets = [(await open_socket(queue.slug, t))[0] for t in tickets[1:]]
     elsewhere, _, _ = await open_socket(other.slug, await waiting_visitor(other.slug, "o"))
     await asyncio.sleep(0.3)
-    leave = await sync_to_async(tokens.ticket_decode)(tickets[0], slug=queue.slug)
+    leave = await sync_to_async(decode_ticket)(tickets[0], slug=queue.slug)
     await sync_to_async(services.ticket_leave)(slug=queue.slug, claims=leave)
     seqs = [(await next_event(s, "queue_move"))["seq"] for s in sockets]
     assert len(set(seqs)) == 1
@@ -199,7 +199,7 @@ async def test_public_events_reach_every_socket_of_their_queue_only_and_survive_
 
     again, _, _ = await open_socket(queue.slug, tickets[3])
     await asyncio.sleep(0.3)
-    leave = await sync_to_async(tokens.ticket_decode)(tickets[1], slug=queue.slug)
+    leave = await sync_to_async(decode_ticket)(tickets[1], slug=queue.slug)
     await sync_to_async(services.ticket_leave)(slug=queue.slug, claims=leave)
     assert (await next_event(again, "queue_move"))["seq"] == seqs[0] + 1
     await again.disconnect()
@@ -284,7 +284,7 @@ async def test_whatever_ends_a_consumer_it_stops_counting_fanning_out_and_heartb
     communicator, connected, _ = await open_socket(queue.slug, ticket)
     assert connected
     consumer = _the_consumer(queue.slug)
-    claims = await sync_to_async(tokens.ticket_decode)(ticket, slug=queue.slug)
+    claims = await sync_to_async(decode_ticket)(ticket, slug=queue.slug)
     group = realtime.ticket_group(queue.slug, claims.visitor_key)
     await consumer.channel_layer.group_send(group, {"type": "no.such.event"})
     deadline = asyncio.get_running_loop().time() + 5

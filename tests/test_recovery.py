@@ -17,11 +17,11 @@ from dataclasses import dataclass
 import pytest
 import redis
 
-from queueing import selectors, services, store, tokens
+from queueing import modes, selectors, services, store, tokens
 from queueing.models import PriorityCode, Queue, QueueChange, QueueShuffle
 from waitingroom_site.devredis import answers, server_binary
 
-from .factories import join, visitor
+from .factories import decode_ticket, join, visitor
 from .stack import free_port
 from .test_schedule import at
 
@@ -90,7 +90,7 @@ def claims_of(slug: str, ticket: store.TicketState, *, epoch: int = 1) -> tokens
         epoch=epoch,
         placement=ticket.score,
     )
-    return tokens.ticket_decode(raw, slug=slug)
+    return decode_ticket(raw, slug=slug)
 
 
 def test_flushing_redis_mid_queue_gives_old_tickets_their_order_back_ahead_of_new_joiners(
@@ -206,9 +206,9 @@ def test_the_pre_queue_shuffle_survives_a_loss(make_queue, private_redis, clock)
 
     by_seq = {t.seq: t for t in [*prequeue, later]}
     for seq in random.sample(list(by_seq), len(by_seq)):
-        selectors.ticket_status_get(claims=claims_of(queue.slug, by_seq[seq]), now=t0 + 23)
+        modes.status(claims=claims_of(queue.slug, by_seq[seq]), now=t0 + 23)
     ranks = {
-        seq: selectors.ticket_status_get(claims=claims_of(queue.slug, t), now=t0 + 24).ahead or 0
+        seq: modes.status(claims=claims_of(queue.slug, t), now=t0 + 24).ahead or 0
         for seq, t in by_seq.items()
     }
     # All of them back in line (the one admitted before the loss too, at its shuffled place), in the
@@ -233,7 +233,7 @@ def test_a_visitor_at_the_site_keeps_its_session_through_a_loss(make_queue, priv
     claims = tokens.access_token_decode(token, slug=queue.slug)
     assert services.session_complete(slug=queue.slug, claims=claims, now=clock.advance(1)) == "completed"
     assert services.session_verify(slug=queue.slug, raw_token=token, now=clock()).reason == "expired"
-    reply = selectors.ticket_status_get(claims=claims_of(queue.slug, waiting, epoch=2), now=clock())
+    reply = modes.status(claims=claims_of(queue.slug, waiting, epoch=2), now=clock())
     assert reply.status == "admitted"  # the freed slot went to the next visitor at once
 
 
@@ -242,10 +242,10 @@ def test_a_restored_ticket_that_left_is_not_restored_again(make_queue, private_r
     ticket = join(queue.slug, "v", now=clock())
     private_redis.flushall()
     claims = claims_of(queue.slug, ticket)
-    assert selectors.ticket_status_get(claims=claims, now=clock.advance(1)).position == 1
+    assert modes.status(claims=claims, now=clock.advance(1)).position == 1
     assert services.ticket_leave(slug=queue.slug, claims=claims, now=clock.advance(1))
     services.queue_cleanup(slug=queue.slug, now=clock.advance(queue.abandon_timeout / 2))  # keeps the record
-    view = selectors.ticket_status_get(claims=claims, now=clock.advance(1))
+    view = modes.status(claims=claims, now=clock.advance(1))
     assert (view.status, view.reason) == ("expired", "left")
     assert store.snapshot(queue.slug).waiting == 0
 
@@ -256,7 +256,7 @@ def test_old_tickets_are_not_restored_once_the_window_after_the_loss_has_passed(
     private_redis.flushall()
     services.queues_tick(now=clock.advance(1))  # the new epoch: its window lasts the abandon timeout
     with pytest.raises(selectors.TicketGone):
-        selectors.ticket_status_get(claims=claims_of(queue.slug, ticket), now=clock.advance(61))
+        modes.status(claims=claims_of(queue.slug, ticket), now=clock.advance(61))
 
 
 def test_an_old_ticket_of_a_visitor_who_took_a_new_one_is_not_restored(make_queue, private_redis, clock):
@@ -266,7 +266,7 @@ def test_an_old_ticket_of_a_visitor_who_took_a_new_one_is_not_restored(make_queu
     new = join(queue.slug, "v", now=clock())  # e.g. a page without the old ticket joined again
     assert new.seq > old.seq
     with pytest.raises(selectors.TicketGone):
-        selectors.ticket_status_get(claims=claims_of(queue.slug, old), now=clock())
+        modes.status(claims=claims_of(queue.slug, old), now=clock())
     assert store.snapshot(queue.slug).waiting == 1
 
 

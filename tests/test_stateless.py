@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from queueing import selectors, services, shuffle, store, tokens
+from queueing import modes, selectors, services, shuffle, store, tokens
 from queueing.models import Queue, QueueChange, QueueShuffle
 
 from .test_recovery import private_redis  # noqa: F401  (a redis-server of the test's own)
@@ -33,7 +33,7 @@ def joined(slug: str, now: float) -> tokens.PositionClaims:
 
 
 def state(claims: tokens.PositionClaims, now: float) -> str:
-    return selectors.position_status_get(claims=claims, now=now).status
+    return modes.status(claims=claims, now=now).status
 
 
 def step(queue: Queue, now: float) -> store.WindowStep:
@@ -48,14 +48,14 @@ def test_a_tickets_state_follows_from_its_number_at_the_window_edges(window_queu
     assert not step(window_queue, t0 + 5).stepped  # the first step comes an interval after the start
     assert step(window_queue, t0 + 10).active == 3
     assert [state(t, t0 + 10) for t in tickets[:4]] == ["admitted", "admitted", "admitted", "waiting"]
-    assert selectors.position_status_get(claims=tickets[3], now=t0 + 10).position == 1
+    assert modes.status(claims=tickets[3], now=t0 + 10).position == 1
     assert not step(window_queue, t0 + 15).stepped  # not before the interval has passed
     assert step(window_queue, t0 + 20).active == 6
     # Two active windows: 1-3 (the older window) and 4-6; 7 waits.
     assert [state(t, t0 + 20) for t in tickets[:7]] == ["admitted"] * 6 + ["waiting"]
     assert step(window_queue, t0 + 30).active == 9
     # The window passed 1-3 (place <= 9 - 2 * 3): expired; 4 (= 9 - 6 + 1) is the oldest still active.
-    views = [selectors.position_status_get(claims=t, now=t0 + 30) for t in tickets]
+    views = [modes.status(claims=t, now=t0 + 30) for t in tickets]
     assert [v.status for v in views] == ["expired"] * 3 + ["admitted"] * 6 + ["waiting"]
     assert views[0].reason == selectors.EXPIRED_WINDOW
     assert views[9].position == 1 and views[9].queue_length == 1
@@ -86,7 +86,7 @@ def test_a_ticket_that_joined_just_before_a_step_stays_active_for_the_next_one_t
     assert state(tickets[2], t0 + 25) == "admitted"  # spill-over: the previous window is still active
     step(window_queue, t0 + 30)
     assert state(tickets[2], t0 + 30) == "expired"
-    assert state(late, t0 + 30) == "waiting" and selectors.position_status_get(claims=late, now=t0 + 30).position == 4
+    assert state(late, t0 + 30) == "waiting" and modes.status(claims=late, now=t0 + 30).position == 4
 
 
 def test_only_the_leader_moves_the_window(window_queue, clock):
@@ -113,7 +113,7 @@ def test_a_paused_or_full_site_holds_the_window(window_queue, clock, make_queue)
     services.queue_pause(Queue.objects.get(pk=window_queue.pk), actor_label="tests")
     assert not step(window_queue, t0 + 10).stepped
     assert (
-        selectors.position_status_get(claims=tokens.PositionClaims(slug, 5, 1), now=t0 + 10).estimated_wait_seconds
+        modes.status(claims=tokens.PositionClaims(slug, 5, 1), now=t0 + 10).estimated_wait_seconds
         is None
     )
     services.queue_configure(
@@ -149,9 +149,9 @@ def test_an_access_token_is_issued_only_when_an_active_ticket_asks_and_verifies_
 ):
     t0, slug = clock.now, window_queue.slug
     waiting, _ = joined(slug, t0), [joined(slug, t0) for _ in range(5)]
-    assert selectors.position_status_get(claims=waiting, now=t0).access_token is None
+    assert modes.status(claims=waiting, now=t0).access_token is None
     step(window_queue, t0 + 10)
-    view = selectors.position_status_get(claims=waiting, now=t0 + 10)
+    view = modes.status(claims=waiting, now=t0 + 10)
     assert (
         view.status == "admitted" and view.access_token and str(view.redirect_url).startswith(window_queue.target_url)
     )
@@ -249,7 +249,7 @@ def test_a_scheduled_stateless_sale_shuffles_its_pre_queue_verifiably(make_queue
     with pytest.raises(services.QueueNotOpen):
         services.queue_join_stateless(slug=queue.slug, now=t0)
     prequeue = [joined(queue.slug, t0 + 11) for _ in range(8)]
-    assert selectors.position_status_get(claims=prequeue[0], now=t0 + 12).opens_in_seconds == 8
+    assert modes.status(claims=prequeue[0], now=t0 + 12).opens_in_seconds == 8
     services.queues_tick(now=t0 + 15)  # before the start: nothing moves
     assert store.window_read(queue.slug).active == 0
     services.queues_tick(now=t0 + 21)  # the start: the shuffle is revealed, and the window moves
@@ -260,7 +260,7 @@ def test_a_scheduled_stateless_sale_shuffles_its_pre_queue_verifiably(make_queue
     through = {t.number for t in prequeue if state(t, t0 + 21) == "admitted"}
     assert through == set(order[:2])  # the first window lets in the first two of the shuffled order
     later = joined(queue.slug, t0 + 22)
-    assert selectors.position_status_get(claims=later, now=t0 + 22).position == 7  # behind the pre-queue
+    assert modes.status(claims=later, now=t0 + 22).position == 7  # behind the pre-queue
     public = api.get(f"/api/v1/queues/{queue.slug}/shuffle").json()
     assert public["method"] == shuffle.STATELESS_METHOD and public["numbers"] == [1, 8]
     out = StringIO()
@@ -280,8 +280,8 @@ def test_losing_redis_keeps_every_stateless_ticket_and_never_reissues_a_number(m
     new = joined(queue.slug, t0 + 6)
     assert new.number > queue.seq_reserved - settings.WR_SEQ_BLOCK >= max(t.number for t in old)
     assert [state(t, t0 + 6) for t in old] == ["admitted"] * 2 + ["waiting"] * 4
-    assert selectors.position_status_get(claims=old[2], now=t0 + 6).position == 1
-    assert selectors.position_status_get(claims=new, now=t0 + 6).position == 5  # right behind the old ones
+    assert modes.status(claims=old[2], now=t0 + 6).position == 1
+    assert modes.status(claims=new, now=t0 + 6).position == 5  # right behind the old ones
 
 
 def test_switching_a_queue_to_stateless_sends_its_visitors_to_join_again(make_queue, clock, api):
@@ -294,7 +294,7 @@ def test_switching_a_queue_to_stateless_sends_its_visitors_to_join_again(make_qu
     assert queue.epoch == 2 and store.snapshot(queue.slug).waiting == 0
     claims = tokens.TicketClaims(queue.slug, tracked.ticket_id, tracked.seq, tracked.ticket_id[11:], 0, 1)
     with pytest.raises(selectors.TicketGone):
-        selectors.ticket_status_get(claims=claims, now=clock.now)
+        modes.status(claims=claims, now=clock.now)
     body = api.post(f"/api/v1/queues/{queue.slug}/join", {}, format="json").json()
     assert body["mode"] == "stateless" and body["number"] > tracked.seq and body["place"] == 1
     services.queue_configure(slug=queue.slug, changes={"mode": "tracked"}, actor_label="tests")

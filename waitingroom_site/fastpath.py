@@ -31,8 +31,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.http.request import split_domain_port, validate_host
 from django.middleware.security import SecurityMiddleware
 
-from queueing.api.errors import service_unavailable
-from queueing.api.views import Answer, join_fast, status_answer, status_fast, window_answer, window_fast
+from queueing.api.answers import Answer, join_fast, status_answer, status_fast, window_answer, window_fast
 
 _SLUG = r"([a-z0-9](?:[a-z0-9-]{0,48}[a-z0-9])?)"
 STATUS_PATH = re.compile(rf"^/api/v1/queues/{_SLUG}/status$")
@@ -103,7 +102,7 @@ class HotPathWSGI:
             else:
                 answer = window_answer(window_match.group(1))  # type: ignore[union-attr]
         except redis.RedisError:
-            answer = Answer(*service_unavailable())
+            answer = Answer.unavailable()
         body = json.dumps(answer.body, separators=(",", ":")).encode()
         headers = [
             ("Content-Type", "application/json"),

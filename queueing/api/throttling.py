@@ -25,7 +25,7 @@ from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 from rest_framework_api_key.permissions import KeyParser
 
-from .. import ratelimit, tokens
+from .. import modes, ratelimit, tokens
 from ..visitors import client_address
 from .errors import ApiError, retry_after
 
@@ -84,7 +84,7 @@ class TicketThrottle(ScopedRateThrottle):
             claims = tokens.visitor_ticket_decode(credentials.strip(), slug=str(view.kwargs.get("slug", "")))
         except tokens.InvalidTicket:
             return None
-        return claims.visitor_key if isinstance(claims, tokens.TicketClaims) else claims.ticket_id
+        return modes.of_claims(claims).holder(claims)
 
 
 class StaffLoginThrottle(ClientAddressThrottle):

@@ -1,18 +1,13 @@
 """The HTTP API (SPEC 6): one view per operation. Views parse, call one service or selector, and shape
-the answer; the rules live in services and selectors."""
+the answer; the rules live in services and selectors. The visitor hot path (join, status, window) is
+built in answers.py, which these views and the front-of-Django fast path (fastpath.py) both call."""
 
 from __future__ import annotations
 
-import json
-import math
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-import redis
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.cache import cache_control
 from drf_spectacular.types import OpenApiTypes
@@ -24,20 +19,13 @@ from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 from rest_framework_simplejwt.authentication import JWTAuthentication
 
-from .. import pow, ratelimit, realtime, selectors, services, tokens
+from .. import modes, selectors, services, tokens
 from ..models import Queue
-from ..visitors import (
-    InvalidVisitorId,
-    client_address,
-    position_cookie_name,
-    position_cookie_set,
-    visitor_cookie_set,
-    visitor_identity,
-)
 from . import serializers as s
-from .errors import ApiError, error_body, service_unavailable
+from .answers import authorization, join_answer, status_answer, ticket_claims, window_answer
+from .errors import ApiError
 from .permissions import CanChangeQueue, HasQueueApiKey, IsStaff
-from .throttling import ClientAddressThrottle, ProtectedSiteThrottle, StaffThrottle, TicketThrottle, limit, rate_limited
+from .throttling import ClientAddressThrottle, ProtectedSiteThrottle, StaffThrottle, TicketThrottle
 
 ERRORS = {
     code: OpenApiResponse(s.ErrorSerializer, description=desc)
@@ -70,201 +58,7 @@ def _validated(serializer_class: type[Serializer], data: Any) -> dict[str, Any]:
     return dict(serializer.validated_data)
 
 
-def _ticket_claims(authorization: str, slug: str) -> tokens.TicketClaims | tokens.PositionClaims:
-    """A tracked queue's ticket, or a stateless queue's numbered one."""
-    scheme, _, credentials = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not credentials.strip():
-        raise ApiError("invalid_ticket", "Send the ticket as 'Authorization: Bearer <ticket>'.")
-    try:
-        return tokens.visitor_ticket_decode(credentials.strip(), slug=slug)
-    except tokens.InvalidTicket as exc:
-        raise ApiError("invalid_ticket", str(exc)) from exc
-
-
-def _authorization(request: Request | HttpRequest) -> str:
-    return str(request.META.get("HTTP_AUTHORIZATION", ""))
-
-
-def _ws_url(request: Request | HttpRequest, slug: str, ticket: str) -> str:
-    return realtime.socket_url(request, f"/ws/queues/{slug}/?ticket={ticket}")
-
-
-def _poll_headers(view: selectors.TicketView) -> dict[str, str]:
-    if not view.is_waiting:
-        return {}
-    return {"Retry-After": str(math.ceil(view.poll_after_seconds))}
-
-
 # --- Visitors -------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Answer:
-    """What a visitor endpoint answers, before it is shaped into a DRF or a plain Django response."""
-
-    status: int
-    body: dict[str, Any]
-    headers: dict[str, str] = field(default_factory=dict)
-    visitor_cookie: str | None = None
-    position_cookie: tuple[str, str] | None = None  # (slug, ticket): a stateless queue's dedupe cookie
-
-    @classmethod
-    def error(cls, exc: ApiError) -> Answer:
-        return cls(exc.status_code, error_body(exc.code, exc.message, **exc.extra), exc.headers)
-
-    def drf(self) -> Response:
-        response = Response(self.body, status=self.status, headers=self.headers)
-        self._cookies(response)
-        return response
-
-    def _cookies(self, response: HttpResponse) -> None:
-        if self.visitor_cookie:
-            visitor_cookie_set(response, self.visitor_cookie)
-        if self.position_cookie:
-            position_cookie_set(response, *self.position_cookie)
-
-    def plain(self) -> HttpResponse:
-        response = HttpResponse(
-            json.dumps(self.body, separators=(",", ":")), status=self.status, content_type="application/json"
-        )
-        for name, value in self.headers.items():
-            response[name] = value
-        self._cookies(response)
-        return response
-
-
-def join_answer(request: HttpRequest, slug: str, data: Any, *, user: Any) -> Answer:
-    """A whole join: validate, identify the visitor, one Redis script, sign the ticket.
-
-    Shared by JoinView (signed-in visitors, and the schema) and join_fast (everyone without a session).
-    A stateless queue (SPEC 4) is joined by number instead (`_join_stateless`).
-    """
-    try:
-        address = client_address(request.META)
-        limit("join", address)
-        fields = s.join_request_validate(data)
-        proof = None
-        if fields["pow_challenge"] or fields["pow_nonce"]:
-            try:
-                proof = pow.solution_check(slug, fields["pow_challenge"], fields["pow_nonce"])
-            except pow.InvalidProof as exc:
-                raise ApiError("invalid_proof_of_work", str(exc)) from exc
-        if selectors.queue_mode_get(slug) == Queue.Mode.STATELESS:
-            try:
-                return _join_stateless(request, slug, fields, proof)
-            except services.QueueIsTracked:
-                selectors.queue_mode_forget(slug)  # the mode changed a moment ago
-        try:
-            identity = visitor_identity(request, user=user)
-        except InvalidVisitorId as exc:
-            raise ApiError("invalid_visitor_id", str(exc)) from exc
-        try:
-            result = services.queue_join(
-                slug=slug,
-                visitor_key=identity.key,
-                priority=services.priority_for_user(slug=slug, user=identity.user),
-                priority_code=fields.get("priority_code", ""),
-                display_name=fields.get("display_name", ""),
-                address=address,
-                proof=proof,
-            )
-        except services.QueueIsStateless:
-            return _join_stateless(request, slug, fields, proof)  # the mode changed a moment ago
-        except services.JOIN_REFUSALS as exc:
-            raise _join_refused(slug, exc) from exc
-    except ApiError as exc:
-        return Answer.error(exc)
-
-    view = selectors.ticket_view(slug, result.reply)
-    ticket = tokens.ticket_issue(
-        slug=slug,
-        ticket_id=view.ticket_id,
-        seq=view.seq,
-        priority=view.priority,
-        epoch=view.epoch,
-        placement=view.placement,
-    )
-    body = _ticket_body(request, slug, ticket, view)
-    if body["status"] == "active":
-        body["status"] = "admitted"  # to a joiner, a live session is simply "go through"
-    return Answer(201 if result.created else 200, body, _poll_headers(view), identity.new_cookie)
-
-
-def _ticket_body(request: HttpRequest, slug: str, ticket: str, view: selectors.TicketView) -> dict[str, Any]:
-    """A join's answer: the ticket, its state, and where its websocket is."""
-    return {"ticket": ticket, **view.payload(ahead=False), "ws_url": _ws_url(request, slug, ticket)}
-
-
-def _join_refused(slug: str, exc: Exception) -> ApiError:
-    """The API's answer to a join the queue refused (either mode)."""
-    if isinstance(exc, services.QueueNotOpen):
-        queue = Queue.objects.filter(slug=slug).only("prequeue_opens_at").first()
-        opens = queue.prequeue_opens_at if queue else None
-        wait = min(3600, max(1, math.ceil(opens.timestamp() - time.time())) if opens else 60)
-        return ApiError(
-            "queue_not_open",
-            "This queue has not opened yet.",
-            headers={"Retry-After": str(wait)},
-            opens_at=opens.isoformat() if opens else None,
-            retry_after_seconds=wait,
-        )
-    if isinstance(exc, services.ProofOfWorkRequired):
-        return ApiError(
-            "proof_of_work_required",
-            "Solve this challenge and join again with pow_challenge and pow_nonce.",
-            **services.pow_challenge_issue(slug=slug),
-        )
-    if isinstance(exc, services.ProofOfWorkReused):
-        return ApiError("proof_of_work_reused", "That challenge was already used; ask for a new one.")
-    if isinstance(exc, services.TicketCapReached):
-        return ApiError(
-            "ticket_cap_reached",
-            "This network already holds as many tickets for this queue as it may.",
-            headers={"Retry-After": "60"},
-            retry_after_seconds=60,
-        )
-    if isinstance(exc, services.QueueClosed):
-        return ApiError("queue_closed", "This queue is closed and takes no new visitors.")
-    if isinstance(exc, services.QueueFull):
-        return ApiError(
-            "queue_full",
-            "The queue is full; try again later.",
-            headers={"Retry-After": str(exc.retry_after)},
-            retry_after_seconds=exc.retry_after,
-        )
-    if isinstance(exc, services.InvalidPriorityCode):
-        return ApiError("invalid_priority_code", "That priority code is unknown, used up or expired.")
-    return ApiError("queue_not_found", f"There is no queue '{slug}'.")
-
-
-def _join_stateless(request: HttpRequest, slug: str, fields: dict[str, Any], proof: pow.Solved | None) -> Answer:
-    """A join of a stateless queue: a new number, or (dedupe by signed cookie only, SPEC 4) the ticket this
-    browser already holds while it is not expired. Nothing is stored per visitor."""
-    if fields.get("priority_code"):
-        raise ApiError("invalid_priority_code", "This queue has no priority lanes (it runs in stateless mode).")
-    held = request.COOKIES.get(position_cookie_name(slug), "")
-    if held:
-        try:
-            claims = tokens.visitor_ticket_decode(held, slug=slug)
-            if isinstance(claims, tokens.PositionClaims):
-                view = selectors.position_status_get(claims=claims)
-                if not view.is_finished:
-                    return _position_answer(request, slug, held, view, 200)
-        except (tokens.InvalidTicket, selectors.TicketGone):
-            pass  # a stale cookie: join anew
-    try:
-        window = services.queue_join_stateless(slug=slug, proof=proof)
-    except services.JOIN_REFUSALS as exc:
-        raise _join_refused(slug, exc) from exc
-    claims = tokens.PositionClaims(slug, window.next_number, window.epoch, int(time.time()))
-    ticket = tokens.position_issue(slug=slug, number=claims.number, epoch=claims.epoch)
-    return _position_answer(request, slug, ticket, selectors.position_view(slug, claims, window), 201)
-
-
-def _position_answer(request: HttpRequest, slug: str, ticket: str, view: selectors.TicketView, status: int) -> Answer:
-    return Answer(
-        status, _ticket_body(request, slug, ticket, view), _poll_headers(view), position_cookie=(slug, ticket)
-    )
 
 
 class JoinView(APIView):
@@ -296,66 +90,6 @@ class JoinView(APIView):
         return join_answer(request._request, slug, request.data, user=request.user).drf()
 
 
-def join_fast(request: HttpRequest, slug: str) -> HttpResponse:
-    """A join from a visitor without a session (so without a signed-in user): no DRF dispatch."""
-    try:
-        answer = join_answer(request, slug, _json_body(request), user=None)
-    except ApiError as exc:
-        answer = Answer.error(exc)
-    except redis.RedisError:
-        answer = Answer(*service_unavailable())
-    return answer.plain()
-
-
-def _json_body(request: HttpRequest) -> Any:
-    """The request body as JSON, refused as DRF's JSONParser would refuse it (415, 400 malformed_json)."""
-    raw = request.body
-    if not raw:
-        return {}
-    if request.content_type != "application/json":
-        raise ApiError("unsupported_media_type", "Send the body as application/json.")
-    try:
-        return json.loads(raw, parse_constant=_refuse_constant)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError("malformed_json", f"The body is not valid JSON: {exc}") from exc
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def status_answer(authorization: str, slug: str) -> Answer:
-    """A whole status poll: one ticket check and one Redis round trip, no SQL.
-
-    Shared by StatusView (the documented DRF view) and status_fast (what servers run, see fastpath.py).
-    Redis errors propagate (each caller maps them to a 503).
-    """
-    try:
-        claims = _ticket_claims(authorization, slug)
-    except ApiError as exc:
-        return Answer.error(exc)
-    try:
-        # The ticket's rate limiter runs in the same Redis round trip as the poll.
-        if isinstance(claims, tokens.PositionClaims):
-            view = selectors.position_status_get(claims=claims, limit_scope="status")
-        else:
-            view = selectors.ticket_status_get(claims=claims, limit_scope="status")
-    except ratelimit.Limited as exc:
-        return Answer.error(rate_limited(exc.decision))
-    except selectors.TicketGone:
-        gone = {
-            "ticket_id": claims.ticket_id,
-            "status": "expired",
-            "position": None,
-            "ahead": None,
-            "queue_length": 0,
-            "estimated_wait_seconds": None,
-            "poll_after_seconds": 60.0,
-        }
-        return Answer(200, gone)
-    return Answer(200, view.payload(), _poll_headers(view))
-
-
 class StatusView(APIView):
     authentication_classes: list[Any] = []
     permission_classes: list[Any] = []
@@ -368,20 +102,7 @@ class StatusView(APIView):
         auth=TICKET_AUTH,
     )
     def get(self, request: Request, slug: str) -> Response:
-        return status_answer(_authorization(request), slug).drf()
-
-
-def status_fast(request: HttpRequest, slug: str) -> HttpResponse:
-    """The status poll without DRF's dispatch (content negotiation, renderers): the hot path."""
-    return _plain(lambda: status_answer(_authorization(request), slug))
-
-
-def _plain(answer: Callable[[], Answer]) -> HttpResponse:
-    """A fast-path answer as a plain response; Redis away is a 503 in the error shape."""
-    try:
-        return answer().plain()
-    except redis.RedisError:
-        return Answer(*service_unavailable()).plain()
+        return status_answer(authorization(request), slug).drf()
 
 
 class NeighboursView(APIView):
@@ -397,10 +118,8 @@ class NeighboursView(APIView):
         auth=TICKET_AUTH,
     )
     def get(self, request: Request, slug: str) -> Response:
-        claims = _ticket_claims(_authorization(request), slug)
-        if isinstance(claims, tokens.PositionClaims):
-            return Response({"neighbours": []})  # a stateless queue knows numbers, not people
-        rows = selectors.ticket_neighbours_get(claims=claims)
+        claims = ticket_claims(authorization(request), slug)
+        rows = modes.of_claims(claims).neighbours(claims)  # a stateless queue knows numbers, not people
         return Response(
             {"neighbours": [{"position": r.position, "display_name": r.display_name, "you": r.is_me} for r in rows]}
         )
@@ -434,18 +153,6 @@ class ChallengeView(APIView):
             raise ApiError("queue_not_found", f"There is no queue '{slug}'.") from exc
 
 
-def window_answer(slug: str) -> Answer:
-    """A stateless queue's window, for anyone (no ticket): one Redis read. Cacheable until about the next
-    step of the window (at most one interval), so a CDN can answer most of a crowd's polls."""
-    try:
-        window = selectors.window_public_get(slug=slug)
-    except selectors.TicketGone:
-        return Answer.error(ApiError("not_found", f"Queue '{slug}' is not a stateless queue (or does not exist)."))
-    due, interval = window["next_step_in"], window["window_interval"]
-    max_age = max(1, min(math.ceil(interval), math.ceil(due) if due is not None else math.ceil(interval)))
-    return Answer(200, window, {"Cache-Control": f"public, max-age={max_age}"})
-
-
 class WindowView(APIView):
     authentication_classes: list[Any] = []
     permission_classes: list[Any] = []
@@ -465,10 +172,6 @@ class WindowView(APIView):
     )
     def get(self, request: Request, slug: str) -> Response:
         return window_answer(slug).drf()
-
-
-def window_fast(request: HttpRequest, slug: str) -> HttpResponse:
-    return _plain(lambda: window_answer(slug))
 
 
 class ShuffleView(APIView):
@@ -506,9 +209,8 @@ class LeaveView(APIView):
         auth=TICKET_AUTH,
     )
     def post(self, request: Request, slug: str) -> Response:
-        claims = _ticket_claims(_authorization(request), slug)
-        if isinstance(claims, tokens.TicketClaims):  # a stateless ticket is simply not used again
-            services.ticket_leave(slug=slug, claims=claims)
+        claims = ticket_claims(authorization(request), slug)
+        modes.of_claims(claims).leave(claims)
         return Response(status=204)
 
 

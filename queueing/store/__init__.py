@@ -1,6 +1,6 @@
 """The only package that talks to Redis, one module per concern:
 
-* `client`    the client (one per process) and the script loader; NOSCRIPT is handled there, once
+* `connection` the client (one per process) and the script loader; NOSCRIPT is handled there, once
 * `keys`      the key builder (every key of a queue under its Redis Cluster hash tag) and ticket ids
 * `tracked`   a visitor's transitions in tracked mode (join, status, leave, sessions), with their replies
 * `admission` the leader lease, admission, cleanup, capacity reports, pre-queue reordering, adaptive outflow
@@ -33,7 +33,7 @@ from .admission import (
     prequeue_entries,
     reorder,
 )
-from .client import LUA_DIR, client, script
+from .connection import LUA_DIR, client, script
 from .health import KEEP_SECONDS as HEALTH_KEEP_SECONDS
 from .health import HealthCounts, health_report, health_slice_key, health_window
 from .inspect import (

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .client import client, run
+from .connection import client, run
 from .keys import queue_keys
 from .tracked import NO_MOVES, Moves, QueueFigures
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .client import client
+from .connection import client
 from .keys import queue_keys
 
 # Reports are kept a little longer than the longest window they can be read for (a queue's adjustment

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import msgpack
 
-from .client import client, raw_client, run
+from .connection import client, raw_client, run
 from .keys import parse_ticket_id, queue_keys, ticket_id
 from .tracked import TicketStatus
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from .client import run
+from .connection import run
 from .keys import limit_key
 
 __all__ = ["LimitCall", "LimitReply", "limit_hit", "limit_key"]

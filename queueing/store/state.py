@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, NamedTuple, cast
 
-from .client import client, run
+from .connection import client, run
 from .health import health_slice_keys
 from .keys import queue_config_pattern, queue_keys
 

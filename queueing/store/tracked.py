@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .client import run, run_together
+from .connection import run, run_together
 from .keys import queue_keys
 from .limits import LimitCall, LimitReply
 
@@ -133,6 +133,9 @@ class TicketState:
 
     @classmethod
     def parse(cls, raw: Sequence[Any]) -> TicketState:
+        # A join's reply adds the line score; any other length is not a ticket.
+        if len(raw) not in (len(cls.LAYOUT) - 1, len(cls.LAYOUT)):
+            raise ValueError(f"a ticket reply has {len(cls.LAYOUT) - 1} or {len(cls.LAYOUT)} fields, not {len(raw)}")
         return cls(**_parse_fields(cls.LAYOUT[: len(raw)], raw))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from .client import client
+from .connection import client
 from .keys import queue_keys
 
 VIEWERS_FRESH_SECONDS = 15

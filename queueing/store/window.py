@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .client import client, run, run_together
+from .connection import client, run, run_together
 from .keys import queue_keys
 from .limits import LimitCall, LimitReply
 from .state import LiveState

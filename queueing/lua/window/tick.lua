@@ -46,6 +46,6 @@ if admitting and now - at >= interval and active <= issued then
   redis.call('HSET', win, 'active', active, 'at', now, 'ema_rate', string.format('%.17g', ema),
     'ema_ts', math.max(ts, now))
   redis.call('HINCRBY', win, 'admitted', let_in)
-  stepped = 1
+  stepped, at = 1, now
 end
 return {'ok', stepped, active, issued, at, evseq}

@@ -1,0 +1,305 @@
+"""The visitor hot path's answers: a join, a status poll and a stateless queue's window, each built once as
+an `Answer` and shaped into whichever response its caller needs: a DRF Response (the documented views in
+views.py), a plain Django response (fastpath.py answers polls in front of Django's request handling, and
+joins without a session skip DRF), or a redirect (the waiting page's no-JavaScript form joins through
+`join_answer` too).
+
+What a status poll costs: one ticket check (HMAC, no SQL) and one Redis round trip (the status script
+with the ticket's rate limiter in the same pipeline).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from django.http import HttpRequest, HttpResponse
+from rest_framework.response import Response
+
+from .. import modes, pow, ratelimit, realtime, selectors, services, tokens
+from ..models import Queue
+from ..visitors import (
+    InvalidVisitorId,
+    VisitorIdentity,
+    client_address,
+    position_cookie_name,
+    position_cookie_set,
+    visitor_cookie_set,
+    visitor_identity,
+)
+from . import serializers as s
+from .errors import ApiError, error_body, service_unavailable
+from .throttling import limit, rate_limited
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a visitor endpoint answers, before it is shaped into a DRF or a plain Django response."""
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+    visitor_cookie: str | None = None
+    position_cookie: tuple[str, str] | None = None  # (slug, ticket): a stateless queue's dedupe cookie
+
+    @classmethod
+    def error(cls, exc: ApiError) -> Answer:
+        return cls(exc.status_code, error_body(exc.code, exc.message, **exc.extra), exc.headers)
+
+    @classmethod
+    def unavailable(cls) -> Answer:
+        """Redis cannot be reached: 503 in the error shape, with a short Retry-After."""
+        return cls(*service_unavailable())
+
+    @property
+    def error_code(self) -> str:
+        """The error's code ('' for a success)."""
+        error = self.body.get("error")
+        return str(error.get("code", "")) if isinstance(error, dict) else ""
+
+    def drf(self) -> Response:
+        response = Response(self.body, status=self.status, headers=self.headers)
+        self.cookies_set(response)
+        return response
+
+    def cookies_set(self, response: HttpResponse) -> None:
+        if self.visitor_cookie:
+            visitor_cookie_set(response, self.visitor_cookie)
+        if self.position_cookie:
+            position_cookie_set(response, *self.position_cookie)
+
+    def plain(self) -> HttpResponse:
+        response = HttpResponse(
+            json.dumps(self.body, separators=(",", ":")), status=self.status, content_type="application/json"
+        )
+        for name, value in self.headers.items():
+            response[name] = value
+        self.cookies_set(response)
+        return response
+
+
+def plain(answer: Callable[[], Answer]) -> HttpResponse:
+    """A fast-path answer as a plain response; Redis away is a 503 in the error shape."""
+    try:
+        return answer().plain()
+    except redis.RedisError:
+        return Answer.unavailable().plain()
+
+
+def authorization(request: HttpRequest) -> str:
+    return str(request.META.get("HTTP_AUTHORIZATION", ""))
+
+
+def ticket_claims(authorization: str, slug: str) -> tokens.VisitorClaims:
+    """A tracked queue's ticket, or a stateless queue's numbered one, from 'Authorization: Bearer ...'."""
+    scheme, _, credentials = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not credentials.strip():
+        raise ApiError("invalid_ticket", "Send the ticket as 'Authorization: Bearer <ticket>'.")
+    try:
+        return tokens.visitor_ticket_decode(credentials.strip(), slug=slug)
+    except tokens.InvalidTicket as exc:
+        raise ApiError("invalid_ticket", str(exc)) from exc
+
+
+def _poll_headers(view: selectors.TicketView) -> dict[str, str]:
+    if not view.is_waiting:
+        return {}
+    return {"Retry-After": str(math.ceil(view.poll_after_seconds))}
+
+
+# --- Join ---------------------------------------------------------------------------------------------
+
+
+def join_answer(
+    request: HttpRequest, slug: str, data: Any, *, user: Any, identity: VisitorIdentity | None = None
+) -> Answer:
+    """A whole join, in either mode: the address's limiter, validate, the proof of work, then the queue's
+    mode joins (one Redis script) and the ticket is signed.
+
+    Shared by JoinView (signed-in visitors, and the schema), join_fast (everyone without a session) and
+    the waiting page's form (which passes the visitor's `identity` as the page knows it).
+    """
+    try:
+        address = client_address(request.META)
+        limit("join", address)
+        fields = s.join_request_validate(data)
+        proof = None
+        if fields["pow_challenge"] or fields["pow_nonce"]:
+            try:
+                proof = pow.solution_check(slug, fields["pow_challenge"], fields["pow_nonce"])
+            except pow.InvalidProof as exc:
+                raise ApiError("invalid_proof_of_work", str(exc)) from exc
+        visit = modes.Visit(
+            slug=slug,
+            identify=(lambda: identity) if identity is not None else (lambda: _identify(request, user)),
+            held_ticket=request.COOKIES.get(position_cookie_name(slug), ""),
+            address=address,
+            priority_code=fields.get("priority_code", ""),
+            display_name=fields.get("display_name", ""),
+            proof=proof,
+        )
+        try:
+            joined = modes.join(visit)
+        except services.JOIN_REFUSALS as exc:
+            raise _join_refused(slug, exc) from exc
+    except ApiError as exc:
+        return Answer.error(exc)
+    ticket, ws_url = joined.ticket, _ws_url(request, slug, joined.ticket)
+    body = {"ticket": ticket, **joined.view.payload(ahead=False), "ws_url": ws_url}
+    if body["status"] == "active":
+        body["status"] = "admitted"  # to a joiner, a live session is simply "go through"
+    return Answer(
+        201 if joined.created else 200,
+        body,
+        _poll_headers(joined.view),
+        joined.visitor_cookie,
+        (slug, joined.ticket) if joined.position_cookie else None,
+    )
+
+
+def _identify(request: HttpRequest, user: Any) -> VisitorIdentity:
+    try:
+        return visitor_identity(request, user=user)
+    except InvalidVisitorId as exc:
+        raise ApiError("invalid_visitor_id", str(exc)) from exc
+
+
+def _ws_url(request: HttpRequest, slug: str, ticket: str) -> str:
+    return realtime.socket_url(request, f"/ws/queues/{slug}/?ticket={ticket}")
+
+
+def _join_refused(slug: str, exc: Exception) -> ApiError:
+    """The API's answer to a join the queue refused (either mode)."""
+    if isinstance(exc, services.QueueNotOpen):
+        queue = Queue.objects.filter(slug=slug).only("prequeue_opens_at").first()
+        opens = queue.prequeue_opens_at if queue else None
+        wait = min(3600, max(1, math.ceil(opens.timestamp() - time.time())) if opens else 60)
+        return ApiError(
+            "queue_not_open",
+            "This queue has not opened yet.",
+            headers={"Retry-After": str(wait)},
+            opens_at=opens.isoformat() if opens else None,
+            retry_after_seconds=wait,
+        )
+    if isinstance(exc, services.ProofOfWorkRequired):
+        return ApiError(
+            "proof_of_work_required",
+            "Solve this challenge and join again with pow_challenge and pow_nonce.",
+            **services.pow_challenge_issue(slug=slug),
+        )
+    if isinstance(exc, services.ProofOfWorkReused):
+        return ApiError("proof_of_work_reused", "That challenge was already used; ask for a new one.")
+    if isinstance(exc, services.TicketCapReached):
+        return ApiError(
+            "ticket_cap_reached",
+            "This network already holds as many tickets for this queue as it may.",
+            headers={"Retry-After": "60"},
+            retry_after_seconds=60,
+        )
+    if isinstance(exc, services.QueueClosed):
+        return ApiError("queue_closed", "This queue is closed and takes no new visitors.")
+    if isinstance(exc, services.QueueFull):
+        return ApiError(
+            "queue_full",
+            "The queue is full; try again later.",
+            headers={"Retry-After": str(exc.retry_after)},
+            retry_after_seconds=exc.retry_after,
+        )
+    if isinstance(exc, services.NoPriorityLanes):
+        return ApiError("invalid_priority_code", "This queue has no priority lanes (it runs in stateless mode).")
+    if isinstance(exc, services.InvalidPriorityCode):
+        return ApiError("invalid_priority_code", "That priority code is unknown, used up or expired.")
+    if isinstance(exc, services.WrongMode):
+        return ApiError(
+            "service_unavailable", "The queue is changing how it runs; try again.", headers={"Retry-After": "1"}
+        )
+    return ApiError("queue_not_found", f"There is no queue '{slug}'.")
+
+
+def json_body(request: HttpRequest) -> Any:
+    """The request body as JSON, refused as DRF's JSONParser would refuse it (415, 400 malformed_json)."""
+    raw = request.body
+    if not raw:
+        return {}
+    if request.content_type != "application/json":
+        raise ApiError("unsupported_media_type", "Send the body as application/json.")
+    try:
+        return json.loads(raw, parse_constant=_refuse_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError("malformed_json", f"The body is not valid JSON: {exc}") from exc
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def join_fast(request: HttpRequest, slug: str) -> HttpResponse:
+    """A join from a visitor without a session (so without a signed-in user): no DRF dispatch."""
+    try:
+        answer = join_answer(request, slug, json_body(request), user=None)
+    except ApiError as exc:
+        answer = Answer.error(exc)
+    except redis.RedisError:
+        answer = Answer.unavailable()
+    return answer.plain()
+
+
+# --- Status ---------------------------------------------------------------------------------------------
+
+GONE = {
+    "status": "expired",
+    "position": None,
+    "ahead": None,
+    "queue_length": 0,
+    "estimated_wait_seconds": None,
+    "poll_after_seconds": 60.0,
+}
+
+
+def status_answer(authorization: str, slug: str) -> Answer:
+    """A whole status poll: one ticket check and one Redis round trip, no SQL.
+
+    Shared by StatusView (the documented DRF view) and status_fast (what servers run, see fastpath.py).
+    Redis errors propagate (each caller maps them to a 503).
+    """
+    try:
+        claims = ticket_claims(authorization, slug)
+    except ApiError as exc:
+        return Answer.error(exc)
+    try:
+        # The ticket's rate limiter runs in the same Redis round trip as the poll.
+        view = modes.status(claims, limit_scope="status")
+    except ratelimit.Limited as exc:
+        return Answer.error(rate_limited(exc.decision))
+    except selectors.TicketGone:
+        return Answer(200, {"ticket_id": claims.ticket_id, **GONE})
+    return Answer(200, view.payload(), _poll_headers(view))
+
+
+def status_fast(request: HttpRequest, slug: str) -> HttpResponse:
+    """The status poll without DRF's dispatch (content negotiation, renderers): the hot path."""
+    return plain(lambda: status_answer(authorization(request), slug))
+
+
+# --- A stateless queue's window -------------------------------------------------------------------------
+
+
+def window_answer(slug: str) -> Answer:
+    """A stateless queue's window, for anyone (no ticket): one Redis read. Cacheable until about the next
+    step of the window (at most one interval), so a CDN can answer most of a crowd's polls."""
+    try:
+        window = modes.window_public(slug)
+    except selectors.TicketGone:
+        return Answer.error(ApiError("not_found", f"Queue '{slug}' is not a stateless queue (or does not exist)."))
+    due, interval = window["next_step_in"], window["window_interval"]
+    max_age = max(1, min(math.ceil(interval), math.ceil(due) if due is not None else math.ceil(interval)))
+    return Answer(200, window, {"Cache-Control": f"public, max-age={max_age}"})
+
+
+def window_fast(request: HttpRequest, slug: str) -> HttpResponse:
+    return plain(lambda: window_answer(slug))

@@ -1,0 +1,246 @@
+"""What differs between a tracked and a stateless queue (SPEC 3 and 4), as seen from a visitor: one
+interface, one implementation per mode, chosen here and nowhere else.
+
+* by the ticket a visitor holds (`of_claims`: a tracked queue's ticket or a stateless queue's number),
+  for status polls, websockets, rate limits, neighbours and leaving;
+* by the queue (`of_queue`: its mode as mirrored in Redis), for joins and the waiting page. A queue may
+  change mode while a join is under way: the script then refuses it (services.WrongMode), and `join`
+  asks again which mode the queue is in and joins the other way.
+
+A read that finds the queue's policy missing from Redis (a new queue, lost state) has it synced from the
+database once, here (services.with_policy), so no face or selector has to.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypeVar
+
+from . import pow, realtime, selectors, services, tokens
+from .models import Queue
+from .selectors import NeighbourView, TicketGone, TicketView
+from .visitors import VisitorIdentity
+
+C = TypeVar("C", tokens.TicketClaims, tokens.PositionClaims)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Visit:
+    """A join as a face received it (the API, or the waiting page's form)."""
+
+    slug: str
+    identify: Callable[[], VisitorIdentity]  # who the visitor is (tracked mode asks; InvalidVisitorId)
+    held_ticket: str = ""  # the stateless queue's ticket this browser already holds (its cookie)
+    address: str = ""
+    priority_code: str = ""
+    display_name: str = ""
+    proof: pow.Solved | None = None
+
+
+@dataclass(frozen=True)
+class Joined:
+    """A join's outcome: the signed ticket, the state it is in, and what to remember in the browser."""
+
+    created: bool
+    ticket: str
+    view: TicketView
+    visitor_cookie: str | None = None  # a fresh visitor identity to set
+    position_cookie: bool = False  # remember `ticket` as the browser's stateless ticket (dedupe, SPEC 4)
+
+
+def _ensured(slug: str, read: Callable[[], T], *, mode: str = "") -> T:
+    """A visitor's read, with the queue's policy synced once if Redis lost it; TicketGone if it cannot be."""
+    try:
+        return services.with_policy(slug, read, mode=mode)
+    except (services.QueueNotFound, selectors.PolicyMissing) as exc:
+        raise TicketGone(slug) from exc
+
+
+def _first_then(first: str) -> Callable[[], str]:
+    """`first` on the first call, '' after: a read retried after a sync is not counted by its limiter twice."""
+    calls = iter((first,))
+    return lambda: next(calls, "")
+
+
+class QueueMode(ABC, Generic[C]):
+    name: ClassVar[str]
+    # Per-visitor state in Redis: private events (admitted, expired), presence kept by the socket's
+    # status reads, neighbours in line, leaving. A stateless queue keeps none.
+    keeps_visitors: ClassVar[bool]
+
+    @abstractmethod
+    def status(self, claims: C, *, limit_scope: str = "", now: float | None = None) -> TicketView:
+        """The ticket's state (TicketGone when its queue no longer knows it; ratelimit.Limited)."""
+
+    @abstractmethod
+    def join(self, visit: Visit) -> Joined:
+        """A ticket for the visitor (services.JOIN_REFUSALS; services.WrongMode: see `join` below)."""
+
+    @abstractmethod
+    def holder(self, claims: C) -> str:
+        """Whom the ticket's requests are counted against by the rate limiters."""
+
+    @abstractmethod
+    def private_group(self, claims: C) -> str:
+        """The channel group of the ticket's own events ('' when it has none)."""
+
+    @abstractmethod
+    def neighbours(self, claims: C) -> list[NeighbourView]:
+        """The few visitors around this one in line (none for a queue that knows numbers, not people)."""
+
+    @abstractmethod
+    def leave(self, claims: C) -> None:
+        """The visitor gives up the ticket."""
+
+    @abstractmethod
+    def held(self, slug: str, *, identity: VisitorIdentity, held_ticket: str) -> TicketView | None:
+        """The ticket this visitor holds now, if any (the waiting page without JavaScript)."""
+
+
+class Tracked(QueueMode[tokens.TicketClaims]):
+    """Every visitor has a record and a place in the line in Redis (SPEC 3)."""
+
+    name = Queue.Mode.TRACKED
+    keeps_visitors = True
+
+    def status(self, claims: tokens.TicketClaims, *, limit_scope: str = "", now: float | None = None) -> TicketView:
+        scope = _first_then(limit_scope)
+        return _ensured(claims.slug, lambda: selectors.ticket_status_get(claims=claims, now=now, limit_scope=scope()))
+
+    def join(self, visit: Visit) -> Joined:
+        identity = visit.identify()
+        result = services.queue_join(
+            slug=visit.slug,
+            visitor_key=identity.key,
+            priority=services.priority_for_user(slug=visit.slug, user=identity.user),
+            priority_code=visit.priority_code,
+            display_name=visit.display_name,
+            address=visit.address,
+            proof=visit.proof,
+        )
+        view = selectors.ticket_view(visit.slug, result.reply)
+        ticket = tokens.ticket_issue(
+            slug=visit.slug,
+            ticket_id=view.ticket_id,
+            seq=view.seq,
+            priority=view.priority,
+            epoch=view.epoch,
+            placement=view.placement,
+        )
+        return Joined(result.created, ticket, view, visitor_cookie=identity.new_cookie)
+
+    def holder(self, claims: tokens.TicketClaims) -> str:
+        return claims.visitor_key
+
+    def private_group(self, claims: tokens.TicketClaims) -> str:
+        return realtime.ticket_group(claims.slug, claims.visitor_key)
+
+    def neighbours(self, claims: tokens.TicketClaims) -> list[NeighbourView]:
+        return selectors.ticket_neighbours_get(claims=claims)
+
+    def leave(self, claims: tokens.TicketClaims) -> None:
+        services.ticket_leave(slug=claims.slug, claims=claims)
+
+    def held(self, slug: str, *, identity: VisitorIdentity, held_ticket: str) -> TicketView | None:
+        try:
+            return _ensured(slug, lambda: selectors.visitor_status_get(slug=slug, visitor_key=identity.key))
+        except TicketGone:
+            return None
+
+
+class Stateless(QueueMode[tokens.PositionClaims]):
+    """A ticket is its number; its state follows from the number and the queue's window (SPEC 4)."""
+
+    name = Queue.Mode.STATELESS
+    keeps_visitors = False
+
+    def status(
+        self, claims: tokens.PositionClaims, *, limit_scope: str = "", now: float | None = None
+    ) -> TicketView:
+        scope = _first_then(limit_scope)
+        return _ensured(
+            claims.slug,
+            lambda: selectors.position_status_get(claims=claims, now=now, limit_scope=scope()),
+            mode=self.name,
+        )
+
+    def join(self, visit: Visit) -> Joined:
+        """A new number, or (dedupe by signed cookie only) the ticket this browser already holds while it
+        is not finished. Nothing is stored per visitor."""
+        if visit.priority_code:
+            raise services.NoPriorityLanes(visit.priority_code)
+        held = self.held(visit.slug, identity=None, held_ticket=visit.held_ticket)
+        if held is not None and not held.is_finished:
+            return Joined(False, visit.held_ticket, held, position_cookie=True)
+        window = services.queue_join_stateless(slug=visit.slug, proof=visit.proof)
+        claims = tokens.PositionClaims(visit.slug, window.next_number, window.epoch, int(time.time()))
+        ticket = tokens.position_issue(slug=visit.slug, number=claims.number, epoch=claims.epoch)
+        return Joined(True, ticket, selectors.position_view(visit.slug, claims, window), position_cookie=True)
+
+    def holder(self, claims: tokens.PositionClaims) -> str:
+        return claims.ticket_id
+
+    def private_group(self, claims: tokens.PositionClaims) -> str:
+        return ""
+
+    def neighbours(self, claims: tokens.PositionClaims) -> list[NeighbourView]:
+        return []
+
+    def leave(self, claims: tokens.PositionClaims) -> None:
+        return None  # a stateless ticket is simply not used again
+
+    def held(self, slug: str, *, identity: VisitorIdentity | None, held_ticket: str) -> TicketView | None:
+        if not held_ticket:
+            return None
+        try:
+            claims = tokens.visitor_ticket_decode(held_ticket, slug=slug)
+            mode = of_claims(claims)
+            if mode is not self:
+                return None  # a tracked ticket where a stateless one was kept: not this mode's
+            return mode.status(claims)
+        except (tokens.InvalidTicket, TicketGone):
+            return None  # a stale cookie
+
+
+TRACKED = Tracked()
+STATELESS = Stateless()
+_BY_NAME: dict[str, QueueMode[Any]] = {TRACKED.name: TRACKED, STATELESS.name: STATELESS}
+_BY_CLAIMS: dict[type, QueueMode[Any]] = {tokens.TicketClaims: TRACKED, tokens.PositionClaims: STATELESS}
+
+
+def of_claims(claims: tokens.VisitorClaims) -> QueueMode[Any]:
+    """The mode of the queue that issued this ticket."""
+    return _BY_CLAIMS[type(claims)]
+
+
+def named(name: str | None) -> QueueMode[Any]:
+    """The mode of that name (a queue's `mode`; none: tracked, the default)."""
+    return _BY_NAME.get(name or "", TRACKED)
+
+
+def of_queue(slug: str) -> QueueMode[Any]:
+    """The queue's mode now (as mirrored in Redis, remembered per process for a moment)."""
+    return named(selectors.queue_mode_get(slug))
+
+
+def status(claims: tokens.VisitorClaims, *, limit_scope: str = "", now: float | None = None) -> TicketView:
+    """Any ticket's state, read the way its queue's mode reads it."""
+    return of_claims(claims).status(claims, limit_scope=limit_scope, now=now)
+
+
+def join(visit: Visit) -> Joined:
+    """Join the queue the way its mode joins; if the mode changed a moment ago, the other way."""
+    try:
+        return of_queue(visit.slug).join(visit)
+    except services.WrongMode:
+        selectors.queue_mode_forget(visit.slug)
+    return of_queue(visit.slug).join(visit)  # a second WrongMode: the queue flips back and forth
+
+
+def window_public(slug: str) -> dict[str, Any]:
+    """A stateless queue's public window (TicketGone for a tracked or unknown queue)."""
+    return _ensured(slug, lambda: selectors.window_public_get(slug=slug), mode=STATELESS.name)

@@ -1,0 +1,167 @@
+"""Every write, one module per concern. A service performs one transition (one Lua script via `store`)
+and afterwards whatever that transition causes: a freed slot runs admission at once (seed 004) rather
+than waiting for the tick, and the live events go out (`realtime`: admitted, expired, queue_move).
+Services take `now` (seconds since the epoch) so that tests can drive the clock; callers in production
+leave it out.
+
+* `errors`    what a service refuses with
+* `audit`     the audit log of queue changes
+* `recovery`  the policy mirrored into Redis, epochs and restored places after lost state (SPEC 3.6)
+* `schedule`  the committed seed of a scheduled start and the pre-queue shuffle (SPEC 3.3)
+* `config`    create, update, pause, resume, priority levels, mode switches, API keys, deletion
+* `admission` the leader lease, ticks (admit, or move the window), the adaptive outflow, site health
+* `joins`     joins (tracked and stateless), priority codes, the proof-of-work challenge, leaving
+* `sessions`  verify, complete and revoke sessions; the site's capacity reports
+* `cleanup`   expiry in bounded rounds, orphaned state, periodic snapshots
+* `viewers`   websocket servers' socket counts
+"""
+
+from .admission import (
+    ADAPTIVE_ACTOR,
+    OutflowStep,
+    instance_id,
+    queue_admit,
+    queue_outflow_adapt,
+    queue_schedule_step,
+    queue_tick,
+    queue_window_tick,
+    queue_window_tick_lead,
+    queues_tick,
+    site_health_report,
+)
+from .audit import (
+    EDITABLE_FIELDS,
+    audit_change,
+    queue_change_record,
+    queue_values,
+)
+from .cleanup import (
+    ORPHAN_GRACE_SECONDS,
+    queue_cleanup,
+    queues_cleanup,
+    queues_orphans_delete,
+    queues_snapshot_broadcast,
+    wait_samples_drop,
+)
+from .config import (
+    OUTFLOW_POLICY_FIELDS,
+    api_key_create,
+    outflow_adaptation_reset,
+    queue_configure,
+    queue_delete,
+    queue_pause,
+    queue_priority_levels_edit,
+    queue_priority_levels_ensure,
+    queue_resume,
+    queue_update,
+)
+from .errors import (
+    JOIN_REFUSALS,
+    InvalidPriorityCode,
+    NoPriorityLanes,
+    NotInStatelessMode,
+    ProofOfWorkRequired,
+    ProofOfWorkReused,
+    QueueClosed,
+    QueueFull,
+    QueueNotFound,
+    QueueNotOpen,
+    TicketCapReached,
+    TicketNotFound,
+    WrongMode,
+)
+from .joins import (
+    JoinResult,
+    pow_challenge_issue,
+    priority_code_release,
+    priority_code_reserve,
+    priority_for_user,
+    queue_join,
+    queue_join_stateless,
+    ticket_leave,
+)
+from .recovery import (
+    needs_sync,
+    queue_config_sync,
+    queue_live_state_ensure,
+    with_policy,
+)
+from .schedule import (
+    queue_prequeue_shuffle,
+    shuffle_commit_ensure,
+)
+from .sessions import (
+    VerifyResult,
+    capacity_report,
+    session_complete,
+    session_revoke,
+    session_verify,
+)
+from .viewers import viewers_report
+
+__all__ = [
+    "ADAPTIVE_ACTOR",
+    "EDITABLE_FIELDS",
+    "JOIN_REFUSALS",
+    "ORPHAN_GRACE_SECONDS",
+    "OUTFLOW_POLICY_FIELDS",
+    "InvalidPriorityCode",
+    "JoinResult",
+    "NoPriorityLanes",
+    "NotInStatelessMode",
+    "OutflowStep",
+    "ProofOfWorkRequired",
+    "ProofOfWorkReused",
+    "QueueClosed",
+    "QueueFull",
+    "QueueNotFound",
+    "QueueNotOpen",
+    "TicketCapReached",
+    "TicketNotFound",
+    "VerifyResult",
+    "WrongMode",
+    "api_key_create",
+    "audit_change",
+    "capacity_report",
+    "instance_id",
+    "needs_sync",
+    "outflow_adaptation_reset",
+    "pow_challenge_issue",
+    "priority_code_release",
+    "priority_code_reserve",
+    "priority_for_user",
+    "queue_admit",
+    "queue_change_record",
+    "queue_cleanup",
+    "queue_config_sync",
+    "queue_configure",
+    "queue_delete",
+    "queue_join",
+    "queue_join_stateless",
+    "queue_live_state_ensure",
+    "queue_outflow_adapt",
+    "queue_pause",
+    "queue_prequeue_shuffle",
+    "queue_priority_levels_edit",
+    "queue_priority_levels_ensure",
+    "queue_resume",
+    "queue_schedule_step",
+    "queue_tick",
+    "queue_update",
+    "queue_values",
+    "queue_window_tick",
+    "queue_window_tick_lead",
+    "queues_cleanup",
+    "queues_orphans_delete",
+    "queues_snapshot_broadcast",
+    "queues_tick",
+    "session_complete",
+    "session_revoke",
+    "session_verify",
+    "shuffle_commit_ensure",
+    "site_health_report",
+    "ticket_leave",
+    "viewers_report",
+    "wait_samples_drop",
+    "with_policy",
+]

@@ -1,0 +1,155 @@
+"""Queue configuration: create, update, pause and resume (validated and audited, mirrored to Redis at once),
+priority levels, a change of mode, API keys, deletion."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from .. import clock, store
+from ..models import PriorityLevel, Queue, QueueAPIKey
+from .audit import EDITABLE_FIELDS, audit_change, queue_change_record, queue_values
+from .recovery import queue_config_sync, queue_live_state_ensure
+from .schedule import shuffle_commit_ensure
+
+
+def queue_priority_levels_ensure(queue: Queue) -> None:
+    for level, fraction in PriorityLevel.DEFAULT_FRACTIONS.items():
+        PriorityLevel.objects.get_or_create(
+            queue=queue,
+            level=level,
+            defaults={"name": PriorityLevel.Level(level).label, "placement_fraction": fraction},
+        )
+
+
+def _priority_levels(queue: Queue) -> dict[str, dict[str, Any]]:
+    return {
+        str(level.level): {
+            "name": level.name,
+            "placement_fraction": level.placement_fraction,
+            "group": level.group.name if level.group else None,
+        }
+        for level in PriorityLevel.objects.filter(queue=queue).select_related("group")
+    }
+
+
+def queue_priority_levels_edit(queue: Queue, *, save: Callable[[], None], actor: Any = None) -> None:
+    """Run `save` (admin's inline formsets), then audit the levels it changed and mirror their placement
+    fractions into Redis. Levels decide where joiners are placed, so they are audited like the queue."""
+    before = _priority_levels(queue)
+    save()
+    after = _priority_levels(queue)
+    changed = sorted(level for level in before.keys() | after.keys() if before.get(level) != after.get(level))
+    if changed:
+        queue_change_record(
+            queue,
+            action="priority_levels",
+            before={level: before[level] for level in changed if level in before},
+            after={level: after[level] for level in changed if level in after},
+            actor=actor,
+        )
+    queue_config_sync(queue)
+
+
+def queue_configure(
+    *, slug: str, changes: dict[str, Any], actor: Any = None, actor_label: str = ""
+) -> tuple[Queue, bool]:
+    """Create or update a queue; validates like the admin does, audits, and syncs Redis on commit."""
+    unknown = set(changes) - set(EDITABLE_FIELDS)
+    if unknown:
+        raise ValidationError(dict.fromkeys(sorted(unknown), "Not a queue setting."))
+    with transaction.atomic():
+        queue = Queue.objects.select_for_update().filter(slug=slug).first()
+        created = queue is None
+        if queue is None:
+            queue = Queue(slug=slug, name=slug)
+        before = {} if created else queue_values(queue)
+        for field, value in changes.items():
+            setattr(queue, field, value)
+        queue.full_clean()
+        queue.save()
+        if created:
+            queue_priority_levels_ensure(queue)
+        elif before["mode"] != queue.mode:
+            _mode_switch(queue)
+        shuffle_commit_ensure(queue)
+        audit_change(
+            queue,
+            action="create" if created else "update",
+            before=before,
+            actor=actor,
+            actor_label=actor_label,
+        )
+    # Mirrored at once rather than on commit: should an outer transaction roll back, the next tick
+    # re-mirrors the database's policy within a second; waiting for a commit that test transactions
+    # never make would leave Redis behind instead.
+    queue_config_sync(Queue.objects.prefetch_related("priority_levels").get(pk=queue.pk))
+    if not created and any(before[f] != getattr(queue, f) for f in OUTFLOW_POLICY_FIELDS):
+        outflow_adaptation_reset(queue, actor=actor, actor_label=actor_label)
+    return queue, created
+
+
+OUTFLOW_POLICY_FIELDS = ("outflow_per_minute", "adaptive_outflow", "outflow_min_per_minute", "outflow_max_per_minute")
+
+
+def outflow_adaptation_reset(
+    queue: Queue, *, actor: Any = None, actor_label: str = "", now: float | None = None
+) -> None:
+    """The operator re-tuned the outflow (or turned adaptation on or off): admission follows the
+    configured outflow again, and the adaptation, if on, starts from it a full interval later. The jump
+    of the rate in force is audited."""
+    adapted = store.outflow_reset(queue.slug, now_ms=clock.now_ms(now))
+    if adapted is not None and adapted != queue.outflow_per_minute:
+        queue_change_record(
+            queue,
+            action="outflow_reset",
+            before={"outflow_per_minute_effective": round(adapted, 3)},
+            after={
+                "outflow_per_minute_effective": queue.outflow_per_minute,
+                "adaptive_outflow": queue.adaptive_outflow,
+            },
+            actor=actor,
+            actor_label=actor_label,
+        )
+
+
+def _mode_switch(queue: Queue) -> None:
+    """A queue changes mode (inside the row lock): the other mode's live state goes, and a new epoch
+    starts, so numbering continues above every number issued and nothing of the old mode is restored."""
+    queue.epoch += 1
+    queue.window_active = queue.window_issued = 0
+    queue.window_gaps = {}
+    queue.save(update_fields=["epoch", "window_active", "window_issued", "window_gaps"])
+    store.mode_state_clear(queue.slug, keep_window=queue.is_stateless)
+    queue_live_state_ensure(queue.pk, switched=True)
+
+
+def queue_update(queue: Queue, *, changes: dict[str, Any], actor: Any = None, actor_label: str = "") -> Queue:
+    """Change a queue's settings (the staff API, pause and resume); takes effect on the next tick."""
+    updated, _ = queue_configure(slug=queue.slug, changes=changes, actor=actor, actor_label=actor_label)
+    return updated
+
+
+def queue_pause(queue: Queue, *, actor: Any = None, actor_label: str = "") -> Queue:
+    return queue_update(queue, changes={"state": Queue.State.PAUSED}, actor=actor, actor_label=actor_label)
+
+
+def queue_resume(queue: Queue, *, actor: Any = None, actor_label: str = "") -> Queue:
+    return queue_update(queue, changes={"state": Queue.State.OPEN}, actor=actor, actor_label=actor_label)
+
+
+def api_key_create(queue: Queue, *, name: str) -> tuple[QueueAPIKey, str]:
+    """A new API key for the queue's protected site; the key itself is returned once, never stored."""
+    api_key, key = QueueAPIKey.objects.create_key(queue=queue, name=name)
+    return cast(QueueAPIKey, api_key), key
+
+
+def queue_delete(queue: Queue) -> None:
+    """Delete a queue and everything it has in Redis (its line, tickets and sessions end with it)."""
+    slug = queue.slug
+    queue.delete()
+    store.queue_delete(slug)
+

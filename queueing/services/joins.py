@@ -1,0 +1,183 @@
+"""Joins (SPEC 3.1, 4): a ticket in a tracked queue (idempotent per visitor; priority levels and codes,
+the per-address cap, the proof-of-work gate) or a number in a stateless one; leaving."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.core.exceptions import ValidationError
+from django.db.models import F, Q
+from django.utils import timezone
+
+from .. import clock, pow, realtime, selectors, store, tokens
+from ..models import PriorityCode, PriorityLevel
+from .admission import queue_admit
+from .errors import (
+    InvalidPriorityCode,
+    ProofOfWorkRequired,
+    ProofOfWorkReused,
+    QueueClosed,
+    QueueFull,
+    QueueNotOpen,
+    TicketCapReached,
+    WrongMode,
+)
+from .recovery import needs_sync, with_policy
+
+
+def priority_code_reserve(*, slug: str, code: str) -> int:
+    """Take one use of a priority code; returns its level. InvalidPriorityCode if it cannot be used."""
+    try:
+        # Checked as admin checks codes before any SQL: a NUL or a lone surrogate would fail in the database.
+        PriorityCode._meta.get_field("code").run_validators(code)
+    except ValidationError as exc:
+        raise InvalidPriorityCode(code) from exc
+    now = timezone.now()
+    usable = PriorityCode.objects.filter(queue__slug=slug, code=code).filter(
+        Q(expires_at__isnull=True) | Q(expires_at__gt=now)
+    )
+    # One conditional UPDATE, so parallel joins cannot use a code more often than its limit.
+    taken = usable.filter(Q(max_uses__isnull=True) | Q(uses__lt=F("max_uses"))).update(uses=F("uses") + 1)
+    if not taken:
+        raise InvalidPriorityCode(code)
+    return PriorityCode.objects.values_list("level", flat=True).get(queue__slug=slug, code=code)
+
+
+def priority_code_release(*, slug: str, code: str) -> None:
+    PriorityCode.objects.filter(queue__slug=slug, code=code, uses__gt=0).update(uses=F("uses") - 1)
+
+
+def priority_for_user(*, slug: str, user: AbstractBaseUser | AnonymousUser | None) -> int:
+    """The highest level a signed-in user gets from group membership (0 for everyone else)."""
+    if user is None or not user.is_authenticated:
+        return 0
+    level = (
+        PriorityLevel.objects.filter(queue__slug=slug, group__user__pk=user.pk)
+        .order_by("-level")
+        .values_list("level", flat=True)
+        .first()
+    )
+    return int(level or 0)
+
+
+@dataclass(frozen=True)
+class JoinResult:
+    created: bool
+    reply: store.TicketReply
+
+    @property
+    def ticket(self) -> store.TicketState:
+        assert self.reply.ticket is not None
+        return self.reply.ticket
+
+
+def queue_join(
+    *,
+    slug: str,
+    visitor_key: str,
+    priority: int = 0,
+    priority_code: str = "",
+    display_name: str = "",
+    address: str = "",
+    proof: pow.Solved | None = None,
+    now: float | None = None,
+) -> JoinResult:
+    """Give the visitor a ticket, or its existing live one (idempotent per visitor).
+
+    A priority code's use is taken before the join and given back when the visitor already had a ticket,
+    so retries never spend a code twice.
+    """
+    if priority_code:
+        priority = max(priority, priority_code_reserve(slug=slug, code=priority_code))
+    try:
+        reply = with_policy(
+            slug,
+            lambda: store.join(
+                slug,
+                visitor_key=visitor_key,
+                now_ms=clock.now_ms(now),
+                priority=priority,
+                display_name=display_name,
+                address=address,
+                pow_bits=proof.bits if proof else 0,
+                pow_id=proof.challenge_id if proof else "",
+                pow_ttl_ms=pow.CHALLENGE_TTL_SECONDS * 1000 + 1000,
+            ),
+            needs_sync,
+        )
+    except Exception:
+        if priority_code:
+            priority_code_release(slug=slug, code=priority_code)
+        raise
+    if priority_code and reply.outcome != "created":
+        priority_code_release(slug=slug, code=priority_code)
+    if reply.outcome == "stateless":
+        raise WrongMode(slug)
+    realtime.send(realtime.queue_move(slug, reply.moves, reply.figures.waiting if reply.figures else None))
+    if reply.outcome == "closed":
+        raise QueueClosed(slug)
+    if reply.outcome == "not_open":
+        raise QueueNotOpen(slug)
+    if reply.outcome == "capped":
+        raise TicketCapReached(slug)
+    if reply.outcome == "pow_required":
+        raise ProofOfWorkRequired(store.pow_difficulty(slug))
+    if reply.outcome == "pow_reused":
+        raise ProofOfWorkReused(slug)
+    if reply.outcome == "full":
+        figures = reply.figures
+        retry = 30
+        if figures is not None and figures.outflow_per_minute > 0:
+            retry = max(5, min(300, int(60 * 10 / figures.outflow_per_minute)))
+        raise QueueFull(retry)
+    assert reply.ticket is not None
+    if reply.ticket.freed:
+        queue_admit(slug=slug, now=now)
+    return JoinResult(created=reply.outcome == "created", reply=reply)
+
+
+def queue_join_stateless(*, slug: str, proof: pow.Solved | None = None, now: float | None = None) -> store.Window:
+    """A new number in a stateless queue (SPEC 4): an increment in Redis, nothing stored per visitor.
+    Returns the window as the join left it; the number is `window.next_number`."""
+    outcome, window = with_policy(
+        slug,
+        lambda: store.window_join(
+            slug,
+            now_ms=clock.now_ms(now),
+            pow_bits=proof.bits if proof else 0,
+            pow_id=proof.challenge_id if proof else "",
+            pow_ttl_ms=pow.CHALLENGE_TTL_SECONDS * 1000 + 1000,
+        ),
+        lambda reply: reply[0] in ("no_config", "no_seq"),
+    )
+    if outcome == "closed":
+        raise QueueClosed(slug)
+    if outcome == "not_open":
+        raise QueueNotOpen(slug)
+    if outcome == "pow_required":
+        raise ProofOfWorkRequired(store.pow_difficulty(slug))
+    if outcome == "pow_reused":
+        raise ProofOfWorkReused(slug)
+    if outcome == "full":
+        raise QueueFull(max(5, min(300, window.interval_ms // 1000)))
+    if outcome == "no_config":
+        raise WrongMode(slug)  # synced, yet no window: the queue is not (or no longer) stateless
+    return window
+
+
+def pow_challenge_issue(*, slug: str) -> dict[str, Any]:
+    """A proof-of-work challenge at the queue's difficulty now (no SQL: the policy is in Redis)."""
+    config = with_policy(slug, lambda: selectors.queue_policy_get(slug))
+    return pow.challenge_issue(slug, int(config.get("pow_difficulty") or 0))
+
+
+def ticket_leave(*, slug: str, claims: tokens.TicketClaims, now: float | None = None) -> bool:
+    """The visitor gives up its ticket. Returns False when it had already finished (harmless)."""
+    result, freed, moves = store.leave(slug, visitor_key=claims.visitor_key, seq=claims.seq, now_ms=clock.now_ms(now))
+    realtime.send(realtime.queue_move(slug, moves))
+    if freed:
+        queue_admit(slug=slug, now=now)
+    return result == "left"
+

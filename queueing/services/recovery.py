@@ -1,0 +1,176 @@
+"""Keeping Redis in step with the database (SPEC 3.6): the policy mirrored where every script reads it,
+the live state's epoch started when Redis has none (a new queue, or lost state), sequence numbers
+reserved ahead, and, after a loss, earlier tickets given back their places."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from django.conf import settings
+from django.db import transaction
+
+from .. import clock, selectors, store
+from ..models import Queue
+from .audit import queue_change_record
+from .errors import QueueNotFound
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _never(reply: object) -> bool:
+    return False
+
+
+def with_policy(slug: str, call: Callable[[], T], missing: Callable[[T], bool] = _never, *, mode: str = "") -> T:
+    """Run a script or a read; if the queue's policy is missing from Redis (`missing` says so of the
+    reply, or the read raised selectors.PolicyMissing), sync it from the database once and run it again.
+    QueueNotFound when the database has no such queue (or, with `mode`, none in that mode).
+
+    Redis normally has it (every save and every tick writes it), so the hot paths need no SQL. This is
+    the one place that loads a queue's configuration into Redis on demand.
+    """
+    try:
+        reply = call()
+        if not missing(reply):
+            return reply
+    except selectors.PolicyMissing:
+        pass
+    queue = Queue.objects.prefetch_related("priority_levels").filter(slug=slug).first()
+    if queue is None or (mode and queue.mode != mode):
+        raise QueueNotFound(slug)
+    queue_config_sync(queue)
+    return call()
+
+
+def needs_sync(reply: store.TicketReply | store.AdmitReply) -> bool:
+    # no_seq: the reserved sequence numbers ran out before a tick topped them up; the sync reserves more.
+    return reply.outcome in ("no_config", "no_seq")
+
+
+def queue_config_sync(queue: Queue, *, now: float | None = None) -> None:
+    """Mirror the queue's policy into Redis, where joins, polls and ticks read it; start the live state's
+    epoch if Redis has none (a new queue, or lost state) and keep sequence numbers reserved ahead."""
+    live = _config_write(queue)
+    if live.epoch != queue.epoch or queue.seq_reserved - live.seq < settings.WR_SEQ_BLOCK // 2:
+        queue_live_state_ensure(queue.pk, now=now)
+
+
+def _config_write(queue: Queue) -> store.LiveState:
+    """Write the policy (and, in stateless mode, what the window needs of it); the live state's epoch
+    and last number as Redis has them."""
+    policy = {
+        **queue.policy(),
+        "seq_max": queue.seq_reserved,
+        "leader_ttl_ms": settings.WR_LEADER_TTL_MS,
+        "synced_at": int(time.time()),
+    }
+    # Until the pre-queue's shuffle is done nobody is admitted: its order is not yet the one to follow.
+    pending = (
+        queue.starts_at is not None
+        and queue.shuffles.filter(starts_at=queue.starts_at, revealed_at__isnull=True).exists()
+    )
+    policy["shuffle_pending"] = "1" if pending else "0"
+    live = store.config_write(queue.slug, policy)
+    if not queue.is_stateless:
+        return live
+    window = {
+        "state": queue.state,
+        "size": queue.window_size,
+        "interval_ms": queue.window_interval * 1000,
+        "windows": queue.active_windows,
+        "starts_ms": policy["starts_at_ms"],
+        "ends_ms": policy["ends_at_ms"],
+        "prequeue_ms": policy["prequeue_opens_at_ms"],
+        "target_url": queue.target_url,
+        "session_ttl": queue.session_ttl,
+        "shuffle_pending": policy["shuffle_pending"],
+        "name": queue.name,
+        "max": queue.seq_reserved,
+        "max_waiting": queue.max_waiting,
+        "pow": queue.pow_difficulty,
+        "capacity": queue.capacity,
+        "capacity_source": queue.capacity_source,
+    }
+    gaps = {int(epoch): int(gap) for epoch, gap in queue.window_gaps.items()}
+    return store.window_config_write(queue.slug, window, gaps)
+
+
+def queue_live_state_ensure(queue_pk: int, *, now: float | None = None, switched: bool = False) -> Queue:
+    """Start the live state's epoch in Redis if it is not running, and reserve sequence numbers ahead.
+
+    Redis without the queue's epoch has either never held this queue, or lost its state (a flush, a
+    failover to an empty replica, a restart without persistence). After a loss the next epoch begins:
+    numbering resumes above everything the database had reserved (so no number is issued twice), and
+    for a while (the abandon timeout) tickets and sessions of earlier epochs are given back their places
+    as their holders return, ahead of everyone who joins afterwards; in stateless mode the window resumes
+    where the tick last saw it. The row lock makes one process do it. `switched`: the epoch was bumped on
+    purpose (a change of mode), so this is no loss.
+    """
+    now = time.time() if now is None else now
+    block = settings.WR_SEQ_BLOCK
+    with transaction.atomic():
+        queue = Queue.objects.select_for_update().get(pk=queue_pk)
+        tracked, window = store.live_state(queue.slug), store.window_live_state(queue.slug)
+        live = window if queue.is_stateless else tracked
+        if live.epoch == queue.epoch:
+            if queue.seq_reserved - live.seq < block // 2:
+                queue.seq_reserved = max(queue.seq_reserved, live.seq) + block
+                queue.save(update_fields=["seq_reserved"])
+        else:
+            # Nothing in Redis although numbers were handed out, or Redis from another epoch: a new epoch.
+            lost = not switched and (live.epoch is not None or queue.seq_reserved > 0)
+            before = queue.epoch
+            floor = max(queue.seq_reserved, tracked.seq, window.seq)
+            if lost:
+                queue.epoch = max(queue.epoch, live.epoch or 0) + 1
+            queue.seq_reserved = floor + block
+            if _live_epoch_start(queue, floor=floor, lost=lost, now=now) and lost:
+                queue_change_record(
+                    queue,
+                    action="epoch",
+                    before={"epoch": before},
+                    after={"epoch": queue.epoch, "sequence_floor": floor},
+                    actor=None,
+                    actor_label="recovery: Redis lost the queue's live state",
+                )
+                logger.warning("queue %s: Redis lost its live state; epoch %s begins", queue.slug, queue.epoch)
+    fresh = Queue.objects.prefetch_related("priority_levels").get(pk=queue_pk)
+    _config_write(fresh)
+    return fresh
+
+
+def _live_epoch_start(queue: Queue, *, floor: int, lost: bool, now: float) -> bool:
+    """Save the queue's new epoch and reservation, and start the epoch in Redis (inside the row lock)."""
+    if queue.is_stateless:
+        # Places continue where the last epoch's left off: this epoch skips the numbers up to the floor.
+        queue.window_gaps = {**queue.window_gaps, str(queue.epoch): floor - queue.window_issued}
+        queue.save(update_fields=["epoch", "seq_reserved", "window_gaps"])
+        return store.window_epoch_start(
+            queue.slug,
+            epoch=queue.epoch,
+            floor=floor,
+            seq_max=queue.seq_reserved,
+            active=queue.window_active,
+            gap=queue.window_gaps[str(queue.epoch)],
+            now_ms=clock.now_ms(now),
+        )
+    queue.save(update_fields=["epoch", "seq_reserved"])
+    return store.epoch_start(
+        queue.slug,
+        epoch=queue.epoch,
+        floor=floor,
+        seq_max=queue.seq_reserved,
+        restore_until_ms=int((now + queue.abandon_timeout) * 1000) if lost else 0,
+        places=_shuffled_places(queue) if lost else None,
+    )
+
+
+def _shuffled_places(queue: Queue) -> dict[int, float]:
+    """The line scores the pre-queue shuffle gave its tickets (their places), if a shuffle was revealed."""
+    record = queue.shuffles.filter(revealed_at__isnull=False).order_by("-starts_at").first()
+    return {int(seq): float(place) for place, seq in enumerate(record.order)} if record else {}
+

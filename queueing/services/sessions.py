@@ -1,0 +1,103 @@
+"""The protected site's side (SPEC 6.2): verify an access token (its first use starts the session),
+complete it (freeing the slot at once), revoke a visitor, and the site's own count of sessions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import clock, realtime, selectors, store, tokens
+from ..models import Queue
+from .admission import queue_admit
+from .errors import NotInStatelessMode, QueueNotFound, TicketNotFound
+from .recovery import with_policy
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    valid: bool
+    reason: str  # '' when valid; expired | superseded | revoked | invalid
+    ticket_id: str
+    expires_at: int  # seconds since the epoch
+
+
+def session_verify(*, slug: str, raw_token: str, now: float | None = None) -> VerifyResult:
+    """Check an access token; its first successful check turns ADMITTED into ACTIVE."""
+    try:
+        claims = tokens.access_token_decode(raw_token, slug=slug)
+    except tokens.InvalidAccessToken as exc:
+        return VerifyResult(False, "expired" if exc.expired else "invalid", "", 0)
+    if claims.stateless:
+        # A stateless queue keeps no sessions (SPEC 4): a token it signed is good until it expires.
+        return VerifyResult(True, "", claims.ticket_id, claims.expires_at)
+    reply = with_policy(
+        slug,
+        lambda: store.session_start(
+            slug,
+            visitor_key=claims.visitor_key,
+            seq=claims.seq,
+            fence=claims.fence,
+            now_ms=clock.now_ms(now),
+            epoch=claims.epoch,
+            expires_ms=claims.expires_at * 1000,
+        ),
+        lambda r: r.result == "no_config",
+    )
+    if reply.freed:
+        queue_admit(slug=slug, now=now)
+    if reply.result != "valid":
+        return VerifyResult(False, reply.result, claims.ticket_id, 0)
+    return VerifyResult(True, "", claims.ticket_id, reply.expires_ms // 1000)
+
+
+def session_complete(*, slug: str, claims: tokens.AccessClaims, now: float | None = None) -> str:
+    """End a session and free its slot at once; the next visitor is admitted without waiting for a tick.
+
+    Returns 'completed', 'already' (completing twice is harmless) or why the session is not live. A
+    stateless queue's session holds no slot: completing it changes nothing.
+    """
+    if claims.stateless:
+        return "completed"
+    result, freed = store.complete(
+        slug, visitor_key=claims.visitor_key, seq=claims.seq, fence=claims.fence, now_ms=clock.now_ms(now)
+    )
+    if freed:
+        queue_admit(slug=slug, now=now)
+    return result
+
+
+def session_revoke(*, slug: str, ticket_id: str, now: float | None = None) -> str:
+    """Throw a visitor out (waiting or in session). Returns 'revoked' or 'already'."""
+    if store.parse_ticket_id(ticket_id) is None:
+        raise TicketNotFound(ticket_id)
+    if selectors.queue_mode_get(slug) == Queue.Mode.STATELESS:
+        raise NotInStatelessMode("A stateless queue keeps no tickets or sessions to revoke.")
+    result, freed, moves = store.revoke(slug, ticket_id=ticket_id, now_ms=clock.now_ms(now))
+    if result == "not_found":
+        raise TicketNotFound(ticket_id)
+    if result == "revoked":
+        realtime.send(realtime.expired(slug, [ticket_id], "revoked") + realtime.queue_move(slug, moves))
+    if freed:
+        queue_admit(slug=slug, now=now)
+    return result
+
+
+def capacity_report(*, slug: str, in_use: int, now: float | None = None) -> tuple[int, int, str]:
+    """The protected site's own absolute count of sessions in use (seed 001); admits at once if room.
+
+    Returns (capacity, slots in use after that admission, capacity source). A stateless queue's window
+    stands still while the site reports itself full (capacity_source = reported)."""
+    if selectors.queue_mode_get(slug) == Queue.Mode.STATELESS:
+        store.window_capacity_report(slug, in_use=in_use, now_ms=clock.now_ms(now))
+        config = store.config_read(slug)
+        return int(config.get("capacity") or 0), in_use, config.get("capacity_source", "counted")
+    reply = with_policy(
+        slug, lambda: store.capacity_report(slug, in_use=in_use, now_ms=clock.now_ms(now)), lambda r: r is None
+    )
+    if reply is None:
+        raise QueueNotFound(slug)
+    capacity, used, source = reply
+    figures = queue_admit(slug=slug, now=now).figures
+    if figures is not None:
+        capacity, used = figures.capacity, figures.used
+    return capacity, used, source
+
