@@ -8,7 +8,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from rest_framework_api_key.admin import APIKeyModelAdmin
 
-from . import selectors, services, tokens
+from . import selectors, services, signing_keys
 from .models import PriorityCode, PriorityLevel, Queue, QueueAPIKey, QueueChange, QueueShuffle, SigningKey
 
 # The per-address index is written only while a cap is set (README: Join caps), so say so where it is set.
@@ -159,7 +159,7 @@ class SigningKeyAdmin(admin.ModelAdmin):
 
     @admin.action(description="Rotate: publish a new signing key (the old ones retire after overlap)")
     def rotate(self, request: HttpRequest, queryset: QuerySet[SigningKey]) -> None:
-        key = tokens.signing_key_rotate()
+        key = signing_keys.signing_key_rotate()
         self.message_user(request, f"New key {key.kid} signs from {key.signs_from:%Y-%m-%d %H:%M:%S %Z}.")
 
 

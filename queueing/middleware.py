@@ -45,7 +45,7 @@ from django.core.exceptions import BadRequest, PermissionDenied, SuspiciousOpera
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from . import services, tokens
+from . import services, signing_keys, tokens
 
 REMOTE_CACHE_SECONDS = 5.0
 logger = logging.getLogger(__name__)
@@ -126,7 +126,8 @@ def _verify_offline(slug: str, token: str) -> _Verdict:
     client = _jwks_clients.setdefault(url, jwt.PyJWKClient(url, cache_keys=True, lifespan=300))
     try:
         key = client.get_signing_key_from_jwt(token)
-        payload = jwt.decode(token, key.key, algorithms=[tokens.ACCESS_ALGORITHM], audience=slug, issuer=tokens.ISSUER)
+        algorithms = [signing_keys.ACCESS_ALGORITHM]
+        payload = jwt.decode(token, key.key, algorithms=algorithms, audience=slug, issuer=tokens.ISSUER)
     except jwt.ExpiredSignatureError:
         return _Verdict(False, "expired")
     except jwt.PyJWTError:

@@ -26,7 +26,6 @@ The algorithms, as seed 002 defines them:
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -36,6 +35,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from . import store
+from .clock import now_ms
 
 ROUNDINGS = ("down", "up", "none")
 
@@ -46,10 +46,6 @@ class Decision:
     retry_after: float  # seconds until a request would pass (0 when allowed)
     remaining: float  # tokens, places or requests left; the weighted count for the sliding window counter
     wait: float = 0.0  # leaking bucket: seconds until this request's turn in the queue
-
-
-def _now_ms(now: float | None) -> int:
-    return int((time.time() if now is None else now) * 1000)
 
 
 def _positive(name: str, value: float) -> None:
@@ -77,7 +73,7 @@ class Limiter:
         raise NotImplementedError
 
     def hit(self, key: str, *, now: float | None = None) -> Decision:
-        return decision_from(store.limit_hit(self.algorithm, key, *self.arguments(_now_ms(now))))
+        return decision_from(store.limit_hit(self.algorithm, key, *self.arguments(now_ms(now))))
 
 
 @dataclass(frozen=True)
@@ -201,7 +197,7 @@ def prepare(scope: str, ident: str, *, now: float | None = None) -> store.LimitC
     # The algorithm is part of the key: an operator who switches a scope to another algorithm must not
     # meet the old one's state (another Redis type) in its place.
     key = store.limit_key(f"{scope}:{limiter.algorithm}", ident)
-    return store.LimitCall(limiter.algorithm, key, limiter.arguments(_now_ms(now)))
+    return store.LimitCall(limiter.algorithm, key, limiter.arguments(now_ms(now)))
 
 
 def hit(scope: str, ident: str, *, now: float | None = None) -> Decision:

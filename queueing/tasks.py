@@ -7,7 +7,7 @@ from typing import Any
 
 from celery import Task, shared_task
 
-from . import services, tokens
+from . import services, signing_keys
 
 
 @shared_task(bind=True, ignore_result=True)
@@ -24,7 +24,7 @@ def cleanup() -> int:
 
 @shared_task(ignore_result=True)
 def signing_keys_prune() -> int:
-    return tokens.signing_keys_prune()
+    return signing_keys.signing_keys_prune()
 
 
 @shared_task(ignore_result=True)

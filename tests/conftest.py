@@ -10,7 +10,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from rest_framework.test import APIClient
 
-from queueing import services, store, tokens
+from queueing import services, signing_keys, store
 from queueing.models import Queue
 
 from .factories import Clock
@@ -31,9 +31,9 @@ def _clean_redis() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _fresh_key_cache() -> Iterator[None]:
-    tokens.signing_keys_reset_cache()
+    signing_keys.signing_keys_reset_cache()
     yield
-    tokens.signing_keys_reset_cache()
+    signing_keys.signing_keys_reset_cache()
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import jwt
 import pytest
 from rest_framework.test import APIClient
 
-from queueing import tokens
+from queueing import signing_keys
 
 
 def url(slug: str, op: str) -> str:
@@ -51,7 +51,7 @@ def test_verify_answers_invalid_with_a_reason(site, queue):
 def test_an_access_token_signed_hs256_with_the_public_key_is_invalid(site, queue):
     visitor = join(site, queue.slug)
     claims = jwt.decode(visitor["access_token"], options={"verify_signature": False})
-    forged = jwt.encode(claims, tokens.jwks()["keys"][0]["x"], algorithm="HS256")
+    forged = jwt.encode(claims, signing_keys.jwks()["keys"][0]["x"], algorithm="HS256")
     response = site.post(url(queue.slug, "sessions/verify"), {"access_token": forged}, format="json")
     assert response.json()["reason"] == "invalid"
 

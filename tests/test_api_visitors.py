@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import serialization
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from queueing import store, tokens
+from queueing import signing_keys, store, tokens
 from queueing.visitors import random_visitor_id
 
 
@@ -141,7 +141,7 @@ def test_status_costs_no_sql_and_no_session(api, make_queue):
     queue = make_queue(capacity=1, burst=1)
     join(api, queue.slug)  # admitted: a status answer then signs an access token too
     ticket = join(api, queue.slug).json()["ticket"]
-    tokens.jwks()  # warm the key cache, as any running process has it
+    signing_keys.jwks()  # warm the key cache, as any running process has it
     with CaptureQueriesContext(connection) as queries:
         response = poll(api, queue.slug, ticket)
     assert response.status_code == 200
@@ -238,12 +238,12 @@ def test_a_ticket_signed_hs256_with_the_public_key_gets_401(api, queue):
     # The forging is sound: with the real ticket key the same recipe passes. Only the key differs below.
     real = forge_hs256(claims, tokens._ticket_signing_key().encode())
     assert poll(api, queue.slug, real).status_code == 200
-    public = tokens._keys.get().signing_key.public_key()
+    public = signing_keys._keys.get().signing_key.public_key()
     secrets = (
         public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo),
         public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw),
-        tokens.jwks()["keys"][0]["x"].encode(),
-        json.dumps(tokens.jwks()["keys"][0]).encode(),
+        signing_keys.jwks()["keys"][0]["x"].encode(),
+        json.dumps(signing_keys.jwks()["keys"][0]).encode(),
     )
     for secret in secrets:
         forged = forge_hs256(claims, secret)

@@ -9,7 +9,7 @@ from datetime import timedelta
 import jwt
 import pytest
 
-from queueing import selectors, services, store, tokens
+from queueing import selectors, services, signing_keys, store, tokens
 from queueing.models import Queue
 from queueing.store import TicketStatus
 
@@ -150,10 +150,10 @@ def test_a_revoked_ticket_reads_as_expired_with_the_reason(api, make_queue):
 
 
 def test_a_token_from_a_key_rotated_in_elsewhere_verifies_at_once(db):
-    ring = tokens._keys.get()
-    tokens._keys._ring = dataclasses.replace(ring, loaded_at=ring.loaded_at - 5)  # loaded a while ago
-    new = tokens.signing_key_rotate(lead=timedelta(0))  # another process rotates, with no lead
-    tokens._keys._ring = dataclasses.replace(ring, loaded_at=ring.loaded_at - 5)  # this one has not reloaded
+    ring = signing_keys._keys.get()
+    signing_keys._keys._ring = dataclasses.replace(ring, loaded_at=ring.loaded_at - 5)  # loaded a while ago
+    new = signing_keys.signing_key_rotate(lead=timedelta(0))  # another process rotates, with no lead
+    signing_keys._keys._ring = dataclasses.replace(ring, loaded_at=ring.loaded_at - 5)  # this one has not reloaded
     from cryptography.hazmat.primitives import serialization
 
     private = serialization.load_pem_private_key(new.private_key_pem.encode(), password=None)

@@ -237,7 +237,7 @@ def test_an_honest_poller_at_the_advised_interval_is_never_limited_and_a_hammeri
     client = Client()
     ticket = join(client, queue.slug).json()["ticket"]
     clock = [time.time()]
-    monkeypatch.setattr(ratelimit, "_now_ms", lambda now: int(clock[0] * 1000))  # the limiter's clock only
+    monkeypatch.setattr(ratelimit, "now_ms", lambda now: int(clock[0] * 1000))  # the limiter's clock only
     auth: dict[str, Any] = {"HTTP_AUTHORIZATION": f"Bearer {ticket}"}
     for _ in range(375):  # 10 minutes at the shortest advised interval
         answer = client.get(f"/api/v1/queues/{queue.slug}/status", **auth)
@@ -401,7 +401,7 @@ def test_a_page_asking_for_its_neighbours_as_often_as_it_does_is_never_limited_b
     client = Client()
     ticket = join(client, queue.slug).json()["ticket"]
     clock = [time.time()]
-    monkeypatch.setattr(ratelimit, "_now_ms", lambda now: int(clock[0] * 1000))  # the limiter's clock only
+    monkeypatch.setattr(ratelimit, "now_ms", lambda now: int(clock[0] * 1000))  # the limiter's clock only
     for _ in range(200):  # 10 minutes at the page's shortest interval (waiting.js: at most every 3 s)
         answer = client.get(f"/api/v1/queues/{queue.slug}/neighbours", HTTP_AUTHORIZATION=f"Bearer {ticket}")
         assert answer.status_code == 200

@@ -9,7 +9,7 @@ import jwt
 import pytest
 from django.utils import timezone
 
-from queueing import tokens
+from queueing import signing_keys, tokens
 from queueing.models import SigningKey
 
 from .factories import decode_ticket
@@ -46,7 +46,7 @@ def test_the_access_token_is_eddsa_with_a_published_kid(db):
     )
     header = jwt.get_unverified_header(raw)
     assert header["alg"] == "EdDSA"
-    published = {k["kid"]: k for k in tokens.jwks()["keys"]}
+    published = {k["kid"]: k for k in signing_keys.jwks()["keys"]}
     assert header["kid"] in published
     key = jwt.PyJWK(published[header["kid"]])
     payload = jwt.decode(raw, key.key, algorithms=["EdDSA"], audience="sale")
@@ -54,7 +54,7 @@ def test_the_access_token_is_eddsa_with_a_published_kid(db):
 
 
 def test_jwks_endpoint_publishes_public_keys_only(api, db):
-    tokens.jwks()
+    signing_keys.jwks()
     response = api.get("/.well-known/jwks.json")
     assert response.status_code == 200
     assert "max-age=300" in response["Cache-Control"]
@@ -69,8 +69,8 @@ def test_rotation_publishes_the_new_key_first_and_keeps_the_old_one_during_the_o
         slug="sale", ticket_id=TID, fence=1, expires_ms=(int(timezone.now().timestamp()) + 60) * 1000
     )
     old_kid = jwt.get_unverified_header(old_token)["kid"]
-    new = tokens.signing_key_rotate(lead=timedelta(minutes=10))
-    kids = {k["kid"] for k in tokens.jwks()["keys"]}
+    new = signing_keys.signing_key_rotate(lead=timedelta(minutes=10))
+    kids = {k["kid"] for k in signing_keys.jwks()["keys"]}
     assert kids == {old_kid, new.kid}
     # Until the new key's time comes, the old one still signs; tokens it signed keep verifying.
     assert (
@@ -87,7 +87,7 @@ def test_rotation_publishes_the_new_key_first_and_keeps_the_old_one_during_the_o
     # Later: the new key signs, and the old key's tokens still verify until it retires.
     SigningKey.objects.filter(kid=old_kid).update(signs_from=timezone.now() - timedelta(minutes=20))
     SigningKey.objects.filter(pk=new.pk).update(signs_from=timezone.now() - timedelta(seconds=1))
-    tokens.signing_keys_reset_cache()
+    signing_keys.signing_keys_reset_cache()
     fresh = tokens.access_token_issue(
         slug="sale", ticket_id=TID, fence=2, expires_ms=(int(timezone.now().timestamp()) + 60) * 1000
     )
@@ -96,22 +96,22 @@ def test_rotation_publishes_the_new_key_first_and_keeps_the_old_one_during_the_o
 
     # After retirement the old key is gone from the JWKS and its tokens no longer verify.
     SigningKey.objects.filter(kid=old_kid).update(retires_at=timezone.now() - timedelta(seconds=1))
-    tokens.signing_keys_reset_cache()
-    assert {k["kid"] for k in tokens.jwks()["keys"]} == {new.kid}
+    signing_keys.signing_keys_reset_cache()
+    assert {k["kid"] for k in signing_keys.jwks()["keys"]} == {new.kid}
     with pytest.raises(tokens.InvalidAccessToken):
         tokens.access_token_decode(old_token, slug="sale")
 
 
 def test_keys_retired_for_a_day_are_pruned(db):
-    tokens.jwks()
+    signing_keys.jwks()
     SigningKey.objects.update(retires_at=timezone.now() - timedelta(days=2))
-    assert tokens.signing_keys_prune() == 1
+    assert signing_keys.signing_keys_prune() == 1
 
 
 def test_an_access_token_with_an_unknown_kid_is_invalid(db):
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    tokens.jwks()
+    signing_keys.jwks()
     foreign = jwt.encode(
         {"iss": "waitingroom", "aud": "sale", "sub": TID, "fence": 1, "exp": int(timezone.now().timestamp()) + 60},
         Ed25519PrivateKey.generate(),

@@ -19,7 +19,7 @@ from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 from rest_framework_simplejwt.authentication import JWTAuthentication
 
-from .. import modes, selectors, services, tokens
+from .. import modes, selectors, services, signing_keys, tokens
 from ..models import Queue
 from . import serializers as s
 from .answers import authorization, join_answer, status_answer, ticket_claims, window_answer
@@ -417,4 +417,4 @@ class QueueView(_StaffView):
 @cache_control(public=True, max_age=300)
 def jwks_view(request: HttpRequest) -> JsonResponse:
     """The public keys protected sites verify access tokens with (offline)."""
-    return JsonResponse(tokens.jwks())
+    return JsonResponse(signing_keys.jwks())

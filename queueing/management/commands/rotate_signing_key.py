@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from queueing import tokens
+from queueing import signing_keys
 
 
 class Command(BaseCommand):
@@ -21,5 +21,5 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         lead = None if options["lead_seconds"] is None else timedelta(seconds=options["lead_seconds"])
-        key = tokens.signing_key_rotate(lead=lead)
+        key = signing_keys.signing_key_rotate(lead=lead)
         self.stdout.write(f"New key {key.kid} signs from {key.signs_from.isoformat()}.")

@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.management.base import BaseCommand, CommandParser
 
-from queueing import services, tokens
+from queueing import services, signing_keys
 from queueing.models import Queue
 
 
@@ -35,7 +35,7 @@ class Command(BaseCommand):
                 actor_label="setup_demo command",
             )
             self.stdout.write("Created the demo queue: /api/v1/queues/demo/join")
-        tokens.jwks()  # creates the first access-token signing key if there is none
+        signing_keys.jwks()  # creates the first access-token signing key if there is none
 
         users = get_user_model()
         if not users.objects.filter(username=options["username"]).exists():

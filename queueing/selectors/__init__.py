@@ -1,0 +1,93 @@
+"""Every read, one module per concern; never imports services. A read that finds the queue's policy
+missing from Redis raises PolicyMissing, and the caller syncs it (services.with_policy; modes.py does for
+the visitor paths) and reads again.
+
+* `tickets`  a tracked ticket's status (also its heartbeat), poll advice, admission links, neighbours
+* `windows`  stateless mode: a ticket's state from its number and the window; the public window
+* `queues`   live figures for staff, the site's health, the mirrored policy and mode, sessions, samples
+"""
+
+from ..store import QueueSnapshot, WaitSample
+from .queues import (
+    MODE_CACHE_SECONDS,
+    health_window_seconds,
+    outflow_in_force,
+    queue_mode_forget,
+    queue_mode_get,
+    queue_policy_get,
+    queue_sessions_get,
+    queue_shuffle_get,
+    queue_snapshot_get,
+    queue_stats_get,
+    site_health_get,
+    wait_samples_get,
+)
+from .tickets import (
+    NeighbourView,
+    PolicyMissing,
+    TicketGone,
+    TicketView,
+    admission_link,
+    heartbeat_ceiling,
+    opens_in_seconds,
+    poll_after_seconds,
+    public_status,
+    ticket_neighbours_get,
+    ticket_status_get,
+    ticket_view,
+    visitor_status_get,
+    with_query,
+)
+from .windows import (
+    EXPIRED_WINDOW,
+    RATE_TAU_S,
+    observed_per_minute,
+    position_status_get,
+    position_view,
+    window_admitting,
+    window_next_step_seconds,
+    window_place,
+    window_public,
+    window_public_get,
+)
+
+__all__ = [
+    "EXPIRED_WINDOW",
+    "MODE_CACHE_SECONDS",
+    "RATE_TAU_S",
+    "NeighbourView",
+    "PolicyMissing",
+    "QueueSnapshot",
+    "TicketGone",
+    "TicketView",
+    "WaitSample",
+    "admission_link",
+    "health_window_seconds",
+    "heartbeat_ceiling",
+    "observed_per_minute",
+    "opens_in_seconds",
+    "outflow_in_force",
+    "poll_after_seconds",
+    "position_status_get",
+    "position_view",
+    "public_status",
+    "queue_mode_forget",
+    "queue_mode_get",
+    "queue_policy_get",
+    "queue_sessions_get",
+    "queue_shuffle_get",
+    "queue_snapshot_get",
+    "queue_stats_get",
+    "site_health_get",
+    "ticket_neighbours_get",
+    "ticket_status_get",
+    "ticket_view",
+    "visitor_status_get",
+    "wait_samples_get",
+    "window_admitting",
+    "window_next_step_seconds",
+    "window_place",
+    "window_public",
+    "window_public_get",
+    "with_query",
+]

@@ -1,0 +1,202 @@
+"""A queue as staff and the pages see it: its live figures, the protected site's health, its policy and
+mode as mirrored in Redis, its sessions, wait samples and the pre-queue shuffle's public record."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .. import clock, health, shuffle, store
+from ..models import Queue, QueueShuffle
+from .tickets import PolicyMissing
+from .windows import observed_per_minute, window_public
+
+
+def outflow_in_force(config: dict[str, str], stats: dict[str, str]) -> float:
+    """The outflow admission follows now: the adapted one while adaptive outflow is on and has adapted,
+    else the configured one (as lua/_lib.lua policy() reads it)."""
+    configured = float(config.get("outflow_per_minute", 0) or 0)
+    if config.get("adaptive_outflow") == "1" and stats.get("outflow_effective"):
+        return float(stats["outflow_effective"])
+    return configured
+
+
+def health_window_seconds(config: dict[str, str]) -> int:
+    """The site's health is judged, and shown, over the queue's adjustment interval."""
+    return int(config.get("adaptive_interval_seconds") or 10)
+
+
+def site_health_get(*, slug: str, now: float | None = None, window_seconds: int | None = None) -> health.SiteHealth:
+    """The protected site's reported responses over the queue's adjustment interval (or `window_seconds`)."""
+    if window_seconds is None:
+        window_seconds = health_window_seconds(store.config_read(slug))
+    now_ms = clock.now_ms(now)
+    counts = store.health_window(slug, now_ms=now_ms, seconds=window_seconds)
+    return health.SiteHealth.from_counts(
+        window_seconds=counts.window_seconds, requests=counts.requests, errors=counts.errors, buckets=counts.buckets
+    )
+
+
+def queue_stats_get(*, slug: str, now: float | None = None) -> dict[str, Any]:
+    """The live figures of one queue, for staff (a Redis round trip for the queue, one for the site's
+    health, one for the viewers)."""
+    snap = store.snapshot(slug)
+    st, cfg = snap.stats, snap.config
+    if cfg.get("mode") == "stateless":
+        return _window_stats(slug, cfg, now)
+    site = site_health_get(slug=slug, now=now, window_seconds=health_window_seconds(cfg))
+
+    def count(name: str) -> int:
+        return int(st.get(name, 0))
+
+    capacity = int(cfg.get("capacity", 0) or 0)
+    used = snap.admitted + snap.active
+    if cfg.get("capacity_source") == "reported":
+        used = count("reported_in_use") + snap.admitted
+    observed = observed_per_minute(float(st.get("ema_rate", 0) or 0), int(float(st.get("ema_ts", 0) or 0)), now)
+    expired = count("expired_claim") + count("expired_session") + count("abandoned") + count("left")
+    return {
+        "slug": slug,
+        "state": cfg.get("state", "unknown"),
+        "waiting": snap.waiting,
+        "waiting_away": snap.away,
+        "head_position": snap.head_seq,
+        "admitted": snap.admitted,
+        "active": snap.active,
+        "capacity": capacity,
+        "capacity_source": cfg.get("capacity_source", "counted"),
+        "capacity_in_use": used,
+        "capacity_use": round(used / capacity, 4) if capacity else None,
+        "reported_in_use": count("reported_in_use") if "reported_in_use" in st else None,
+        "outflow_per_minute_configured": float(cfg.get("outflow_per_minute", 0) or 0),
+        "outflow_per_minute_observed": round(observed, 3),
+        "outflow_per_minute_effective": round(outflow_in_force(cfg, st), 3),
+        "adaptive_outflow": cfg.get("adaptive_outflow") == "1",
+        "site_health": site.payload(),
+        "average_wait_seconds": round(float(st["ema_wait_ms"]) / 1000, 1) if "ema_wait_ms" in st else None,
+        "average_service_seconds": (round(float(st["ema_service_ms"]) / 1000, 1) if "ema_service_ms" in st else None),
+        "totals": {
+            "joined": count("joined"),
+            "admitted": count("admitted"),
+            "activated": count("activated"),
+            "completed": count("completed"),
+            "expired": expired,
+            "left": count("left"),
+            "abandoned": count("abandoned"),
+            "expired_claim": count("expired_claim"),
+            "expired_session": count("expired_session"),
+            "revoked": count("revoked"),
+            "restored": count("restored"),
+            "restored_sessions": count("restored_sessions"),
+        },
+        "event_seq": count("evseq"),
+        "epoch": int(cfg.get("epoch") or 1),
+        "viewers": store.viewers_count(slug, now=time.time() if now is None else now),
+    }
+
+
+def _window_stats(slug: str, cfg: dict[str, str], now: float | None) -> dict[str, Any]:
+    """queue_stats_get for a stateless queue: what a window can know (no presence, sessions or waits)."""
+    now = time.time() if now is None else now
+    window = store.window_read(slug)
+    in_window = max(0, min(window.active, window.issued) - max(0, window.active - window.windows * window.size))
+    capacity = int(cfg.get("capacity", 0) or 0)
+    observed = observed_per_minute(window.ema_rate, window.ema_ts_ms, now)
+    configured = window.size / (window.interval_ms / 60000)
+    return {
+        "slug": slug,
+        "mode": "stateless",
+        "state": cfg.get("state", "unknown"),
+        "waiting": max(0, window.issued - window.active),
+        "waiting_away": 0,
+        "head_position": window.active + 1,
+        "admitted": 0,
+        "active": in_window,
+        "capacity": capacity,
+        "capacity_source": cfg.get("capacity_source", "counted"),
+        "capacity_in_use": in_window,
+        "capacity_use": round(in_window / capacity, 4) if capacity else None,
+        "reported_in_use": None,
+        "outflow_per_minute_configured": round(configured, 3),
+        "outflow_per_minute_observed": round(observed, 3),
+        "outflow_per_minute_effective": round(configured, 3),
+        "adaptive_outflow": False,
+        "site_health": site_health_get(slug=slug, now=now, window_seconds=health_window_seconds(cfg)).payload(),
+        "average_wait_seconds": None,
+        "average_service_seconds": None,
+        "totals": {
+            "joined": window.issued,
+            "admitted": window.admitted,
+            "activated": 0,
+            "completed": 0,
+            "expired": 0,
+            "left": 0,
+            "abandoned": 0,
+            "expired_claim": 0,
+            "expired_session": 0,
+            "revoked": 0,
+            "restored": 0,
+            "restored_sessions": 0,
+        },
+        "event_seq": window.evseq,
+        "epoch": window.epoch,
+        "viewers": store.viewers_count(slug, now=now),
+        "window": window_public(window, now_ms=int(now * 1000)),
+    }
+
+
+def queue_snapshot_get(slug: str) -> store.QueueSnapshot:
+    """A tracked queue's counters and sizes in one round trip (admin's list)."""
+    return store.snapshot(slug)
+
+
+def queue_sessions_get(slug: str, *, limit: int) -> list[tuple[str, str, int]]:
+    """(ticket id, 'admitted' | 'active', claim deadline or session end in ms), soonest first."""
+    return store.sessions_list(slug, limit=limit)
+
+
+def wait_samples_get(slug: str, *, limit: int = 10000) -> list[store.WaitSample]:
+    """The oldest wait samples admissions left in Redis (kept there until services.wait_samples_drop)."""
+    return store.wait_samples_read(slug, limit=limit)
+
+
+def queue_policy_get(slug: str) -> dict[str, str]:
+    """The queue's policy as mirrored in Redis (no SQL); PolicyMissing when Redis has none."""
+    policy = store.config_read(slug)
+    if not policy:
+        raise PolicyMissing(slug)
+    return policy
+
+
+def queue_shuffle_get(*, slug: str) -> dict[str, Any] | None:
+    """The public record of the queue's latest scheduled start's shuffle (commitment; seed once revealed)."""
+    record = QueueShuffle.objects.filter(queue__slug=slug).order_by("-starts_at").first()
+    return shuffle.public_record(record) if record is not None else None
+
+
+MODE_CACHE_SECONDS = 2.0
+
+
+_modes: dict[str, tuple[float, str]] = {}
+
+
+def queue_mode_get(slug: str) -> str:
+    """A queue's mode (tracked | stateless), as mirrored in Redis; remembered per process for a moment
+    (a join must know which way to go; the scripts refuse the wrong one, so a stale answer costs a retry)."""
+    now = time.monotonic()
+    cached = _modes.get(slug)
+    if cached is not None and now - cached[0] < MODE_CACHE_SECONDS:
+        return cached[1]
+    mode = store.config_read(slug).get("mode")
+    if mode is None:
+        queue = Queue.objects.filter(slug=slug).only("mode").first()
+        mode = queue.mode if queue is not None else Queue.Mode.TRACKED
+    if len(_modes) > 10_000:
+        _modes.clear()
+    _modes[slug] = (now, mode)
+    return mode
+
+
+def queue_mode_forget(slug: str) -> None:
+    _modes.pop(slug, None)
+
