@@ -61,9 +61,8 @@ class Limited(Exception):
         self.decision = decision
 
 
-def decision_from(raw: tuple[bool, int, float, int]) -> Decision:
-    allowed, retry_ms, remaining, wait_ms = raw
-    return Decision(allowed, retry_ms / 1000, remaining, wait_ms / 1000)
+def decision_from(reply: store.LimitReply) -> Decision:
+    return Decision(reply.allowed, reply.retry_ms / 1000, reply.remaining, reply.wait_ms / 1000)
 
 
 class Limiter:

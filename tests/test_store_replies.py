@@ -4,6 +4,7 @@ parsed fields must be the ones the script's header lists, with the values the st
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any, cast
 
@@ -112,7 +113,7 @@ def test_it_parses_a_join_into_a_created_waiting_ticket_at_the_head_with_the_que
 
     assert reply.moves == store.Moves(0, [])  # first in an empty line: nobody moved
     # The layout the header gives: {outcome, ticket (11 fields), figures (17 fields), moves}.
-    assert len(raw) == 4 and len(raw[1]) == 11 and len(raw[2]) == len(store.QueueFigures.LAYOUT) == 17
+    assert len(raw) == 4 and len(raw[1]) == 11 and len(raw[2]) == len(dataclasses.fields(store.QueueFigures)) == 17
 
 
 def test_it_parses_a_second_join_of_the_same_visitor_as_the_existing_ticket(make_queue, clock):
@@ -252,7 +253,7 @@ def test_it_parses_a_waiting_visitors_leave_with_the_place_it_left(make_queue, c
     raw = run("leave", keys(queue.slug), (visitor("bob"), bob.seq, ms(clock.advance(1))))
     reply = store.ChangeReply.parse(raw)
 
-    assert reply == ("left", False, store.Moves(seq_before + 1, [("-", 1, 1)]))
+    assert tuple(reply) == ("left", False, store.Moves(seq_before + 1, [("-", 1, 1)]))
     assert reply.freed is False and isinstance(reply.freed, bool)
     again = store.ChangeReply.parse(run("leave", keys(queue.slug), (visitor("bob"), bob.seq, ms(clock.now))))
     assert (again.result, again.freed, again.moves) == ("gone", False, store.NO_MOVES)
@@ -309,10 +310,10 @@ def test_it_parses_a_session_start_with_the_sessions_end(make_queue, clock):
     raw = run("session_start", keys(queue.slug), args)
     reply = store.SessionReply.parse(raw)
 
-    assert reply == ("valid", ms(admitted_at) + 900_000, False)
+    assert tuple(reply) == ("valid", ms(admitted_at) + 900_000, False)
     assert reply.expires_ms == ada.expires_ms
     stale = (visitor("ada"), ada.seq, ada.fence + 5, ms(clock.now), epoch, ada.expires_ms)
-    assert store.SessionReply.parse(run("session_start", keys(queue.slug), stale)) == ("superseded", 0, False)
+    assert tuple(store.SessionReply.parse(run("session_start", keys(queue.slug), stale))) == ("superseded", 0, False)
     refuses_a_missing_and_an_extra_field(store.SessionReply.parse, raw)
 
 
@@ -323,8 +324,8 @@ def test_it_parses_a_completion_as_freeing_the_slot_once(make_queue, clock):
 
     raw = run("complete", keys(queue.slug), args)
 
-    assert store.CompleteReply.parse(raw) == ("completed", True)
-    assert store.CompleteReply.parse(run("complete", keys(queue.slug), args)) == ("already", False)
+    assert tuple(store.CompleteReply.parse(raw)) == ("completed", True)
+    assert tuple(store.CompleteReply.parse(run("complete", keys(queue.slug), args))) == ("already", False)
     refuses_a_missing_and_an_extra_field(store.CompleteReply.parse, raw)
 
 
@@ -476,14 +477,18 @@ def test_it_parses_a_capacity_report_with_the_reported_use_and_the_source(make_q
     raw = run("capacity", keys(queue.slug), (5, ms(clock.now)))
     reply = store.CapacityReply.parse(raw)
 
-    assert reply == (12, 5, "reported")
+    assert tuple(reply) == (12, 5, "reported")
     assert reply is not None and isinstance(reply.capacity, int) and isinstance(reply.used, int)
     refuses_a_missing_and_an_extra_field(store.CapacityReply.parse, raw)
 
 
 def test_it_parses_a_capacity_report_for_a_queue_without_a_policy_as_none(db, clock):
     slug = f"unknown-{uuid.uuid4().hex[:8]}"
-    assert store.CapacityReply.parse(run("capacity", keys(slug), (5, ms(clock.now)))) is None
+    raw = run("capacity", keys(slug), (5, ms(clock.now)))
+    assert raw == []  # capacity.lua: {} without a policy
+    assert store.capacity_report(slug, in_use=5, now_ms=ms(clock.now)) is None
+    with pytest.raises(ValueError):
+        store.CapacityReply.parse(raw)
 
 
 # --- prequeue.lua: PrequeueEntry -------------------------------------------------------------------------
@@ -499,7 +504,7 @@ def test_it_parses_the_prequeue_as_the_tickets_that_joined_before_a_moment_in_li
     rows = run("prequeue", keys(queue.slug), (ms(t0 + 5),))
     entries = [store.PrequeueEntry.parse(row) for row in rows]
 
-    assert entries == [(ada.ticket_id, ada.seq, 2), (bob.ticket_id, bob.seq, 0)]
+    assert [tuple(entry) for entry in entries] == [(ada.ticket_id, ada.seq, 2), (bob.ticket_id, bob.seq, 0)]
     assert all(isinstance(entry.seq, int) for entry in entries)
     refuses_a_missing_and_an_extra_field(store.PrequeueEntry.parse, rows[0])
 
@@ -526,10 +531,10 @@ def test_it_parses_an_outflow_step_with_the_rate_before_and_after(make_queue, cl
     raw = run("outflow_adapt", keys(queue.slug), (now_ms, token, "decrease"))
     reply = store.OutflowAdaptReply.parse(raw)
 
-    assert reply == ("adapted", 60.0, 30.0)  # 60 x 0.5
+    assert tuple(reply) == ("adapted", 60.0, 30.0)  # 60 x 0.5
     assert isinstance(reply.before, float) and isinstance(reply.after, float)
     again = store.OutflowAdaptReply.parse(run("outflow_adapt", keys(queue.slug), (now_ms + 1000, token, "decrease")))
-    assert again == ("not_due", 30.0, 30.0)
+    assert tuple(again) == ("not_due", 30.0, 30.0)
     stale = store.OutflowAdaptReply.parse(run("outflow_adapt", keys(queue.slug), (now_ms, "node-b:9", "decrease")))
     assert stale.outcome == "not_leader"
     refuses_a_missing_and_an_extra_field(store.OutflowAdaptReply.parse, raw)
@@ -540,7 +545,7 @@ def test_it_parses_an_outflow_step_of_a_queue_not_adapting_as_off(make_queue, cl
     token = store.leader(queue.slug, instance_id="node-a", ttl_ms=30_000)
     assert token is not None
     reply = store.OutflowAdaptReply.parse(run("outflow_adapt", keys(queue.slug), (ms(clock.now), token, "increase")))
-    assert reply == ("off", 45.0, 45.0)
+    assert tuple(reply) == ("off", 45.0, 45.0)
 
 
 # --- ticket records (lua/_lib.lua save()): TicketRecord --------------------------------------------------
@@ -693,7 +698,7 @@ def test_it_reports_the_moment_a_window_step_moved_the_window_as_when_it_last_mo
 def test_it_parses_a_window_step_with_a_stale_leader_token_as_not_leader(window_queue, clock):
     qk = store.queue_keys(window_queue.slug)
     step = store.WindowStep.parse(run("window/tick", [qk.win, qk.leader], [ms(clock.now), "node-a:1"]))
-    assert step == ("not_leader", False, 0, 0, 0, 0)
+    assert tuple(step) == ("not_leader", False, 0, 0, 0, 0)
 
 
 # --- lua/limits/: LimitReply -----------------------------------------------------------------------------
@@ -709,9 +714,9 @@ def test_it_parses_a_token_buckets_refusal_with_the_time_to_the_next_token(db):
 
     replies = [store.LimitReply.parse(run("limits/token_bucket", [key], args)) for _ in range(3)]
 
-    assert replies[0] == (True, 0, 1.0, 0)
-    assert replies[1] == (True, 0, 0.0, 0)
-    assert replies[2] == (False, 250, 0.0, 0)  # a token every 250 ms
+    assert tuple(replies[0]) == (True, 0, 1.0, 0)
+    assert tuple(replies[1]) == (True, 0, 0.0, 0)
+    assert tuple(replies[2]) == (False, 250, 0.0, 0)  # a token every 250 ms
     assert isinstance(replies[2].allowed, bool) and isinstance(replies[2].remaining, float)
     refuses_a_missing_and_an_extra_field(store.LimitReply.parse, run("limits/token_bucket", [key], args))
 

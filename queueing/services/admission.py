@@ -99,10 +99,11 @@ def queue_outflow_adapt(*, slug: str, leader_token: str, now: float | None = Non
         return None  # not due: the script checks again, atomically; this spares reading the window
     window = selectors.site_health_get(slug=slug, now=now, window_seconds=interval)
     verdict, reason = health.outflow_verdict(window, health.Thresholds.from_config(config))
-    outcome, before, after = store.outflow_adapt(slug, now_ms=now_ms, leader_token=leader_token, verdict=verdict)
-    if outcome not in ("adapted", "not_admitting", "not_limiting"):
+    reply = store.outflow_adapt(slug, now_ms=now_ms, leader_token=leader_token, verdict=verdict)
+    if reply.outcome not in ("adapted", "not_admitting", "not_limiting"):
         return None
-    step = OutflowStep(outcome, verdict, reason, before, after, window)
+    before, after = reply.before, reply.after
+    step = OutflowStep(reply.outcome, verdict, reason, before, after, window)
     if step.changed:
         queue = Queue.objects.filter(slug=slug).first()
         if queue is not None:

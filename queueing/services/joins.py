@@ -175,9 +175,9 @@ def pow_challenge_issue(*, slug: str) -> dict[str, Any]:
 
 def ticket_leave(*, slug: str, claims: tokens.TicketClaims, now: float | None = None) -> bool:
     """The visitor gives up its ticket. Returns False when it had already finished (harmless)."""
-    result, freed, moves = store.leave(slug, visitor_key=claims.visitor_key, seq=claims.seq, now_ms=clock.now_ms(now))
-    realtime.send(realtime.queue_move(slug, moves))
-    if freed:
+    reply = store.leave(slug, visitor_key=claims.visitor_key, seq=claims.seq, now_ms=clock.now_ms(now))
+    realtime.send(realtime.queue_move(slug, reply.moves))
+    if reply.freed:
         queue_admit(slug=slug, now=now)
-    return result == "left"
+    return reply.result == "left"
 

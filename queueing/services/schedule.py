@@ -50,9 +50,9 @@ def queue_prequeue_shuffle(queue: Queue, *, now: float | None = None) -> QueueSh
             record.numbers = list(span) if span else []
         else:
             entries = store.prequeue_entries(queue.slug, joined_before_ms=starts_ms)
-            tickets = sorted((seq, level) for _, seq, level in entries)
+            tickets = sorted((entry.seq, entry.priority) for entry in entries)
             order = shuffle.shuffle_order(record.seed, tickets)
-            by_seq = {seq: ticket_id for ticket_id, seq, _ in entries}
+            by_seq = {entry.seq: entry.ticket_id for entry in entries}
             places = [(by_seq[seq], float(place)) for place, seq in enumerate(order)]
             store.reorder(queue.slug, places, now_ms=clock.now_ms(now))
             record.tickets = [list(t) for t in tickets]

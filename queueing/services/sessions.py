@@ -57,12 +57,12 @@ def session_complete(*, slug: str, claims: tokens.AccessClaims, now: float | Non
     """
     if claims.stateless:
         return "completed"
-    result, freed = store.complete(
+    reply = store.complete(
         slug, visitor_key=claims.visitor_key, seq=claims.seq, fence=claims.fence, now_ms=clock.now_ms(now)
     )
-    if freed:
+    if reply.freed:
         queue_admit(slug=slug, now=now)
-    return result
+    return reply.result
 
 
 def session_revoke(*, slug: str, ticket_id: str, now: float | None = None) -> str:
@@ -71,14 +71,14 @@ def session_revoke(*, slug: str, ticket_id: str, now: float | None = None) -> st
         raise TicketNotFound(ticket_id)
     if selectors.queue_mode_get(slug) == Queue.Mode.STATELESS:
         raise NotInStatelessMode("A stateless queue keeps no tickets or sessions to revoke.")
-    result, freed, moves = store.revoke(slug, ticket_id=ticket_id, now_ms=clock.now_ms(now))
-    if result == "not_found":
+    reply = store.revoke(slug, ticket_id=ticket_id, now_ms=clock.now_ms(now))
+    if reply.result == "not_found":
         raise TicketNotFound(ticket_id)
-    if result == "revoked":
-        realtime.send(realtime.expired(slug, [ticket_id], "revoked") + realtime.queue_move(slug, moves))
-    if freed:
+    if reply.result == "revoked":
+        realtime.send(realtime.expired(slug, [ticket_id], "revoked") + realtime.queue_move(slug, reply.moves))
+    if reply.freed:
         queue_admit(slug=slug, now=now)
-    return result
+    return reply.result
 
 
 def capacity_report(*, slug: str, in_use: int, now: float | None = None) -> tuple[int, int, str]:
@@ -95,7 +95,7 @@ def capacity_report(*, slug: str, in_use: int, now: float | None = None) -> tupl
     )
     if reply is None:
         raise QueueNotFound(slug)
-    capacity, used, source = reply
+    capacity, used, source = reply.capacity, reply.used, reply.source
     figures = queue_admit(slug=slug, now=now).figures
     if figures is not None:
         capacity, used = figures.capacity, figures.used

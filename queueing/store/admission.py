@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from .connection import client, run
 from .keys import queue_keys
+from .replies import Reply, maybe, optional
 from .tracked import NO_MOVES, Moves, QueueFigures
 
 
@@ -27,7 +28,7 @@ def leader(slug: str, *, instance_id: str, ttl_ms: int) -> str | None:
 
 
 @dataclass(frozen=True)
-class Admission:
+class Admission(Reply):
     """One admitted ticket: {tid, fence, expires_ms, joined_ms, est_wait_at_join_s or -1}."""
 
     ticket_id: str
@@ -36,14 +37,15 @@ class Admission:
     joined_ms: int
     est_wait_at_join_s: int | None
 
-    @classmethod
-    def parse(cls, raw: Sequence[Any]) -> Admission:
-        tid, fence, expires, joined, est = raw
-        return cls(str(tid), int(fence), int(expires), int(joined), int(est) if int(est) >= 0 else None)
+    CONVERT = {"est_wait_at_join_s": optional}
+
+
+def _ids(raw: Sequence[Any]) -> list[str]:
+    return [str(t) for t in raw]
 
 
 @dataclass(frozen=True)
-class AdmitReply:
+class AdmitReply(Reply):
     """admit.lua: {outcome, admitted, expired, figures, moves}."""
 
     outcome: str  # ok | not_leader | no_config | no_seq
@@ -52,24 +54,25 @@ class AdmitReply:
     figures: QueueFigures | None
     moves: Moves = NO_MOVES
 
-    @classmethod
-    def parse(cls, raw: Sequence[Any]) -> AdmitReply:
-        outcome, admitted, expired, figures, moves = raw
-        return cls(
-            outcome=str(outcome),
-            admitted=[Admission.parse(row) for row in admitted],
-            expired=[str(t) for t in expired],
-            figures=QueueFigures.parse(figures),
-            moves=Moves.parse(moves),
-        )
+    CONVERT = {
+        "admitted": lambda rows: [Admission.parse(row) for row in rows],
+        "expired": _ids,
+        "figures": maybe(QueueFigures.parse),
+        "moves": Moves.parse,
+    }
 
 
 def admit(slug: str, *, now_ms: int, leader_token: str = "", max_admit: int, scan_limit: int) -> AdmitReply:
     return AdmitReply.parse(_run("admit", slug, now_ms, leader_token, max_admit, scan_limit))
 
 
+def _moved(raw: Sequence[Any]) -> list[Moves]:
+    moves = Moves.parse(raw)
+    return [moves] if moves.seq else []
+
+
 @dataclass(frozen=True)
-class CleanupReply:
+class CleanupReply(Reply):
     """cleanup.lua: {expired_slots, abandoned, pruned, more 0|1, moves} (one round; services sum rounds)."""
 
     expired_slots: list[str]
@@ -78,53 +81,33 @@ class CleanupReply:
     more: bool
     moves: list[Moves] = field(default_factory=list)  # one per round that moved anyone
 
-    @classmethod
-    def parse(cls, raw: Sequence[Any]) -> CleanupReply:
-        expired, abandoned, pruned, more, moves = raw
-        parsed = Moves.parse(moves)
-        return cls(
-            expired_slots=[str(t) for t in expired],
-            abandoned=[str(t) for t in abandoned],
-            pruned=int(pruned),
-            more=bool(int(more)),
-            moves=[parsed] if parsed.seq else [],
-        )
+    CONVERT = {"expired_slots": _ids, "abandoned": _ids, "moves": _moved}
 
 
 def cleanup(slug: str, *, now_ms: int, chunk: int, retention_ms: int) -> CleanupReply:
     return CleanupReply.parse(_run("cleanup", slug, now_ms, chunk, retention_ms))
 
 
-class CapacityReply(NamedTuple):
+@dataclass(frozen=True)
+class CapacityReply(Reply):
     """capacity.lua: {capacity, used, capacity_source} after the report ({} without a policy)."""
 
     capacity: int
     used: int
     source: str
 
-    @classmethod
-    def parse(cls, raw: Sequence[Any]) -> CapacityReply | None:
-        if not raw:
-            return None
-        capacity, used, source = raw
-        return cls(int(capacity), int(used), str(source))
-
 
 def capacity_report(slug: str, *, in_use: int, now_ms: int) -> CapacityReply | None:
-    return CapacityReply.parse(_run("capacity", slug, in_use, now_ms))
+    return maybe(CapacityReply.parse)(_run("capacity", slug, in_use, now_ms))  # type: ignore[no-any-return]
 
 
-class PrequeueEntry(NamedTuple):
+@dataclass(frozen=True)
+class PrequeueEntry(Reply):
     """prequeue.lua, per ticket: {ticket id, sequence number, priority level}."""
 
     ticket_id: str
     seq: int
     priority: int
-
-    @classmethod
-    def parse(cls, raw: Sequence[Any]) -> PrequeueEntry:
-        tid, seq, priority = raw
-        return cls(str(tid), int(seq), int(priority))
 
 
 def prequeue_entries(slug: str, *, joined_before_ms: int) -> list[PrequeueEntry]:
@@ -141,17 +124,13 @@ def reorder(slug: str, places: list[tuple[str, float]], *, now_ms: int) -> tuple
     return int(moved), int(seq)
 
 
-class OutflowAdaptReply(NamedTuple):
+@dataclass(frozen=True)
+class OutflowAdaptReply(Reply):
     """outflow_adapt.lua: {outcome, rate before, rate after} (admissions a minute)."""
 
     outcome: str
     before: float
     after: float
-
-    @classmethod
-    def parse(cls, raw: Sequence[Any]) -> OutflowAdaptReply:
-        outcome, before, after = raw
-        return cls(str(outcome), float(before), float(after))
 
 
 def outflow_adapt(slug: str, *, now_ms: int, leader_token: str, verdict: str) -> OutflowAdaptReply:

@@ -6,11 +6,12 @@ The algorithms and their arguments are the domain's (`queueing/ratelimit.py`); h
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from .connection import run
 from .keys import limit_key
+from .replies import Reply
 
 __all__ = ["LimitCall", "LimitReply", "limit_hit", "limit_key"]
 
@@ -27,7 +28,8 @@ class LimitCall(NamedTuple):
         return f"limits/{self.algorithm}"
 
 
-class LimitReply(NamedTuple):
+@dataclass(frozen=True)
+class LimitReply(Reply):
     """Every limiter script's reply: {allowed 0|1, retry after (ms), remaining (or the weighted count),
     wait (ms; the leaking bucket's turn in its queue)}."""
 
@@ -35,11 +37,6 @@ class LimitReply(NamedTuple):
     retry_ms: int
     remaining: float
     wait_ms: int
-
-    @classmethod
-    def parse(cls, raw: Sequence[Any]) -> LimitReply:
-        allowed, retry_ms, remaining, wait_ms = raw
-        return cls(bool(int(allowed)), int(retry_ms), float(remaining), int(wait_ms))
 
 
 def limit_hit(algorithm: str, key: str, *args: str | int | float) -> LimitReply:

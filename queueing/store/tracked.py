@@ -8,13 +8,14 @@ Times cross this boundary as integer milliseconds since the epoch, always suppli
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 from .connection import run, run_together
 from .keys import queue_keys
 from .limits import LimitCall, LimitReply
+from .replies import Reply, maybe, optional, whole
 
 
 class TicketStatus(enum.IntEnum):
@@ -34,18 +35,8 @@ class TicketStatus(enum.IntEnum):
         return self in (TicketStatus.ADMITTED, TicketStatus.ACTIVE)
 
 
-def _whole(value: Any) -> int:
-    """An integer Redis may have stored as a float ('1.7e12')."""
-    return int(float(value))
-
-
-def _parse_fields(layout: Sequence[tuple[str, Callable[[Any], Any]]], raw: Sequence[Any]) -> dict[str, Any]:
-    """A script's reply array as named, converted fields, in the order its header gives."""
-    return {name: convert(value) for (name, convert), value in zip(layout, raw, strict=True)}
-
-
 @dataclass(frozen=True)
-class QueueFigures:
+class QueueFigures(Reply):
     """What a script saw of the queue when it ran (for estimates, stats and broadcasts): `figures()` in
     lua/_lib.lua, returned by join, status, admit."""
 
@@ -67,80 +58,47 @@ class QueueFigures:
     starts_at_ms: int  # 0: no scheduled start
     name: str
 
-    LAYOUT = (
-        ("state", str),
-        ("capacity", int),
-        ("used", int),
-        ("outflow_per_minute", float),
-        ("ema_rate", float),
-        ("ema_ts_ms", _whole),
-        ("ema_service_ms", float),
-        ("admitted_total", int),
-        ("waiting", int),
-        ("evseq", int),
-        ("presence_timeout_s", int),
-        ("target_url", str),
-        ("epoch", int),
-        ("away", int),
-        ("claim_ttl_s", int),
-        ("starts_at_ms", int),
-        ("name", str),
-    )
+    CONVERT = {"ema_ts_ms": whole}
 
     @property
     def free(self) -> int:
         return max(0, self.capacity - self.used)
 
-    @classmethod
-    def parse(cls, raw: Sequence[Any]) -> QueueFigures | None:
-        return cls(**_parse_fields(cls.LAYOUT, raw)) if raw else None
 
-
-def _rank(value: Any) -> int | None:
-    rank = int(value)
-    return rank if rank >= 0 else None
+def _line_score(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 @dataclass(frozen=True)
-class TicketState:
+class TicketState(Reply):
     """A ticket as `ticket_reply()` in lua/_lib.lua returns it (join and status; a join adds its score)."""
 
     ticket_id: str
     seq: int
     status: TicketStatus
-    rank: int | None  # 0-based place in the line while waiting
+    rank: int | None  # 0-based place in the line while waiting (-1 in the reply: not in line)
     fence: int
     expires_ms: int
-    est_wait_s: int | None
+    est_wait_s: int | None  # -1 in the reply: no estimate
     reason: str
     freed: bool  # this call released a slot: run admission
     priority: int
     score: float | None = None  # its line score (joins only; None when not in line)
 
-    LAYOUT = (
-        ("ticket_id", str),
-        ("seq", int),
-        ("status", lambda v: TicketStatus(int(v))),
-        ("rank", _rank),
-        ("fence", int),
-        ("expires_ms", int),
-        ("est_wait_s", _rank),
-        ("reason", lambda v: str(v or "")),
-        ("freed", lambda v: bool(int(v))),
-        ("priority", int),
-        ("score", float),
-    )
+    CONVERT = {"status": lambda v: TicketStatus(int(v)), "rank": optional, "est_wait_s": optional, "score": _line_score}
 
     @classmethod
     def parse(cls, raw: Sequence[Any]) -> TicketState:
-        # A join's reply adds the line score; any other length is not a ticket.
-        if len(raw) not in (len(cls.LAYOUT) - 1, len(cls.LAYOUT)):
-            raise ValueError(f"a ticket reply has {len(cls.LAYOUT) - 1} or {len(cls.LAYOUT)} fields, not {len(raw)}")
-        return cls(**_parse_fields(cls.LAYOUT[: len(raw)], raw))
+        # A poll's reply ends before the line score a join's carries.
+        return super().parse([*raw, None] if len(raw) == len(fields(cls)) - 1 else raw)
+
+
+def _ops(raw: Sequence[Any]) -> list[tuple[str, int, int]]:
+    return [(str(op), int(rank), int(count)) for op, rank, count in raw]
 
 
 @dataclass(frozen=True)
-class Moves:
+class Moves(Reply):
     """How a transition moved other visitors' places: ('-', rank, count) left, ('+', rank, count) placed.
 
     `seq` is the queue's event sequence after this transition (0 when nobody moved): clients apply
@@ -150,17 +108,14 @@ class Moves:
     seq: int
     ops: list[tuple[str, int, int]]
 
-    @classmethod
-    def parse(cls, raw: Sequence[Any]) -> Moves:
-        seq, ops = raw
-        return cls(seq=int(seq), ops=[(str(op), int(rank), int(count)) for op, rank, count in ops])
+    CONVERT = {"ops": _ops}
 
 
 NO_MOVES = Moves(0, [])
 
 
 @dataclass(frozen=True)
-class TicketReply:
+class TicketReply(Reply):
     """A join or status reply: {outcome, ticket, figures, moves}. outcome: created | existing | ok | gone |
     closed | full | not_open | capped | pow_required | pow_reused | stateless | no_config | no_seq."""
 
@@ -169,15 +124,7 @@ class TicketReply:
     figures: QueueFigures | None
     moves: Moves = NO_MOVES
 
-    @classmethod
-    def parse(cls, raw: Sequence[Any]) -> TicketReply:
-        outcome, ticket, figures, moves = raw
-        return cls(
-            outcome=str(outcome),
-            ticket=TicketState.parse(ticket) if ticket else None,
-            figures=QueueFigures.parse(figures),
-            moves=Moves.parse(moves),
-        )
+    CONVERT = {"ticket": maybe(TicketState.parse), "figures": maybe(QueueFigures.parse), "moves": Moves.parse}
 
 
 def join(
@@ -234,17 +181,15 @@ def status_limited(
     return TicketReply.parse(reply), LimitReply.parse(limited)
 
 
-class ChangeReply(NamedTuple):
+@dataclass(frozen=True)
+class ChangeReply(Reply):
     """leave.lua and revoke.lua: {result, freed 0|1, moves}."""
 
     result: str
     freed: bool
     moves: Moves
 
-    @classmethod
-    def parse(cls, raw: Sequence[Any]) -> ChangeReply:
-        result, freed, moves = raw
-        return cls(str(result), bool(int(freed)), Moves.parse(moves))
+    CONVERT = {"moves": Moves.parse}
 
 
 def leave(slug: str, *, visitor_key: str, seq: int, now_ms: int) -> ChangeReply:
@@ -256,16 +201,13 @@ def revoke(slug: str, *, ticket_id: str, now_ms: int) -> ChangeReply:
 
 
 @dataclass(frozen=True)
-class Neighbour:
+class Neighbour(Reply):
+    """One row of neighbours.lua: {rank, display name, is me 0|1, priority}."""
+
     rank: int
     display_name: str
     is_me: bool
     priority: int
-
-    @classmethod
-    def parse(cls, raw: Sequence[Any]) -> Neighbour:
-        rank, name, me, priority = raw
-        return cls(int(rank), str(name), bool(int(me)), int(priority))
 
 
 def neighbours(slug: str, *, visitor_key: str, seq: int, before: int, after: int) -> tuple[int | None, list[Neighbour]]:
@@ -277,17 +219,13 @@ def neighbours(slug: str, *, visitor_key: str, seq: int, before: int, after: int
     return int(rank), [Neighbour.parse(row) for row in rows]
 
 
-class SessionReply(NamedTuple):
+@dataclass(frozen=True)
+class SessionReply(Reply):
     """session_start.lua: {result, the session's end (ms), freed 0|1}."""
 
     result: str
     expires_ms: int
     freed: bool
-
-    @classmethod
-    def parse(cls, raw: Sequence[Any]) -> SessionReply:
-        result, expires, freed = raw
-        return cls(str(result), int(expires), bool(int(freed)))
 
 
 def session_start(
@@ -298,16 +236,12 @@ def session_start(
     return SessionReply.parse(run("session_start", queue_keys(slug).script_keys(), args))
 
 
-class CompleteReply(NamedTuple):
+@dataclass(frozen=True)
+class CompleteReply(Reply):
     """complete.lua: {result, freed 0|1}."""
 
     result: str
     freed: bool
-
-    @classmethod
-    def parse(cls, raw: Sequence[Any]) -> CompleteReply:
-        result, freed = raw
-        return cls(str(result), bool(int(freed)))
 
 
 def complete(slug: str, *, visitor_key: str, seq: int, fence: int, now_ms: int) -> CompleteReply:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from .connection import client, run, run_together
 from .keys import queue_keys
 from .limits import LimitCall, LimitReply
+from .replies import Reply
 from .state import LiveState
 
 WINDOW_FIELDS = (
@@ -143,7 +144,8 @@ def window_join(
     return str(outcome), Window.parse(raw or [None] * len(WINDOW_FIELDS))
 
 
-class WindowStep(NamedTuple):
+@dataclass(frozen=True)
+class WindowStep(Reply):
     """window/tick.lua: {outcome, stepped 0|1, last active place, last issued place, moved at (ms), evseq}."""
 
     outcome: str  # ok | not_leader | no_config
@@ -152,11 +154,6 @@ class WindowStep(NamedTuple):
     issued: int
     at_ms: int
     evseq: int
-
-    @classmethod
-    def parse(cls, raw: Sequence[Any]) -> WindowStep:
-        outcome, stepped, active, issued, at, evseq = raw
-        return cls(str(outcome), bool(int(stepped)), int(active), int(issued), int(at), int(evseq))
 
 
 def window_tick(slug: str, *, now_ms: int, leader_token: str = "") -> WindowStep:

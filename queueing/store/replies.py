@@ -1,0 +1,75 @@
+"""Reading a script's reply array into named, typed fields: one reply type per script (next to the wrapper
+that runs it), its fields in the order the script's header lists them.
+
+A reply type is a frozen dataclass deriving from `Reply`; each value is converted by its field's annotated
+type (str, int, float, bool as Redis returns them), or by the type's `CONVERT` entry for that field (a
+nested reply, an optional value). A reply with a field too many or too few is refused (ValueError).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar, Self, get_type_hints
+
+
+def text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def flag(value: Any) -> bool:
+    """0 | 1 as Lua returns a boolean."""
+    return bool(int(value))
+
+
+def whole(value: Any) -> int:
+    """An integer Redis may have stored as a float ('1.7e12')."""
+    return int(float(value))
+
+
+def optional(value: Any) -> int | None:
+    """A count or an estimate, -1 when there is none."""
+    number = int(value)
+    return number if number >= 0 else None
+
+
+BY_TYPE: dict[Any, Callable[[Any], Any]] = {str: text, int: int, float: float, bool: flag}
+
+
+_converters: dict[type, tuple[tuple[str, Callable[[Any], Any]], ...]] = {}
+
+
+def converters_of(cls: type) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
+    """Each field's name and converter, in order (worked out once per reply type)."""
+    found = _converters.get(cls)
+    if found is None:
+        hints = get_type_hints(cls)
+        convert: dict[str, Callable[[Any], Any]] = getattr(cls, "CONVERT", {})
+        fields = dataclasses.fields(cls)
+        found = _converters[cls] = tuple((f.name, convert.get(f.name) or BY_TYPE[hints[f.name]]) for f in fields)
+    return found
+
+
+class Reply:
+    """A script's reply (or one row of it) as named fields."""
+
+    CONVERT: ClassVar[dict[str, Callable[[Any], Any]]] = {}
+
+    @classmethod
+    def parse(cls, raw: Sequence[Any]) -> Self:
+        converters = converters_of(cls)
+        if len(raw) != len(converters):
+            raise ValueError(f"{cls.__name__} has {len(converters)} fields; the reply has {len(raw)}")
+        return cls(**{name: convert(value) for (name, convert), value in zip(converters, raw, strict=True)})
+
+    # A reply still reads as the array it came from: unpacked, or indexed in the script's order.
+    def __iter__(self) -> Iterator[Any]:
+        return (getattr(self, name) for name, _ in converters_of(type(self)))
+
+    def __getitem__(self, index: int) -> Any:
+        return tuple(self)[index]
+
+
+def maybe(parse: Callable[[Sequence[Any]], Any]) -> Callable[[Any], Any]:
+    """A nested reply that may be empty ({} from Lua): None then."""
+    return lambda raw: parse(raw) if raw else None
