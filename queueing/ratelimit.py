@@ -189,7 +189,7 @@ def scope_limiter(scope: str) -> Limiter | None:
 
 def prepare(scope: str, ident: str, *, now: float | None = None) -> store.LimitCall | None:
     """The limiter call for one request of `ident` in `scope`, to run with other work in one round trip
-    (store.status does); None when the scope is not limited. Read the result with decision_from."""
+    (store.status_limited does); None when the scope is not limited. Read the result with decision_from."""
     limiter = scope_limiter(scope)
     if limiter is None:
         return None

@@ -135,3 +135,33 @@ def test_visitor_keys_are_stable_keyed_and_short(settings):
     assert len(key) == 16
     settings.SECRET_KEY = "another-secret-" * 4
     assert tokens.visitor_key("cookie:abc") != key
+
+
+def test_threads_that_find_the_keys_stale_together_load_them_once(transactional_db, monkeypatch):
+    """The key cache re-checks under its lock: the threads that waited for it use what the first loaded."""
+    import dataclasses
+    import threading
+
+    ring = signing_keys._keys.get()
+    signing_keys._keys._ring = dataclasses.replace(ring, loaded_at=ring.loaded_at - 10_000)  # stale for everyone
+    loads = []
+    real_load = signing_keys._load_key_ring
+
+    def slow_load():
+        loads.append(threading.get_ident())
+        time.sleep(0.2)  # long enough for every other thread to queue on the lock
+        return real_load()
+
+    monkeypatch.setattr(signing_keys, "_load_key_ring", slow_load)
+    start = threading.Barrier(8)
+
+    def read():
+        start.wait()
+        signing_keys.key_ring()
+
+    threads = [threading.Thread(target=read) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert len(loads) == 1

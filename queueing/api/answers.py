@@ -33,7 +33,7 @@ from ..visitors import (
     visitor_identity,
 )
 from . import serializers as s
-from .errors import ApiError, error_body, service_unavailable
+from .errors import ApiError, error_body, retry_after, service_unavailable
 from .throttling import limit, rate_limited
 
 
@@ -173,51 +173,43 @@ def _ws_url(request: HttpRequest, slug: str, ticket: str) -> str:
     return realtime.socket_url(request, f"/ws/queues/{slug}/?ticket={ticket}")
 
 
+# Refusals that say only what happened; the others below carry when to come back, or a challenge.
+REFUSALS: dict[type[Exception], tuple[str, str]] = {
+    services.ProofOfWorkReused: ("proof_of_work_reused", "That challenge was already used; ask for a new one."),
+    services.QueueClosed: ("queue_closed", "This queue is closed and takes no new visitors."),
+    services.NoPriorityLanes: (
+        "invalid_priority_code",
+        "This queue has no priority lanes (it runs in stateless mode).",
+    ),
+    services.InvalidPriorityCode: ("invalid_priority_code", "That priority code is unknown, used up or expired."),
+}
+
+
+def _come_back(code: str, message: str, seconds: float, **extra: Any) -> ApiError:
+    headers, wait = retry_after(seconds)
+    return ApiError(code, message, headers=headers, **wait, **extra)
+
+
 def _join_refused(slug: str, exc: Exception) -> ApiError:
     """The API's answer to a join the queue refused (either mode)."""
+    if type(exc) in REFUSALS:
+        return ApiError(*REFUSALS[type(exc)])
     if isinstance(exc, services.QueueNotOpen):
         queue = Queue.objects.filter(slug=slug).only("prequeue_opens_at").first()
         opens = queue.prequeue_opens_at if queue else None
         wait = min(3600, max(1, math.ceil(opens.timestamp() - time.time())) if opens else 60)
-        return ApiError(
-            "queue_not_open",
-            "This queue has not opened yet.",
-            headers={"Retry-After": str(wait)},
-            opens_at=opens.isoformat() if opens else None,
-            retry_after_seconds=wait,
-        )
+        opens_at = opens.isoformat() if opens else None
+        return _come_back("queue_not_open", "This queue has not opened yet.", wait, opens_at=opens_at)
     if isinstance(exc, services.ProofOfWorkRequired):
-        return ApiError(
-            "proof_of_work_required",
-            "Solve this challenge and join again with pow_challenge and pow_nonce.",
-            **services.pow_challenge_issue(slug=slug),
-        )
-    if isinstance(exc, services.ProofOfWorkReused):
-        return ApiError("proof_of_work_reused", "That challenge was already used; ask for a new one.")
+        message = "Solve this challenge and join again with pow_challenge and pow_nonce."
+        return ApiError("proof_of_work_required", message, **services.pow_challenge_issue(slug=slug))
     if isinstance(exc, services.TicketCapReached):
-        return ApiError(
-            "ticket_cap_reached",
-            "This network already holds as many tickets for this queue as it may.",
-            headers={"Retry-After": "60"},
-            retry_after_seconds=60,
-        )
-    if isinstance(exc, services.QueueClosed):
-        return ApiError("queue_closed", "This queue is closed and takes no new visitors.")
+        message = "This network already holds as many tickets for this queue as it may."
+        return _come_back("ticket_cap_reached", message, 60)
     if isinstance(exc, services.QueueFull):
-        return ApiError(
-            "queue_full",
-            "The queue is full; try again later.",
-            headers={"Retry-After": str(exc.retry_after)},
-            retry_after_seconds=exc.retry_after,
-        )
-    if isinstance(exc, services.NoPriorityLanes):
-        return ApiError("invalid_priority_code", "This queue has no priority lanes (it runs in stateless mode).")
-    if isinstance(exc, services.InvalidPriorityCode):
-        return ApiError("invalid_priority_code", "That priority code is unknown, used up or expired.")
+        return _come_back("queue_full", "The queue is full; try again later.", exc.retry_after)
     if isinstance(exc, services.WrongMode):
-        return ApiError(
-            "service_unavailable", "The queue is changing how it runs; try again.", headers={"Retry-After": "1"}
-        )
+        return _come_back("service_unavailable", "The queue is changing how it runs; try again.", 1)
     return ApiError("queue_not_found", f"There is no queue '{slug}'.")
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from rest_framework import serializers
 
 from .. import health
+from ..models import Queue
 from .errors import ApiError
 
 
@@ -310,25 +311,24 @@ class CapacityResponseSerializer(serializers.Serializer):
     capacity_source = serializers.CharField()
 
 
-class QueueSerializer(serializers.Serializer):
-    slug = serializers.CharField()
-    name = serializers.CharField()
-    state = serializers.CharField()
-    capacity = serializers.IntegerField()
-    outflow_per_minute = serializers.FloatField()
-    burst = serializers.IntegerField()
-    max_waiting = serializers.IntegerField()
-    max_tickets_per_address = serializers.IntegerField()
-    pow_difficulty = serializers.IntegerField()
-    adaptive_outflow = serializers.BooleanField()
-    outflow_min_per_minute = serializers.FloatField(allow_null=True)
-    outflow_max_per_minute = serializers.FloatField(allow_null=True)
-    health_latency_p95_ms = serializers.IntegerField()
-    health_error_rate = serializers.FloatField()
-    adaptive_step_per_minute = serializers.FloatField()
-    adaptive_decrease_factor = serializers.FloatField()
-    adaptive_interval_seconds = serializers.IntegerField()
-    adaptive_min_requests = serializers.IntegerField()
+class QueueSerializer(serializers.ModelSerializer):
+    """A queue's admission policy as the staff API shows it."""
+
+    class Meta:
+        model = Queue
+        fields = (
+            "slug",
+            "name",
+            "state",
+            "capacity",
+            "outflow_per_minute",
+            "burst",
+            "max_waiting",
+            "max_tickets_per_address",
+            "pow_difficulty",
+            *Queue.ADAPTIVE_FIELDS,
+        )
+        read_only_fields = fields
 
 
 class SiteHealthSerializer(serializers.Serializer):

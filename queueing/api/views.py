@@ -321,18 +321,7 @@ class HealthView(_ProtectedSiteView):
 
 
 def _queue_payload(queue: Queue) -> dict[str, Any]:
-    return {
-        "slug": queue.slug,
-        "name": queue.name,
-        "state": queue.state,
-        "capacity": queue.capacity,
-        "outflow_per_minute": queue.outflow_per_minute,
-        "burst": queue.burst,
-        "max_waiting": queue.max_waiting,
-        "max_tickets_per_address": queue.max_tickets_per_address,
-        "pow_difficulty": queue.pow_difficulty,
-        **{field: getattr(queue, field) for field in Queue.ADAPTIVE_FIELDS},
-    }
+    return dict(s.QueueSerializer(queue).data)
 
 
 class _StaffView(APIView):

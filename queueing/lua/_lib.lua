@@ -1,4 +1,4 @@
--- _lib.lua: shared helpers, prepended by store.py to every transition script (not run on its own).
+-- _lib.lua: shared helpers, prepended by store/connection.py to every transition script (not run on its own).
 --
 -- Every script gets the same KEYS, all under the queue's hash tag `{slug}` (store.QueueKeys):
 --   KEYS[1] cfg       HASH  the queue's policy, mirrored from the database

@@ -1,6 +1,6 @@
 -- window/join.lua: a join in stateless mode (SPEC 4, seed 000): the next number, nothing per visitor.
 --
--- KEYS[1] win: the queue's window HASH (counters, and the policy mirrored for this mode; see store.py)
+-- KEYS[1] win: the queue's window HASH (counters, and the policy mirrored for this mode; see store/window.py)
 -- KEYS[2] the solved proof-of-work challenge's single-use marker (when the gate is on)
 -- ARGV[1] now (ms)   ARGV[2] proof-of-work bits solved (0: none)   ARGV[3] challenge lifetime (ms)
 -- ARGV[4..] the window fields to answer with (store.WINDOW_FIELDS)
