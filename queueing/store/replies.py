@@ -36,17 +36,17 @@ def optional(value: Any) -> int | None:
 BY_TYPE: dict[Any, Callable[[Any], Any]] = {str: text, int: int, float: float, bool: flag}
 
 
-_converters: dict[type, tuple[tuple[str, Callable[[Any], Any]], ...]] = {}
+_converters: dict[type, tuple[Callable[[Any], Any], ...]] = {}
 
 
-def converters_of(cls: type) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
-    """Each field's name and converter, in order (worked out once per reply type)."""
+def converters_of(cls: type) -> tuple[Callable[[Any], Any], ...]:
+    """Each field's converter, in the fields' order (worked out once per reply type)."""
     found = _converters.get(cls)
     if found is None:
         hints = get_type_hints(cls)
         convert: dict[str, Callable[[Any], Any]] = getattr(cls, "CONVERT", {})
         fields = dataclasses.fields(cls)
-        found = _converters[cls] = tuple((f.name, convert.get(f.name) or BY_TYPE[hints[f.name]]) for f in fields)
+        found = _converters[cls] = tuple(convert.get(f.name) or BY_TYPE[hints[f.name]] for f in fields)
     return found
 
 
@@ -60,11 +60,11 @@ class Reply:
         converters = converters_of(cls)
         if len(raw) != len(converters):
             raise ValueError(f"{cls.__name__} has {len(converters)} fields; the reply has {len(raw)}")
-        return cls(**{name: convert(value) for (name, convert), value in zip(converters, raw, strict=True)})
+        return cls(*[convert(value) for convert, value in zip(converters, raw)])  # a status poll reads three
 
     # A reply still reads as the array it came from: unpacked, or indexed in the script's order.
     def __iter__(self) -> Iterator[Any]:
-        return (getattr(self, name) for name, _ in converters_of(type(self)))
+        return (getattr(self, field.name) for field in dataclasses.fields(self))  # type: ignore[arg-type]
 
     def __getitem__(self, index: int) -> Any:
         return tuple(self)[index]

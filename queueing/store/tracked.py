@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .connection import run, run_together
 from .keys import queue_keys
 from .limits import LimitCall, LimitReply
-from .replies import Reply, maybe, optional, whole
+from .replies import Reply, converters_of, maybe, optional, whole
 
 
 class TicketStatus(enum.IntEnum):
@@ -90,7 +90,7 @@ class TicketState(Reply):
     @classmethod
     def parse(cls, raw: Sequence[Any]) -> TicketState:
         # A poll's reply ends before the line score a join's carries.
-        return super().parse([*raw, None] if len(raw) == len(fields(cls)) - 1 else raw)
+        return super().parse([*raw, None] if len(raw) == len(converters_of(cls)) - 1 else raw)
 
 
 def _ops(raw: Sequence[Any]) -> list[tuple[str, int, int]]:
