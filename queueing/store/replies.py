@@ -60,7 +60,8 @@ class Reply:
         converters = converters_of(cls)
         if len(raw) != len(converters):
             raise ValueError(f"{cls.__name__} has {len(converters)} fields; the reply has {len(raw)}")
-        return cls(*[convert(value) for convert, value in zip(converters, raw)])  # a status poll reads three
+        # Checked above, so zip need not check again (a status poll parses three replies).
+        return cls(*[convert(value) for convert, value in zip(converters, raw, strict=False)])
 
     # A reply still reads as the array it came from: unpacked, or indexed in the script's order.
     def __iter__(self) -> Iterator[Any]:
