@@ -179,7 +179,7 @@ def http_benchmarks(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
     var = OUT / "var"
     shutil.rmtree(var, ignore_errors=True)
     var.mkdir(parents=True)
-    port, ref_port = free_port(), free_port()
+    port, ws_port, ref_port = free_port(), free_port(), free_port()  # not port + 1: that one may be taken
     ticket_key = secrets.token_hex(32)
     env = {k: v for k, v in os.environ.items() if not k.startswith("DJANGO_")}
     env.update(
@@ -208,6 +208,8 @@ def http_benchmarks(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
             "--setup",
             "--port",
             str(port),
+            "--ws-port",
+            str(ws_port),
             "--var-dir",
             str(var),
             "--web-workers",

@@ -11,7 +11,7 @@ os.environ.setdefault("HTTPS", "0")
 
 from waitingroom_site.settings import *  # noqa: F403
 from waitingroom_site.settings import REDIS_URL as _BASE_REDIS_URL
-from waitingroom_site.settings import channel_layers
+from waitingroom_site.settings import caches, channel_layers
 
 
 def _with_db(url: str, db: str) -> str:
@@ -22,9 +22,12 @@ def _with_db(url: str, db: str) -> str:
 # Our own database number (never flushed: tests delete only keys under their own prefix).
 REDIS_URL = _with_db(_BASE_REDIS_URL, os.environ.get("WR_TEST_REDIS_DB", "15"))
 CELERY_BROKER_URL = REDIS_URL
-_RUN_ID = uuid.uuid4().hex[:8]
+# A process a test starts (a second protected site, say) is given its run (WR_TEST_RUN_ID): its keys, its cache.
+_RUN_ID = os.environ.get("WR_TEST_RUN_ID") or uuid.uuid4().hex[:8]
 WR_REDIS_PREFIX = f"wrt{_RUN_ID}"
 CHANNEL_LAYERS = channel_layers(REDIS_URL, WR_REDIS_PREFIX)
+CACHE_URL = REDIS_URL
+CACHES = caches(CACHE_URL, WR_REDIS_PREFIX)  # under the run's prefix: cleaned up with its keys
 CELERY_TASK_DEFAULT_QUEUE = f"wrt{_RUN_ID}"
 
 STATIC_ROOT = Path(tempfile.gettempdir()) / "waitingroom-test-static"

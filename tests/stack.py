@@ -114,6 +114,7 @@ def run_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         ALLOWED_HOSTS="127.0.0.1,localhost",
         DATABASE_URL=f"sqlite:///{var / 'db.sqlite3'}",
         REDIS_URL=settings.REDIS_URL,
+        CACHE_URL=settings.REDIS_URL,  # the test database: its cache keys go with the stack's prefix
         WR_REDIS_PREFIX=prefix,
         CELERY_KEY_PREFIX=f"{prefix}:celery:",
         CELERY_TASK_DEFAULT_QUEUE=f"{prefix}-tasks",

@@ -12,6 +12,7 @@ from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.cache import caches
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.http import Http404, HttpRequest, HttpResponse
@@ -470,7 +471,7 @@ def remote_demo(live_server, settings, make_queue, monkeypatch):
     settings.WR_API_KEY = services.api_key_create(queue, name="site")[1]
     settings.WR_HEALTH_FLUSH_SECONDS, settings.WR_HEALTH_FLUSH_REQUESTS = 3600, 10**9
     monkeypatch.setattr(middleware, "health_reporter", middleware.HealthReporter())
-    middleware._remote_cache.clear()
+    caches["default"].delete_pattern("wr:verdict:*")  # type: ignore[attr-defined]
     return queue
 
 

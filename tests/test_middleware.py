@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from django.core.cache import caches
 from django.http import HttpResponse
 from django.test import Client, RequestFactory
 
@@ -114,12 +115,11 @@ def test_remote_mode_calls_the_verify_endpoint_with_the_api_key(client, live_ser
     body = admitted(APIClient())
     assert enter(client, body).status_code == 200
     assert store.snapshot("demo").active == 1
-    from queueing import middleware
 
     # A wrong key (misconfiguration) or an unreachable waiting room: nobody gets in, nobody loses access.
     for url, key in ((live_server.url, "wrong.key"), ("http://127.0.0.1:1", settings.WR_API_KEY)):
         settings.WR_API_URL, settings.WR_API_KEY = url, key
-        middleware._remote_cache.clear()
+        caches["default"].delete_pattern("wr:verdict:*")  # type: ignore[attr-defined]
         response = client.get("/demo/protected/")
         assert (response.status_code, response["Retry-After"]) == (503, "5")
         assert access_cookie_name("demo") not in response.cookies

@@ -12,6 +12,7 @@ import os
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -198,6 +199,41 @@ def channel_layers(redis_url: str, prefix: str) -> dict[str, Any]:
 
 
 CHANNEL_LAYERS = channel_layers(REDIS_URL, WR_REDIS_PREFIX)
+
+
+def redis_database(url: str, db: int) -> str:
+    """The same Redis server, another database number."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, parts.fragment))
+
+
+def caches(url: str, prefix: str) -> dict[str, Any]:
+    """Django's cache on Redis (django-redis, hiredis parser). What it holds is recomputed on a miss (README
+    "Caches"), so an unreachable cache is a miss (IGNORE_EXCEPTIONS, logged), never an error or a way in."""
+    return {
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": url,
+            "KEY_PREFIX": f"{prefix}:cache",
+            "TIMEOUT": 300,
+            "OPTIONS": {
+                "PARSER_CLASS": "redis._parsers.hiredis._HiredisParser",
+                "SOCKET_CONNECT_TIMEOUT": 1,
+                "SOCKET_TIMEOUT": 1,
+                "IGNORE_EXCEPTIONS": True,
+            },
+        }
+    }
+
+
+# A database of its own on the live state's server unless CACHE_URL says otherwise: an operator may flush
+# the cache (FLUSHDB) without touching a queue.
+CACHE_URL = os.environ.get("CACHE_URL", "") or redis_database(REDIS_URL, envint("CACHE_REDIS_DB", 1))
+CACHES = caches(CACHE_URL, WR_REDIS_PREFIX)
+DJANGO_REDIS_LOG_IGNORED_EXCEPTIONS = True
+# Staff sessions: in the database, read through the cache (a flushed cache loses no session).
+SESSION_ENGINE = "waitingroom_site.sessions"
+SESSION_CACHE_SECONDS = envint("SESSION_CACHE_SECONDS", 300)  # the cache's copy of a session, at most
 
 # --- Waiting room behaviour. ---
 # Tickets: HS256 (cheap to verify on every poll); a key of its own, derived from SECRET_KEY if unset.
