@@ -9,7 +9,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from queueing import selectors
+from queueing import caching, selectors
 from queueing.models import Queue, QueueChange
 
 from .models import QueueSnapshot, WaitSample
@@ -77,7 +77,22 @@ def queue_snapshots(queue: Queue, *, start: datetime | None = None) -> QuerySet[
 
 
 def queue_series(queue: Queue, *, start: datetime) -> list[dict[str, Any]]:
-    """The chart points since `start` (at most the latest SERIES_POINTS_MAX)."""
+    """The chart points since `start` (at most the latest SERIES_POINTS_MAX).
+
+    Kept in the cache until the queue's next snapshot (or prune) changes them: every open dashboard of
+    a queue asks for the same points. A cached series starts at the minute before `start` and is cut to
+    it here, so requests a few seconds apart share one."""
+    version = caching.series_version(queue.pk)
+    if version is None:
+        return _series(queue, start=start)
+    minute = datetime.fromtimestamp(start.timestamp() // 60 * 60, tz=UTC)
+    key = f"dashboard:series:{queue.pk}:{version}:{int(minute.timestamp())}"
+    points = caching.remembered(key, lambda: _series(queue, start=minute), caching.SERIES_SECONDS)
+    since = start.timestamp()
+    return [point for point in points if point["t"] >= since][-SERIES_POINTS_MAX:]
+
+
+def _series(queue: Queue, *, start: datetime) -> list[dict[str, Any]]:
     newest_first = QueueSnapshot.objects.filter(queue=queue, taken_at__gte=start).order_by("-taken_at")
     latest = list(newest_first[:SERIES_POINTS_MAX])
     return [snapshot_point(s) for s in reversed(latest)]

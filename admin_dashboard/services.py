@@ -9,7 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from queueing import realtime, selectors, services
+from queueing import caching, realtime, selectors, services
 from queueing.models import Queue
 
 from .models import QueueSnapshot, WaitSample
@@ -87,6 +87,7 @@ def queue_snapshot_take(queue: Queue, *, now: float | None = None) -> QueueSnaps
         health_error_rate=site["error_rate"],
         health_p95_ms=site["p95_latency_ms"],
     )
+    caching.series_changed(queue.pk)
     return snapshot
 
 
@@ -107,7 +108,10 @@ def stats_prune(*, now: float | None = None) -> tuple[int, int]:
     """Drop snapshots and wait samples older than WR_DASHBOARD_RETENTION_HOURS."""
     now = time.time() if now is None else now
     cutoff = datetime.fromtimestamp(now, tz=UTC) - timedelta(hours=settings.WR_DASHBOARD_RETENTION_HOURS)
-    snapshots, _ = QueueSnapshot.objects.filter(taken_at__lt=cutoff).delete()
+    old = QueueSnapshot.objects.filter(taken_at__lt=cutoff)
+    for queue_pk in set(old.values_list("queue_id", flat=True)):
+        caching.series_changed(queue_pk)
+    snapshots, _ = old.delete()
     samples, _ = WaitSample.objects.filter(admitted_at__lt=cutoff).delete()
     return snapshots, samples
 

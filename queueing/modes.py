@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
-from . import pow, realtime, selectors, services, tokens
+from . import caching, pow, realtime, selectors, services, tokens
 from .models import Queue
 from .selectors import NeighbourView, TicketGone, TicketView
 from .visitors import VisitorIdentity
@@ -242,5 +242,17 @@ def join(visit: Visit) -> Joined:
 
 
 def window_public(slug: str) -> dict[str, Any]:
-    """A stateless queue's public window (TicketGone for a tracked or unknown queue)."""
-    return _ensured(slug, lambda: selectors.window_public_get(slug=slug), mode=STATELESS.name)
+    """A stateless queue's public window. TicketGone for a tracked or unknown queue, which is remembered
+    for a few seconds: a crowd asking for a window that is not there costs the database nothing."""
+    try:
+        return selectors.window_public_get(slug=slug)  # one HMGET: a live stateless queue's answer
+    except selectors.PolicyMissing:
+        pass
+    refused = caching.window_refused_key(slug)
+    if caching.cached(refused):
+        raise TicketGone(slug)
+    try:
+        return _ensured(slug, lambda: selectors.window_public_get(slug=slug), mode=STATELESS.name)
+    except TicketGone:
+        caching.remember(refused, True, caching.WINDOW_REFUSED_SECONDS)
+        raise

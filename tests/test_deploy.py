@@ -85,6 +85,7 @@ def test_compose_app_services_share_one_image_and_point_at_redis_and_postgres():
         assert service["image"] == "waitingroom:latest" and service["build"] == "."
         env = service["environment"]
         assert env["REDIS_URL"] == "redis://redis:6379/0"
+        assert env["CACHE_URL"] == "redis://redis:6379/1"  # Django's cache apart from the live state
         assert env["DATABASE_URL"].startswith("postgres://") and "@postgres:5432/" in env["DATABASE_URL"]
         assert env["SECRET_KEY"].startswith("${SECRET_KEY:?")
     for name in ("web", "ws", "worker", "beat"):

@@ -255,6 +255,10 @@ WR_ACCESS_QUERY_PARAM = "wr_access"
 WR_VERIFY_MODE = os.environ.get("WR_VERIFY_MODE", "local")
 WR_API_URL = os.environ.get("WR_API_URL", "")
 WR_API_KEY = os.environ.get("WR_API_KEY", "")
+# What the middleware keeps in Django's cache (this alias): remote verdicts for at most WR_VERIFY_CACHE_SECONDS
+# (a revoked token is refused within that time), the JWKS for five minutes.
+WR_CACHE_ALIAS = os.environ.get("WR_CACHE_ALIAS", "default")
+WR_VERIFY_CACHE_SECONDS = envint("WR_VERIFY_CACHE_SECONDS", 5)
 WR_WAITING_PAGE_URL = os.environ.get("WR_WAITING_PAGE_URL", "/q/{slug}/")
 # require_queue_access reports the protected site's response times and errors (adaptive outflow):
 # "auto" (local when WR_VERIFY_MODE is local, else remote when WR_API_URL and WR_API_KEY are set),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .. import clock, health, shuffle, store
+from .. import caching, clock, health, shuffle, store
 from ..models import Queue, QueueShuffle
 from .tickets import PolicyMissing
 from .windows import observed_per_minute, window_public
@@ -169,9 +169,14 @@ def queue_policy_get(slug: str) -> dict[str, str]:
 
 
 def queue_shuffle_get(*, slug: str) -> dict[str, Any] | None:
-    """The public record of the queue's latest scheduled start's shuffle (commitment; seed once revealed)."""
-    record = QueueShuffle.objects.filter(queue__slug=slug).order_by("-starts_at").first()
-    return shuffle.public_record(record) if record is not None else None
+    """The public record of the queue's latest scheduled start's shuffle (commitment; seed once revealed),
+    from the cache (the schedule's services drop it when the record changes)."""
+
+    def read() -> dict[str, Any] | None:
+        record = QueueShuffle.objects.filter(queue__slug=slug).order_by("-starts_at").first()
+        return shuffle.public_record(record) if record is not None else None
+
+    return caching.remembered(caching.shuffle_key(slug), read, caching.SHUFFLE_SECONDS)
 
 
 MODE_CACHE_SECONDS = 2.0

@@ -9,7 +9,7 @@ from typing import Any, cast
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from .. import clock, store
+from .. import caching, clock, store
 from ..models import PriorityLevel, Queue, QueueAPIKey
 from .audit import EDITABLE_FIELDS, audit_change, queue_change_record, queue_values
 from .recovery import queue_config_sync, queue_live_state_ensure
@@ -87,6 +87,7 @@ def queue_configure(
     # re-mirrors the database's policy within a second; waiting for a commit that test transactions
     # never make would leave Redis behind instead.
     queue_config_sync(Queue.objects.prefetch_related("priority_levels").get(pk=queue.pk))
+    caching.forget(caching.window_refused_key(slug))  # a new queue, or one that now runs stateless
     if not created and any(before[f] != getattr(queue, f) for f in OUTFLOW_POLICY_FIELDS):
         outflow_adaptation_reset(queue, actor=actor, actor_label=actor_label)
     return queue, created
@@ -152,4 +153,5 @@ def queue_delete(queue: Queue) -> None:
     slug = queue.slug
     queue.delete()
     store.queue_delete(slug)
+    caching.forget(caching.shuffle_key(slug), caching.window_refused_key(slug))
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from django.db import transaction
 
-from .. import clock, realtime, selectors, shuffle, store
+from .. import caching, clock, realtime, selectors, shuffle, store
 from ..models import Queue, QueueShuffle
 from .recovery import queue_config_sync
 
@@ -16,6 +16,7 @@ from .recovery import queue_config_sync
 def shuffle_commit_ensure(queue: Queue) -> QueueShuffle | None:
     """Commit to a random seed for the queue's scheduled start (its hash is published at once); a
     changed start gets a new commitment, and unrevealed ones for other starts are dropped."""
+    caching.forget(caching.shuffle_key(queue.slug))
     if queue.starts_at is None:
         QueueShuffle.objects.filter(queue=queue, revealed_at__isnull=True).delete()
         return None
@@ -59,6 +60,7 @@ def queue_prequeue_shuffle(queue: Queue, *, now: float | None = None) -> QueueSh
             record.order = order
         record.revealed_at = datetime.fromtimestamp(now, tz=UTC)
         record.save(update_fields=["tickets", "order", "numbers", "revealed_at"])
+        caching.forget(caching.shuffle_key(queue.slug))
     queue_config_sync(Queue.objects.prefetch_related("priority_levels").get(pk=queue.pk))
     # Everyone's place changed: the jump in the event sequence makes every page ask for its new one.
     realtime.send([realtime.snapshot(queue.slug, selectors.queue_stats_get(slug=queue.slug, now=now))])
