@@ -254,5 +254,7 @@ def window_public(slug: str) -> dict[str, Any]:
     try:
         return _ensured(slug, lambda: selectors.window_public_get(slug=slug), mode=STATELESS.name)
     except TicketGone:
+        # A switch to stateless mode that lands between the read above and this line is answered 404 for
+        # at most WINDOW_REFUSED_SECONDS (its invalidation ran before this entry was written).
         caching.remember(refused, True, caching.WINDOW_REFUSED_SECONDS)
         raise

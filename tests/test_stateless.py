@@ -334,3 +334,21 @@ def test_the_dashboard_shows_a_stateless_queue(window_queue, staff_user, clock):
     assert page.status_code == 200 and "stateless" in page.content.decode().lower()
     live = staff.get(f"/dashboard/{window_queue.slug}/data.json").json()
     assert live["live"]["waiting"] == 2 and live["live"]["window"]["active_to"] == 3
+
+
+def test_a_join_finds_its_way_when_the_queue_changed_mode_a_moment_ago(make_queue, api):
+    """Each process remembers a queue's mode for a moment; a join that meets the other mode joins that way."""
+    queue = make_queue(state="open")
+
+    def join_once():
+        answer = api.post(f"/api/v1/queues/{queue.slug}/join", format="json", HTTP_X_VISITOR_ID=str(uuid.uuid4()))
+        assert answer.status_code == 201, answer.content
+        return answer.json()
+
+    assert "mode" not in join_once()
+    services.queue_configure(slug=queue.slug, changes={"mode": "stateless"}, actor_label="tests")
+    assert selectors.queue_mode_get(queue.slug) == "tracked"  # this process has not noticed yet
+    assert join_once()["mode"] == "stateless"
+    services.queue_configure(slug=queue.slug, changes={"mode": "tracked"}, actor_label="tests")
+    assert selectors.queue_mode_get(queue.slug) == "stateless"
+    assert "mode" not in join_once()

@@ -1,19 +1,29 @@
 """Staff sessions: Django's `cached_db` (the database keeps them, so a flushed cache loses none; reads come
-from Redis), with the cache's copy of a session kept at most SESSION_CACHE_SECONDS.
+from Redis), with two changes.
 
-Why the bound: the cache ignores its errors (settings.caches), so a logout while Redis is unreachable
-deletes the session from the database but cannot delete the cache's copy; when Redis comes back, that
-copy would otherwise log the session in again for the rest of its age. Bounded, it does so for at most
-this long, and every session is read again from the database that often.
+* Ending a session must reach the cache. The cache ignores its errors (settings.caches), so a logout
+  while Redis is unreachable would delete the session from the database and leave the cache's copy, which
+  would log the session in again once Redis is back. Here the copy is deleted first, strictly: if that
+  fails, nothing is deleted and the visitor is told to try again (503), still logged in, rather than
+  logged out in appearance only.
+* The cache's copy of a session is kept at most SESSION_CACHE_SECONDS, so every session is read from
+  the database again that often.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.sessions.backends import cached_db
 from django.core.cache import BaseCache, caches
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
+
+
+class SessionNotEnded(Exception):
+    """The cache could not be reached to end the session: it was left as it was."""
 
 
 class _BoundedCache:
@@ -29,7 +39,19 @@ class _BoundedCache:
         return key in self._cache
 
     def _timeout(self, timeout: Any) -> int:
-        return max(1, min(int(timeout or self._seconds), self._seconds))
+        """At most the bound; a session with under a second left is not cached (0 expires at once)."""
+        return self._seconds if timeout is None else max(0, min(int(timeout), self._seconds))
+
+    def delete_strictly(self, key: str) -> None:
+        """Delete whatever the cache's error handling: SessionNotEnded when the cache cannot be reached."""
+        client = getattr(self._cache, "client", None)  # django-redis: its client raises, the cache would not
+        try:
+            if client is not None:
+                client.delete(key)  # the key prefix and version applied as the cache would
+            else:
+                self._cache.delete(key)
+        except Exception as exc:
+            raise SessionNotEnded(key) from exc
 
     def set(self, key: str, value: Any, timeout: Any = None) -> None:
         self._cache.set(key, value, self._timeout(timeout))
@@ -41,5 +63,38 @@ class _BoundedCache:
 class SessionStore(cached_db.SessionStore):
     def __init__(self, session_key: str | None = None) -> None:
         super().__init__(session_key)
+        self._bounded = _BoundedCache(caches[settings.SESSION_CACHE_ALIAS], settings.SESSION_CACHE_SECONDS)
         store: Any = self  # the attribute cached_db reads and writes through
-        store._cache = _BoundedCache(caches[settings.SESSION_CACHE_ALIAS], settings.SESSION_CACHE_SECONDS)
+        store._cache = self._bounded
+
+    def delete(self, session_key: str | None = None) -> None:
+        key = session_key or self.session_key
+        if key is not None:
+            self._bounded.delete_strictly(self.cache_key_prefix + key)
+        super().delete(session_key)
+
+    async def adelete(self, session_key: str | None = None) -> None:
+        key = session_key or self.session_key
+        if key is not None:
+            await sync_to_async(self._bounded.delete_strictly)(self.cache_key_prefix + key)
+        await super().adelete(session_key)
+
+
+class SessionErrors:
+    """Middleware: a session that could not be ended is a 503 that says to try again, not a 500."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not isinstance(exception, SessionNotEnded):
+            return None
+        return HttpResponse(
+            "You could not be signed out just now; try again in a moment.",
+            status=503,
+            content_type="text/plain",
+            headers={"Retry-After": "5"},
+        )

@@ -90,6 +90,7 @@ MIDDLEWARE = [
     "waitingroom_site.fastpath.FastPathMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    "waitingroom_site.sessions.SessionErrors",  # a sign-out the cache could not record: 503, try again
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",

@@ -45,6 +45,20 @@ class TicketNotFound(Exception):
     pass
 
 
+class NotInStatelessMode(Exception):
+    """What was asked needs per-visitor state, which a stateless queue does not keep."""
+
+
+class WrongMode(Exception):
+    """The queue runs in the other mode (it changed a moment ago): join it the other way (modes.py)."""
+
+
+class NoPriorityLanes(InvalidPriorityCode):
+    """A stateless queue has no priority lanes, so no code can place anyone."""
+
+
+# What a join may be refused with (the API maps each to its error code). WrongMode reaches a caller only
+# when the queue changed mode twice during one join (modes.join retries once): try again.
 JOIN_REFUSALS = (
     QueueNotOpen,
     ProofOfWorkRequired,
@@ -54,17 +68,5 @@ JOIN_REFUSALS = (
     QueueClosed,
     QueueFull,
     InvalidPriorityCode,
+    WrongMode,
 )
-
-
-class NotInStatelessMode(Exception):
-    """What was asked needs per-visitor state, which a stateless queue does not keep."""
-
-
-
-class WrongMode(Exception):
-    """The queue runs in the other mode (it changed a moment ago): join it the other way (modes.py)."""
-
-
-class NoPriorityLanes(InvalidPriorityCode):
-    """A stateless queue has no priority lanes, so no code can place anyone."""

@@ -113,7 +113,9 @@ def queue_join(
         raise
     if priority_code and reply.outcome != "created":
         priority_code_release(slug=slug, code=priority_code)
-    if reply.outcome == "stateless":
+    if reply.outcome in ("stateless", "no_config"):
+        # Still no policy after the sync: the tracked scripts keep no live state for this queue, as after a
+        # switch to stateless mode (the mode's new epoch is live only in the window).
         raise WrongMode(slug)
     realtime.send(realtime.queue_move(slug, reply.moves, reply.figures.waiting if reply.figures else None))
     if reply.outcome == "closed":

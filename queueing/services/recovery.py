@@ -43,7 +43,10 @@ def with_policy(slug: str, call: Callable[[], T], missing: Callable[[T], bool] =
     if queue is None or (mode and queue.mode != mode):
         raise QueueNotFound(slug)
     queue_config_sync(queue)
-    return call()
+    try:
+        return call()
+    except selectors.PolicyMissing as exc:  # synced, yet Redis has no policy: nothing to serve it from
+        raise QueueNotFound(slug) from exc
 
 
 def needs_sync(reply: store.TicketReply | store.AdmitReply) -> bool:
