@@ -17,6 +17,7 @@ from queueing.store import TicketStatus
 from queueing.store.connection import raw_client, run
 
 from .factories import join, visitor
+from .test_adaptive import ADAPTIVE
 
 T0_MS = 1_800_000_000_000  # a boundary of every limiter window used here (a multiple of 10 s)
 NO_RESTORE_ARGS = (0, 0, "", 0)  # status.lua ARGV[4..7] of a ticket with nothing to restore
@@ -511,15 +512,6 @@ def test_it_parses_the_prequeue_as_the_tickets_that_joined_before_a_moment_in_li
 
 # --- outflow_adapt.lua: OutflowAdaptReply ----------------------------------------------------------------
 
-ADAPTIVE = {
-    "adaptive_outflow": True,
-    "outflow_per_minute": 60.0,
-    "outflow_min_per_minute": 20.0,
-    "outflow_max_per_minute": 80.0,
-    "adaptive_step_per_minute": 10.0,
-    "adaptive_decrease_factor": 0.5,
-    "adaptive_interval_seconds": 10,
-}
 
 
 def test_it_parses_an_outflow_step_with_the_rate_before_and_after(make_queue, clock):
