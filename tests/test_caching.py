@@ -246,3 +246,39 @@ def test_a_sign_out_ends_the_session_in_the_cache_and_the_database(staff):
     assert Session.objects.count() == 0
     assert not cache_keys("django.contrib.sessions.cached_db*")
     assert browser.get("/dashboard/").status_code == 302  # to the login page
+
+
+# --- Offline mode: the JWKS in the site's cache -------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_offline_mode_keeps_the_jwks_in_the_sites_cache_and_fetches_it_again_for_a_new_key(
+    live_server, make_queue, api, settings
+):
+    from datetime import timedelta as lead
+
+    from queueing import signing_keys, verifiers
+
+    queue = make_queue(capacity=5, burst=5, target_url="/demo/protected/")
+    settings.WR_API_URL = live_server.url
+    verifiers.published_keys._refetched.clear()  # no refetch made earlier in this process holds the next back
+    first = admitted_token(api, queue.slug)
+    assert VERIFIERS["offline"](queue.slug, first).valid
+    assert cache_keys("wr:jwks:*")  # shared with the site's other processes
+    signing_keys.signing_key_rotate(lead=lead(0))  # a key the cached JWKS does not have yet
+    second = admitted_token(api, queue.slug)
+    assert VERIFIERS["offline"](queue.slug, second).valid  # an unknown kid fetched the JWKS again
+    forged = second[:-4] + "AAAA"
+    assert VERIFIERS["offline"](queue.slug, forged).reason == "invalid"
+
+
+def test_offline_mode_without_the_waiting_room_answers_unavailable_not_invalid(db, settings):
+    settings.WR_API_URL = "http://127.0.0.1:1"
+    header = {"alg": "EdDSA", "kid": "nobody-knows", "typ": "JWT"}
+    import base64
+
+    def part(value: dict) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=").decode()
+
+    token = f"{part(header)}.{part({'sub': 'x'})}.c2ln"
+    assert VERIFIERS["offline"]("q", token).reason == "unavailable"
