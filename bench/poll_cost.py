@@ -1,0 +1,83 @@
+"""What a status poll costs in Python, in-process: `status_answer` (the ticket check, the status script with
+its limiter in one Redis round trip, the answer) called in a loop, without any HTTP server. For comparing
+two versions of the code on one machine in one sitting (HTTP throughput is too noisy for that):
+
+    .venv/bin/python bench/poll_cost.py [--tree PATH_TO_ANOTHER_CHECKOUT] [--polls 4000] [--runs 7]
+
+Uses REDIS_URL (default 127.0.0.1:6379) database 14 under a key prefix of its own, deleted at the end, and
+a SQLite file under /tmp. Prints microseconds per poll for each run and their median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tree", default=str(Path(__file__).resolve().parent.parent))
+    parser.add_argument("--polls", type=int, default=4000)
+    parser.add_argument("--runs", type=int, default=7)
+    args = parser.parse_args()
+    tree = str(Path(args.tree).resolve())
+    sys.path.insert(0, tree)
+    os.chdir(tree)
+    prefix = f"pollcost{uuid.uuid4().hex[:6]}"
+    os.environ.update(
+        DJANGO_SETTINGS_MODULE="waitingroom_site.settings",
+        DEBUG="1",
+        HTTPS="0",
+        ALLOWED_HOSTS="testserver",
+        DATABASE_URL=f"sqlite:////tmp/{prefix}.sqlite3",
+        REDIS_URL=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"),
+        WR_REDIS_PREFIX=prefix,
+        WR_RATE_LIMITS='{"status": {"algorithm": "token_bucket", "capacity": 1e12, "refill_per_second": 1e9}}',
+    )
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.test import Client
+
+    from queueing import services, store
+
+    try:
+        from queueing.api.answers import status_answer
+    except ImportError:  # before the hot path had a module of its own
+        from queueing.api.views import status_answer  # type: ignore[attr-defined]
+
+    call_command("migrate", verbosity=0)
+    changes = {"name": "poll cost", "target_url": "https://shop.example/", "capacity": 1, "state": "paused"}
+    services.queue_configure(slug="pollcost", changes=changes, actor_label="bench")
+    client = Client()
+    auths = []
+    for _ in range(200):
+        body = client.post(
+            "/api/v1/queues/pollcost/join", content_type="application/json", HTTP_X_VISITOR_ID=str(uuid.uuid4())
+        ).json()
+        auths.append(f"Bearer {body['ticket']}")
+    try:
+        for auth in auths:
+            status_answer(auth, "pollcost")
+        runs = []
+        for _ in range(args.runs):
+            started = time.perf_counter()
+            for i in range(args.polls):
+                status_answer(auths[i % len(auths)], "pollcost")
+            runs.append((time.perf_counter() - started) / args.polls * 1e6)
+        print(f"{tree}: µs per poll {[round(r, 1) for r in runs]}, median {statistics.median(runs):.1f}")
+    finally:
+        keys = list(store.client().scan_iter(match=f"{prefix}*"))
+        if keys:
+            store.client().delete(*keys)
+        Path(f"/tmp/{prefix}.sqlite3").unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    main()
