@@ -155,3 +155,35 @@ def test_a_status_poll_while_redis_is_unreachable_is_503_in_the_error_shape(api,
     response = api.get(url(queue.slug, "status"), HTTP_AUTHORIZATION=f"Bearer {ticket}")
     body = error(response, 503, "service_unavailable")
     assert response["Retry-After"] == str(body["retry_after_seconds"])
+
+
+NESTED = "[" * 100_000 + "]" * 100_000  # deeper than Python's JSON parser can recurse
+
+
+def test_a_body_nested_too_deeply_is_400_not_500_on_every_json_endpoint(api, queue, django_user_model):
+    """Issue 12: a RecursionError in the JSON parser was a 500 on joins, the protected-site API and auth."""
+    from queueing import services
+    from queueing.models import Queue
+
+    error(api.post(url(queue.slug, "join"), NESTED, content_type=JSON), 400, "malformed_json")
+    key = services.api_key_create(Queue.objects.get(slug=queue.slug), name="site")[1]
+    site = APIClient()
+    site.credentials(HTTP_AUTHORIZATION=f"Api-Key {key}")
+    for op in ("sessions/verify", "sessions/complete", "health"):
+        error(site.post(url(queue.slug, op), NESTED, content_type=JSON), 400, "malformed_json")
+    error(APIClient().post("/api/v1/auth/token", NESTED, content_type=JSON), 400, "malformed_json")
+
+
+def test_a_body_over_the_upload_limit_is_413_in_the_error_shape(api, queue, settings):
+    """Issue 12: Django refused it with an HTML 400 page."""
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    body = "{" + " " * 2000 + "}"
+    error(api.post(url(queue.slug, "join"), body, content_type=JSON), 413, "request_too_large")
+    error(APIClient().post("/api/v1/auth/token", body, content_type=JSON), 413, "request_too_large")
+
+
+def test_a_bad_refresh_token_says_why_without_python_reprs(db):
+    """Issue 12: the refresh error's message was the repr of simplejwt's error dict."""
+    answer = APIClient().post("/api/v1/auth/token/refresh", {"refresh": "garbage"}, format="json")
+    refused = error(answer, 401, "invalid_credentials")
+    assert "ErrorDetail" not in refused["message"] and "{" not in refused["message"]

@@ -90,3 +90,11 @@ def test_rotate_signing_key_publishes_a_new_key(db):
     out = run("rotate_signing_key", "--lead-seconds", "0")
     assert out.startswith("New key ")
     assert SigningKey.objects.count() == 2
+
+
+def test_configure_queue_explains_itself():
+    """Issue 12: `--help` crashed on a '%' in one option's help text."""
+    from queueing.management.commands.configure_queue import Command
+
+    text = Command().create_parser("manage.py", "configure_queue").format_help()
+    assert "--health-error-rate" in text and "5%" in text

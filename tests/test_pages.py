@@ -230,3 +230,22 @@ def test_a_visitor_with_a_ticket_sees_its_place_whatever_state_the_address_asks_
     page(client, queue.slug)
     client.post(f"/q/{queue.slug}/", {"action": "join"})
     assert data_state(page(client, queue.slug, state="full")) == "paused"
+
+
+def test_while_redis_is_unreachable_pages_answer_a_503_that_retries_not_a_500(make_queue, settings, django_user_model):
+    """Issue 12: the waiting page (and every page reading live state) was a 500 while Redis was down."""
+    from django.test import Client
+
+    queue = make_queue(state="open")
+    staff = django_user_model.objects.create_superuser("ops", password="pw")
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    visitor, operator = Client(raise_request_exception=False), Client(raise_request_exception=False)
+    operator.force_login(staff)
+    for browser, path in (
+        (visitor, f"/q/{queue.slug}/"),
+        (operator, f"/dashboard/{queue.slug}/"),
+        (operator, "/admin/queueing/queue/"),
+    ):
+        page = browser.get(path)
+        assert (page.status_code, page["Retry-After"]) == (503, "5"), path
+        assert "Back in a moment" in page.content.decode() and 'http-equiv="refresh"' in page.content.decode()

@@ -16,6 +16,13 @@ def healthz(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok", content_type="text/plain")
 
 
+def bad_request(request: HttpRequest, exception: Exception) -> Any:
+    """JSON in the API's error shape under /api/ (a body too large is 413), Django's page elsewhere."""
+    if request.path.startswith("/api/"):
+        return errors.json_bad_request(request, exception)
+    return defaults.bad_request(request, exception)
+
+
 def not_found(request: HttpRequest, exception: Exception) -> Any:
     """JSON in the API's error shape under /api/, Django's page elsewhere."""
     if request.path.startswith("/api/"):
@@ -29,6 +36,7 @@ def server_error(request: HttpRequest) -> Any:
     return defaults.server_error(request)
 
 
+handler400 = "waitingroom_site.urls.bad_request"
 handler404 = "waitingroom_site.urls.not_found"
 handler500 = "waitingroom_site.urls.server_error"
 

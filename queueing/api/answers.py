@@ -224,6 +224,8 @@ def json_body(request: HttpRequest) -> Any:
         return json.loads(raw, parse_constant=_refuse_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError("malformed_json", f"The body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ApiError("malformed_json", "The body is nested too deeply.") from exc
 
 
 def _refuse_constant(name: str) -> Any:

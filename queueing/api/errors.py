@@ -12,6 +12,7 @@ from typing import Any
 
 import redis
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions
 from rest_framework.response import Response
@@ -41,6 +42,7 @@ ERROR_CODES: dict[str, int] = {
     "session_not_active": 409,
     "not_in_stateless_mode": 409,
     "unsupported_media_type": 415,
+    "request_too_large": 413,
     "rate_limited": 429,
     "ticket_cap_reached": 429,
     "proof_of_work_required": 428,
@@ -132,7 +134,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         if exc.status_code == 403:  # DRF's answer when no authenticator offers a challenge
             return _response("permission_denied", str(exc.detail))
         code = "authentication_required" if isinstance(exc, exceptions.NotAuthenticated) else "invalid_credentials"
-        return _response(code, str(exc.detail), {"WWW-Authenticate": challenge} if challenge else None)
+        # simplejwt's details are dicts ({"detail": ..., "code": ...}): their message, not their repr.
+        return _response(code, _first_message(exc.detail), {"WWW-Authenticate": challenge} if challenge else None)
     if isinstance(exc, exceptions.PermissionDenied):
         return _response("permission_denied", str(exc.detail))
     if isinstance(exc, exceptions.NotFound):
@@ -144,6 +147,13 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, exceptions.APIException):
         return Response(error_body(str(exc.default_code), str(exc.detail)), status=exc.status_code)
     return None
+
+
+def json_bad_request(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    """What Django refuses before a view runs (a body over DATA_UPLOAD_MAX_MEMORY_SIZE, too many fields, ...)."""
+    if isinstance(exception, RequestDataTooBig):
+        return JsonResponse(error_body("request_too_large", "The request body is too large."), status=413)
+    return JsonResponse(error_body("invalid_request", "The request could not be read."), status=400)
 
 
 def json_not_found(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:

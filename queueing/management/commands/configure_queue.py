@@ -55,7 +55,7 @@ OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     ("outflow_min_per_minute", float, "Adaptive outflow: never below this"),
     ("outflow_max_per_minute", float, "Adaptive outflow: never above this"),
     ("health_latency_p95_ms", int, "Adaptive outflow: unhealthy above this p95 response time (ms)"),
-    ("health_error_rate", float, "Adaptive outflow: unhealthy above this share of 5xx (0.05 = 5%)"),
+    ("health_error_rate", float, "Adaptive outflow: unhealthy above this share of 5xx (0.05 = 5%%)"),
     ("adaptive_step_per_minute", float, "Adaptive outflow: added per adjustment while healthy"),
     ("adaptive_decrease_factor", float, "Adaptive outflow: multiplied by this per adjustment while unhealthy"),
     ("adaptive_interval_seconds", int, "Adaptive outflow: seconds between adjustments"),
