@@ -122,3 +122,19 @@ def test_a_session_login_must_send_the_csrf_token(staff_user, queue):
 
 def test_an_unknown_queue_is_404(staff_api, db):
     assert staff_api.get(url("nope", "stats")).json()["error"]["code"] == "not_found"
+
+
+def test_a_change_answered_503_because_redis_is_away_was_not_made(staff_api, make_queue, settings):
+    """Issue 12: a pause answered "503, retry" was committed anyway (database, audit log and Redis said paused)."""
+    from queueing.models import Queue
+
+    queue = make_queue(state="open")
+    changes_before = QueueChange.objects.filter(queue=queue).count()
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    paused = staff_api.post(f"/api/v1/queues/{queue.slug}/pause")
+    patched = staff_api.patch(f"/api/v1/queues/{queue.slug}", {"capacity": 99}, format="json")
+    assert paused.status_code == patched.status_code == 503
+    assert paused.json()["error"]["code"] == "service_unavailable"
+    queue = Queue.objects.get(pk=queue.pk)
+    assert (queue.state, queue.capacity) == ("open", 10)
+    assert QueueChange.objects.filter(queue=queue).count() == changes_before

@@ -192,3 +192,16 @@ def test_a_priority_code_that_cannot_be_stored_is_unknown_before_any_sql(make_qu
     for code in ("\ud800abcd", "ab\x00cd"):
         with django_assert_num_queries(0), pytest.raises(services.InvalidPriorityCode):
             services.priority_code_reserve(slug=queue.slug, code=code)
+
+
+def test_a_stray_proof_is_ignored_by_a_queue_without_a_gate_and_an_unknown_queue_is_404(gated, make_queue):
+    """Issue 12: proof-of-work fields sent where no gate is on were refused as invalid proofs."""
+    client = Client()
+    data = challenge(client, gated.slug)
+    stray = {"pow_challenge": data["challenge"], "pow_nonce": "not-a-solution"}
+    open_queue = make_queue(state="paused")  # pow_difficulty 0
+    assert join(client, open_queue.slug, stray).status_code == 201
+    assert live_tickets(open_queue.slug) == 1
+    missing = join(Client(), "no-such-queue", stray)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "queue_not_found"
+    assert join(Client(), gated.slug, stray).status_code == 400  # where the gate is on, still refused

@@ -128,12 +128,10 @@ def join_answer(
         address = client_address(request.META)
         limit("join", address)
         fields = s.join_request_validate(data)
-        proof = None
-        if fields["pow_challenge"] or fields["pow_nonce"]:
-            try:
-                proof = pow.solution_check(slug, fields["pow_challenge"], fields["pow_nonce"])
-            except pow.InvalidProof as exc:
-                raise ApiError("invalid_proof_of_work", str(exc)) from exc
+        try:
+            proof = _proof(slug, fields)
+        except services.JOIN_REFUSALS as exc:
+            raise _join_refused(slug, exc) from exc
         visit = modes.Visit(
             slug=slug,
             identify=(lambda: identity) if identity is not None else (lambda: _identify(request, user)),
@@ -160,6 +158,19 @@ def join_answer(
         joined.visitor_cookie,
         (slug, joined.ticket) if joined.position_cookie else None,
     )
+
+
+def _proof(slug: str, fields: dict[str, Any]) -> pow.Solved | None:
+    """The join's solved challenge. One that does not check out is refused only by a queue whose gate is on:
+    elsewhere it is ignored (QueueNotFound for no queue at all)."""
+    if not (fields["pow_challenge"] or fields["pow_nonce"]):
+        return None
+    try:
+        return pow.solution_check(slug, fields["pow_challenge"], fields["pow_nonce"])
+    except pow.InvalidProof as exc:
+        if services.pow_difficulty_get(slug=slug) > 0:
+            raise ApiError("invalid_proof_of_work", str(exc)) from exc
+        return None
 
 
 def _identify(request: HttpRequest, user: Any) -> VisitorIdentity:

@@ -73,6 +73,7 @@ from .errors import (
 from .joins import (
     JoinResult,
     pow_challenge_issue,
+    pow_difficulty_get,
     priority_code_release,
     priority_code_reserve,
     priority_for_user,
@@ -127,6 +128,7 @@ __all__ = [
     "needs_sync",
     "outflow_adaptation_reset",
     "pow_challenge_issue",
+    "pow_difficulty_get",
     "priority_code_release",
     "priority_code_reserve",
     "priority_for_user",

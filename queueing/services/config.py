@@ -83,13 +83,14 @@ def queue_configure(
             actor=actor,
             actor_label=actor_label,
         )
-    # Mirrored at once rather than on commit: should an outer transaction roll back, the next tick
-    # re-mirrors the database's policy within a second; waiting for a commit that test transactions
-    # never make would leave Redis behind instead.
-    queue_config_sync(Queue.objects.prefetch_related("priority_levels").get(pk=queue.pk))
+        # Redis takes the change before it commits: a Redis that cannot take it fails the change as a
+        # whole (nothing saved or audited; the caller answers 503), never "retry" for a change that was
+        # made. Should the commit itself fail afterwards, the next tick re-mirrors the database's policy
+        # within a second.
+        queue_config_sync(Queue.objects.prefetch_related("priority_levels").get(pk=queue.pk))
+        if not created and any(before[f] != getattr(queue, f) for f in OUTFLOW_POLICY_FIELDS):
+            outflow_adaptation_reset(queue, actor=actor, actor_label=actor_label)
     caching.forget(caching.window_refused_key(slug))  # a new queue, or one that now runs stateless
-    if not created and any(before[f] != getattr(queue, f) for f in OUTFLOW_POLICY_FIELDS):
-        outflow_adaptation_reset(queue, actor=actor, actor_label=actor_label)
     return queue, created
 
 

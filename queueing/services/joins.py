@@ -169,10 +169,15 @@ def queue_join_stateless(*, slug: str, proof: pow.Solved | None = None, now: flo
     return window
 
 
+def pow_difficulty_get(*, slug: str) -> int:
+    """The queue's proof-of-work difficulty now (0: no gate), from its policy in Redis; QueueNotFound."""
+    config = with_policy(slug, lambda: selectors.queue_policy_get(slug))
+    return int(config.get("pow_difficulty") or 0)
+
+
 def pow_challenge_issue(*, slug: str) -> dict[str, Any]:
     """A proof-of-work challenge at the queue's difficulty now (no SQL: the policy is in Redis)."""
-    config = with_policy(slug, lambda: selectors.queue_policy_get(slug))
-    return pow.challenge_issue(slug, int(config.get("pow_difficulty") or 0))
+    return pow.challenge_issue(slug, pow_difficulty_get(slug=slug))
 
 
 def ticket_leave(*, slug: str, claims: tokens.TicketClaims, now: float | None = None) -> bool:
