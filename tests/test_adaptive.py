@@ -296,7 +296,7 @@ def test_admission_goes_on_when_an_adaptation_step_fails(make_queue, clock, monk
     def broken(*_: Any, **__: Any) -> None:
         raise ConnectionError("the audit log's database went away")
 
-    monkeypatch.setattr(services, "queue_change_record", broken)
+    monkeypatch.setattr(services.admission, "queue_change_record", broken)  # where the tick uses it
     report(queue.slug, clock.now, ms=3000)
     reply = tick(queue.slug, clock.now + 5)
     assert in_force(queue.slug) == 30  # the step itself happened; only its audit entry failed
