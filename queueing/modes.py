@@ -60,10 +60,14 @@ def _ensured(slug: str, read: Callable[[], T], *, mode: str = "") -> T:
         raise TicketGone(slug) from exc
 
 
-def _first_then(first: str) -> Callable[[], str]:
-    """`first` on the first call, '' after: a read retried after a sync is not counted by its limiter twice."""
-    calls = iter((first,))
-    return lambda: next(calls, "")
+def _polled(slug: str, read: Callable[[str], T], limit_scope: str, *, mode: str = "") -> T:
+    """A status read in `limit_scope` (its limiter in the same round trip). Only when Redis lost the queue's
+    policy does it go through the sync, reading again without the limiter (the poll was counted once)."""
+    try:
+        return read(limit_scope)
+    except selectors.PolicyMissing:
+        pass
+    return _ensured(slug, lambda: read(""), mode=mode)
 
 
 class QueueMode(ABC, Generic[C]):
@@ -108,8 +112,10 @@ class Tracked(QueueMode[tokens.TicketClaims]):
     keeps_visitors = True
 
     def status(self, claims: tokens.TicketClaims, *, limit_scope: str = "", now: float | None = None) -> TicketView:
-        scope = _first_then(limit_scope)
-        return _ensured(claims.slug, lambda: selectors.ticket_status_get(claims=claims, now=now, limit_scope=scope()))
+        def read(scope: str) -> TicketView:
+            return selectors.ticket_status_get(claims=claims, now=now, limit_scope=scope)
+
+        return _polled(claims.slug, read, limit_scope)
 
     def join(self, visit: Visit) -> Joined:
         identity = visit.identify()
@@ -161,12 +167,10 @@ class Stateless(QueueMode[tokens.PositionClaims]):
     def status(
         self, claims: tokens.PositionClaims, *, limit_scope: str = "", now: float | None = None
     ) -> TicketView:
-        scope = _first_then(limit_scope)
-        return _ensured(
-            claims.slug,
-            lambda: selectors.position_status_get(claims=claims, now=now, limit_scope=scope()),
-            mode=self.name,
-        )
+        def read(scope: str) -> TicketView:
+            return selectors.position_status_get(claims=claims, now=now, limit_scope=scope)
+
+        return _polled(claims.slug, read, limit_scope, mode=self.name)
 
     def join(self, visit: Visit) -> Joined:
         """A new number, or (dedupe by signed cookie only) the ticket this browser already holds while it

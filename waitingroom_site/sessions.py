@@ -4,7 +4,8 @@ from Redis), with two changes.
 * Ending a session must reach the cache. The cache ignores its errors (settings.caches), so a logout
   while Redis is unreachable would delete the session from the database and leave the cache's copy, which
   would log the session in again once Redis is back. Here the copy is deleted first, strictly: if that
-  fails, nothing is deleted and the visitor is told to try again (503), still logged in, rather than
+  fails, nothing is deleted and the visitor is told to try again (503, waitingroom_site.unavailable), still
+  logged in, rather than
   logged out in appearance only.
 * The cache's copy of a session is kept at most SESSION_CACHE_SECONDS, so every session is read from
   the database again that often.
@@ -12,14 +13,12 @@ from Redis), with two changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.sessions.backends import cached_db
 from django.core.cache import BaseCache, caches
-from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 
 class SessionNotEnded(Exception):
@@ -78,23 +77,3 @@ class SessionStore(cached_db.SessionStore):
         if key is not None:
             await sync_to_async(self._bounded.delete_strictly)(self.cache_key_prefix + key)
         await super().adelete(session_key)
-
-
-class SessionErrors:
-    """Middleware: a session that could not be ended is a 503 that says to try again, not a 500."""
-
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponseBase:
-        return self.get_response(request)
-
-    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
-        if not isinstance(exception, SessionNotEnded):
-            return None
-        return HttpResponse(
-            "You could not be signed out just now; try again in a moment.",
-            status=503,
-            content_type="text/plain",
-            headers={"Retry-After": "5"},
-        )

@@ -90,13 +90,13 @@ MIDDLEWARE = [
     "waitingroom_site.fastpath.FastPathMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
-    "waitingroom_site.sessions.SessionErrors",  # a sign-out the cache could not record: 503, try again
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "waitingroom_site.unavailable.RedisUnavailableMiddleware",  # Redis away: 503 and Retry-After, not 500
+    # Redis away (or a sign-out the session cache could not record): 503 and Retry-After, not 500.
+    "waitingroom_site.unavailable.RedisUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "waitingroom_site.urls"

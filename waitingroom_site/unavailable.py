@@ -1,16 +1,19 @@
 """Middleware: when Redis cannot be reached, every page and endpoint answers 503 with Retry-After (the API
 in its error shape, pages with a styled page that retries by itself), never a 500. The visitor hot path
-(fastpath.py) and the API's own views already answer so; this covers every other view."""
+(fastpath.py) and the API's own views already answer so; this covers every other view, and a sign-out
+the session cache could not record (sessions.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import redis
-from django.http import HttpRequest, HttpResponseBase
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.template.response import TemplateResponse
 
 from queueing.api.answers import Answer
+
+from .sessions import SessionNotEnded
 
 RETRY_AFTER_SECONDS = 5
 
@@ -23,6 +26,13 @@ class RedisUnavailableMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponseBase | None:
+        if isinstance(exception, SessionNotEnded):
+            return HttpResponse(
+                "You could not be signed out just now; try again in a moment.",
+                status=503,
+                content_type="text/plain",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
         if not isinstance(exception, redis.RedisError):
             return None
         if request.path.startswith("/api/"):
