@@ -14,7 +14,11 @@ from . import services, signing_keys
 def admission_tick(self: Task[Any, Any]) -> int:
     # Leadership belongs to the worker node (all its pool processes share it), not to one process,
     # so ticks handed to any process of the leading node admit.
-    return services.queues_tick(instance=self.request.hostname or services.instance_id())
+    name = self.request.hostname or services.instance_id()
+    admitted = services.queues_tick(instance=name)
+    # Only a tick that finished counts as a sign of life (waitingroom_site/liveness.py reads it).
+    services.worker_alive_mark(name)
+    return admitted
 
 
 @shared_task(ignore_result=True)

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from waitingroom_site import runstack
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -73,8 +75,13 @@ def test_compose_runs_redis_with_aof_postgres_web_worker_and_beat():
     assert services["web"]["deploy"]["replicas"] >= 2
     assert services["web"]["command"][0] == "gunicorn"
     assert services["ws"]["command"][:2] == ["uvicorn", "waitingroom_site.asgi:application"]
-    assert services["worker"]["command"][:4] == ["celery", "-A", "waitingroom_site", "worker"]
-    assert services["beat"]["command"][:4] == ["celery", "-A", "waitingroom_site", "beat"]
+    supervised = ["python", "-m", "waitingroom_site.runstack", "--only"]
+    assert services["worker"]["command"][:5] == [*supervised, "worker"]
+    assert services["beat"]["command"][:5] == [*supervised, "beat"]
+    for name in ("worker", "beat"):  # what the supervisor would run from those arguments
+        args = runstack._parse(services[name]["command"][3:])
+        assert args.only == [name]
+        assert list(runstack.commands(args, "w@%h")) == [name]
     assert "replicas" not in services["beat"].get("deploy", {})  # exactly one beat
 
 
@@ -155,6 +162,34 @@ def test_the_web_healthcheck_passes_against_the_web_command_with_the_compose_env
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+@pytest.mark.parametrize("role", ["worker", "beat"])
+def test_the_worker_and_beat_healthchecks_tell_stalled_from_alive(role, settings):
+    """The compose health check, run as Docker would with the service's environment (Redis pointed at the
+    test's): unhealthy while the marks are stale, healthy once the role has left a fresh one."""
+    from queueing import services as engine
+
+    service = compose()["services"][role]
+    check = service["healthcheck"]["test"]
+    assert check[:4] == ["CMD", "python", "-m", "waitingroom_site.liveness"]
+    env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "DJANGO_SETTINGS_MODULE")}
+    env.update({name: interpolate(str(value), {"SECRET_KEY": "x"}) for name, value in service["environment"].items()})
+    env.update(REDIS_URL=settings.REDIS_URL, WR_REDIS_PREFIX=settings.WR_REDIS_PREFIX)
+
+    def healthy() -> bool:
+        result = subprocess.run([sys.executable, *check[2:]], env=env, capture_output=True, text=True, timeout=30)
+        return result.returncode == 0
+
+    now = time.time()
+    engine.beat_alive_mark(now=now - 120)
+    engine.worker_alive_mark(f"worker@{socket.gethostname()}", now=now - 120)
+    if role == "worker":
+        engine.beat_alive_mark(now=now)  # ticks are sent; this worker ran none for two minutes
+    assert not healthy()
+    engine.beat_alive_mark()
+    engine.worker_alive_mark(f"worker@{socket.gethostname()}")
+    assert healthy()
 
 
 def test_the_proxy_config_forwards_to_the_web_service():

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -60,42 +61,42 @@ def server_binary() -> str:
     return found
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
-def start_embedded(directory: Path, *, daemonize: bool) -> tuple[subprocess.Popen[bytes] | None, str]:
-    """Start a redis-server keeping its data (AOF) in `directory`; returns (process, url)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    args = [
+def embedded_command(directory: Path, port: int, *, daemonize: bool) -> list[str]:
+    """The redis-server command line of an embedded Redis keeping its data (AOF) in `directory`."""
+    directory = directory.resolve()
+    return [
         server_binary(),
-        "--bind",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dir",
-        str(directory.resolve()),
-        "--appendonly",
-        "yes",
-        "--save",
-        "",
-        "--logfile",
-        str((directory / "redis.log").resolve()),
-        "--pidfile",
-        str((directory / "redis.pid").resolve()),
-        "--daemonize",
-        "yes" if daemonize else "no",
+        *("--bind", "127.0.0.1", "--port", str(port), "--dir", str(directory)),
+        *("--appendonly", "yes", "--save", ""),
+        *("--logfile", str(directory / "redis.log"), "--pidfile", str(directory / "redis.pid")),
+        *("--daemonize", "yes" if daemonize else "no"),
     ]
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, start_new_session=True)
-    url = f"redis://127.0.0.1:{port}/0"
-    deadline = time.monotonic() + 10
+
+
+def wait_until_it_answers(url: str, directory: Path, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
     while not answers(url):
         if time.monotonic() > deadline:
             raise RuntimeError(f"The embedded Redis did not start; see {directory / 'redis.log'}")
         time.sleep(0.05)
+
+
+def start_embedded(
+    directory: Path, *, daemonize: bool, port: int | None = None, preexec_fn: Callable[[], None] | None = None
+) -> tuple[subprocess.Popen[bytes] | None, str]:
+    """Start a redis-server keeping its data (AOF) in `directory`; returns (process, url)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    command = embedded_command(directory, port, daemonize=daemonize)
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, start_new_session=True, preexec_fn=preexec_fn)
+    url = f"redis://127.0.0.1:{port}/0"
+    wait_until_it_answers(url, directory)
     (directory / "url").write_text(url)
     if daemonize:
         process.wait()

@@ -1,30 +1,85 @@
-"""Run the whole product on one machine: web (gunicorn), websockets (uvicorn), a Celery worker and Celery
-beat, plus an embedded Redis when no other is available. Ctrl-C (or SIGTERM) stops them all, in order,
-and waits for them.
+"""Run the whole product on one machine, supervised: web (gunicorn), websockets (uvicorn), a Celery worker
+and Celery beat, plus an embedded Redis when no other is available.
 
     python -m waitingroom_site.runstack [--setup] [--host 127.0.0.1] [--port 8000] [--ws-port 8001]
+    python -m waitingroom_site.runstack --only worker      # one role, supervised (the containers' way)
 
 --setup first migrates, collects static files and creates the demo queue and staff login.
+
+Supervision: a child that exits is started again after a pause that grows with quick repeated failures
+(1 s, 2 s, 4 s … 30 s), and the supervisor says so; one that keeps dying within seconds of its start (five
+times in a row) stops the run, with its own lines above saying why. A worker that stops running the
+admission ticks the beat sends, or a beat that stops sending them, is replaced (waitingroom_site/liveness.py).
+Ctrl-C, SIGTERM and SIGHUP (the terminal closing) stop everything, in order, and wait for it; a second
+Ctrl-C hurries. The children die with the supervisor even when it is killed outright (Linux: they ask the
+kernel for SIGTERM when their parent dies).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import devredis
+from . import devredis, liveness
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+ROLES = ("web", "ws", "worker", "beat")
+
+QUICK_SECONDS = 10.0  # a death this soon after a start counts as a failure to start
+GIVE_UP_AFTER = 5  # quick deaths in a row
+BACKOFF_MAX_SECONDS = 30.0
+BACKOFF_FIRST_SECONDS = 1.0
+STOP_SECONDS = 15.0  # how long a child gets to stop before it is killed
+STALLED_STOP_SECONDS = 5.0  # a stalled one is not expected to stop by itself
+# Liveness: judged every CHECK_SECONDS once a child has run `grace` seconds (startup, a first tick).
+CHECK_SECONDS = 5.0
+
+
+def say(message: str) -> None:
+    """One line on the supervisor's output; a terminal that has gone away (SIGHUP) is not an error."""
+    with contextlib.suppress(OSError):
+        print(f"[runstack] {message}", flush=True)
+
+
+def _die_with(parent: int) -> Callable[[], None] | None:
+    """For Popen's preexec_fn: the child gets SIGTERM when this process dies, however it dies."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the line above: nobody would tell us
+            os._exit(1)
+
+    return preexec
+
+
+def port_taken(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind: TIME_WAIT is free
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
 
 
 def _manage(*args: str, env: dict[str, str]) -> None:
-    subprocess.run([PYTHON, str(BASE_DIR / "manage.py"), *args], env=env, check=True, cwd=BASE_DIR)
+    subprocess.run([PYTHON, str(BASE_DIR / "manage.py"), *args], env=env, cwd=BASE_DIR, check=True)
 
 
 def _bin(name: str) -> str:
@@ -32,7 +87,7 @@ def _bin(name: str) -> str:
     return str(candidate) if candidate.exists() else name
 
 
-def commands(args: argparse.Namespace) -> dict[str, list[str]]:
+def commands(args: argparse.Namespace, worker_name: str) -> dict[str, list[str]]:
     """What runs, by name. Web is gunicorn (WSGI): Django under an ASGI server costs more per request
     here, since its ASGI handler runs each request in a thread (bench/RESULTS.md)."""
     procs = {
@@ -61,24 +116,139 @@ def commands(args: argparse.Namespace) -> dict[str, list[str]]:
         ],
         "worker": [
             _bin("celery"),
-            "-A",
-            "waitingroom_site",
-            "worker",
-            "--loglevel",
-            "INFO",
-            "--concurrency",
-            str(args.worker_concurrency),
-            "--without-gossip",
-            "--without-mingle",
-            "-n",
-            f"worker-{os.getpid()}@%h",
+            *("-A", "waitingroom_site", "worker", "--loglevel", "INFO"),
+            *("--concurrency", str(args.worker_concurrency), "--without-gossip", "--without-mingle"),
+            *("-n", worker_name),
         ],
         "beat": [_bin("celery"), "-A", "waitingroom_site", "beat", "--loglevel", "INFO", "--pidfile="],
     }
-    return {name: cmd for name, cmd in procs.items() if name not in args.skip}
+    return {name: procs[name] for name in args.only}
 
 
-def main(argv: list[str] | None = None) -> int:
+@dataclass
+class Child:
+    name: str
+    command: list[str]
+    liveness: str = ""  # "worker" or "beat": judged from its marks in Redis (waitingroom_site/liveness.py)
+    node: str = ""  # the worker's node name, for its marks
+    process: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    due: float = 0.0  # when a stopped child is to be started again
+    restarts: int = 0
+    quick_deaths: int = 0  # in a row
+    checked: float = 0.0
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+@dataclass
+class Supervisor:
+    children: list[Child]
+    env: dict[str, str]
+    stale_seconds: float = liveness.DEFAULT_STALE_SECONDS
+    grace_seconds: float = 45.0
+    stopping: bool = False
+    hurry: bool = False
+    code: int = 0
+    _preexec: Callable[[], None] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self._preexec = _die_with(os.getpid())
+
+    def on_signal(self, signum: int, _frame: object) -> None:
+        if self.stopping:
+            self.hurry = True
+            return
+        say(f"{signal.Signals(signum).name}: stopping everything.")
+        self.stopping = True
+
+    def start(self, child: Child) -> None:
+        # Own sessions: a Ctrl-C reaches only this supervisor, which then stops each child in turn.
+        child.process = subprocess.Popen(
+            child.command, env=self.env, cwd=BASE_DIR, start_new_session=True, preexec_fn=self._preexec
+        )
+        child.started = child.checked = time.monotonic()
+
+    def run(self) -> int:
+        for child in self.children:
+            if child.process is None:
+                self.start(child)
+        while not self.stopping:
+            now = time.monotonic()
+            for child in self.children:
+                if child.process is None:
+                    if now >= child.due:
+                        self.start(child)
+                elif child.process.poll() is not None:
+                    self._died(child, now)
+                elif child.liveness and now - child.checked >= CHECK_SECONDS:
+                    self._judge(child, now)
+                if self.stopping:
+                    break
+            time.sleep(0.2)
+        return self.code
+
+    def _died(self, child: Child, now: float) -> None:
+        assert child.process is not None
+        returncode = child.process.returncode
+        how = f"was killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exited with {returncode}"
+        ran = now - child.started
+        child.quick_deaths = child.quick_deaths + 1 if ran < QUICK_SECONDS else 0
+        if child.quick_deaths >= GIVE_UP_AFTER:
+            say(f"{child.name} {how}, the {GIVE_UP_AFTER}th time in a row within seconds of starting; stopping.")
+            self.code = returncode if returncode > 0 else 1
+            self.stopping = True
+            return
+        delay = BACKOFF_FIRST_SECONDS * 2.0 ** max(0, child.quick_deaths - 1)
+        delay = min(BACKOFF_MAX_SECONDS, delay)
+        child.restarts += 1
+        say(f"{child.name} {how} after {ran:.0f} s; starting it again in {delay:.0f} s (restart {child.restarts}).")
+        child.process, child.due = None, now + delay
+
+    def _judge(self, child: Child, now: float) -> None:
+        child.checked = now
+        if now - child.started < self.grace_seconds:
+            return
+        env = self.env
+        result = liveness.verdict(
+            child.liveness,
+            name=child.node,
+            url=env.get("REDIS_URL"),
+            prefix=env.get("WR_REDIS_PREFIX"),
+            stale=self.stale_seconds,
+        )
+        if result.alive is False:
+            child.restarts += 1
+            say(f"{child.name} is stalled ({result.reason}); replacing it (restart {child.restarts}).")
+            _stop([child], hurry=False, within=STALLED_STOP_SECONDS)
+            self.start(child)
+
+    def stop_all(self) -> None:
+        # The application first (no new work), Redis last.
+        apps = [c for c in self.children if c.name != "redis"]
+        _stop(apps, hurry=self.hurry)
+        _stop([c for c in self.children if c.name == "redis"], hurry=self.hurry)
+        say("stopped.")
+
+
+def _stop(children: list[Child], *, hurry: bool, within: float = STOP_SECONDS) -> None:
+    running = [c for c in children if c.running()]
+    for child in running:
+        assert child.process is not None
+        child.process.send_signal(signal.SIGKILL if hurry else signal.SIGTERM)
+    deadline = time.monotonic() + within
+    for child in running:
+        assert child.process is not None
+        try:
+            child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            say(f"{child.name} did not stop within {within:.0f} s; killing it.")
+            child.process.kill()
+            child.process.wait()
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--setup", action="store_true", help="migrate, collect static, create the demo")
     parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
@@ -90,85 +260,93 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--web-threads", type=int, default=int(os.environ.get("WEB_THREADS", "1")))
     parser.add_argument("--web-worker-class", default=os.environ.get("WEB_WORKER_CLASS", "sync"))
-    parser.add_argument("--worker-concurrency", type=int, default=2)
+    parser.add_argument("--worker-concurrency", type=int, default=int(os.environ.get("WORKER_CONCURRENCY", "2")))
     parser.add_argument("--ws-port", type=int, default=int(os.environ.get("WS_PORT", "0")) or None)
     parser.add_argument("--access-log", action="store_true")
-    parser.add_argument("--skip", action="append", default=[], choices=["web", "ws", "worker", "beat"])
+    parser.add_argument("--skip", action="append", default=[], choices=ROLES)
+    parser.add_argument("--only", action="append", default=[], choices=ROLES, help="run only these roles")
     parser.add_argument("--var-dir", default=os.environ.get("WR_VAR_DIR", str(BASE_DIR / "var")))
+    parser.add_argument(
+        "--embedded-redis", action="store_true", help="start an embedded Redis even if another one answers"
+    )
     args = parser.parse_args(argv)
     if args.ws_port is None:
         args.ws_port = args.port + 1
+    args.only = [role for role in (args.only or ROLES) if role not in args.skip]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    ports = {"web": args.port, "ws": args.ws_port}
+    for role, port in ports.items():
+        if role in args.only and port_taken(args.host, port):
+            say(
+                f"port {port} on {args.host} is already in use (another bin/run?): stop that one, "
+                f"or choose another with --{'port' if role == 'web' else 'ws-port'}."
+            )
+            return 2
 
     var_dir = Path(args.var_dir)
     var_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, WR_VAR_DIR=str(var_dir))
-    children: dict[str, subprocess.Popen[bytes]] = {}
+    # One node name per supervisor, kept across restarts (its liveness marks are found by it).
+    worker_name = env.setdefault("WR_WORKER_NAME", f"worker-{os.getpid()}@%h")
+    supervisor = Supervisor(
+        [],
+        env,
+        stale_seconds=float(env.get("WR_LIVENESS_STALE_SECONDS", liveness.DEFAULT_STALE_SECONDS)),
+        grace_seconds=float(env.get("WR_LIVENESS_GRACE_SECONDS", 45)),
+    )
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, supervisor.on_signal)
 
-    redis_url = devredis.resolve()
+    redis_url = None if args.embedded_redis else devredis.resolve()
     if redis_url is None:
-        process, redis_url = devredis.start_embedded(var_dir / "redis", daemonize=False)
-        assert process is not None
-        children["redis"] = process
-        print(f"[runstack] started an embedded Redis at {redis_url} (data in {var_dir / 'redis'})", flush=True)
+        directory = var_dir / "redis"
+        port = devredis.free_port()
+        redis_url = f"redis://127.0.0.1:{port}/0"
+        redis = Child("redis", devredis.embedded_command(directory, port, daemonize=False))
+        directory.mkdir(parents=True, exist_ok=True)
+        supervisor.children.append(redis)
+        supervisor.start(redis)
+        devredis.wait_until_it_answers(redis_url, directory)
+        say(f"started an embedded Redis at {redis_url} (data in {directory})")
     env["REDIS_URL"] = redis_url
     env.setdefault("WR_WS_BASE_URL", f"ws://{args.host}:{args.ws_port}")
 
-    stopping = False
-
-    def stop(*_: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-
-    code = 0
     try:
         if args.setup:
             _manage("migrate", "--noinput", "-v", "0", env=env)
             _manage("collectstatic", "--noinput", "-v", "0", env=env)
             _manage("setup_demo", env=env)
-        for name, cmd in commands(args).items():
-            # Own sessions: a Ctrl-C reaches only this supervisor, which then stops each child in turn.
-            children[name] = subprocess.Popen(cmd, env=env, cwd=BASE_DIR, start_new_session=True)
-        print(
-            f"[runstack] Waiting Room on http://{args.host}:{args.port}/  (Redis {redis_url})\n"
-            f"[runstack]   waiting page: http://{args.host}:{args.port}/q/demo/   websockets: {env['WR_WS_BASE_URL']}\n"
-            f"[runstack]   join:  curl -X POST http://{args.host}:{args.port}/api/v1/queues/demo/join\n"
-            f"[runstack]   admin: http://{args.host}:{args.port}/admin/   API docs: /api/docs/\n"
-            "[runstack] Ctrl-C stops everything.",
-            flush=True,
-        )
-        while not stopping:
-            for name, child in children.items():
-                if child.poll() is not None:
-                    print(f"[runstack] {name} exited with {child.returncode}; stopping.", flush=True)
-                    code = child.returncode or 1
-                    stopping = True
-                    break
-            time.sleep(0.2)
+        node = liveness.worker_node(worker_name)
+        for name, command in commands(args, worker_name).items():
+            judged = name if name in ("worker", "beat") else ""
+            supervisor.children.append(Child(name, command, liveness=judged, node=node if name == "worker" else ""))
+        _banner(args, env, redis_url)
+        if not supervisor.stopping:
+            return supervisor.run()
+        return supervisor.code
     except subprocess.CalledProcessError as exc:
-        print(f"[runstack] setup failed: {exc}", flush=True)
-        code = exc.returncode or 1
+        say(f"setup failed: {exc}")
+        return exc.returncode or 1
     finally:
-        _stop_all(children)
-    return code
+        supervisor.stop_all()
 
 
-def _stop_all(children: dict[str, subprocess.Popen[bytes]]) -> None:
-    # Web first (no new work), then websockets, beat and worker, Redis last.
-    first = ("web", "ws", "beat", "worker")
-    order = [n for n in first if n in children] + [n for n in children if n not in first]
-    for name in order:
-        child = children[name]
-        if child.poll() is None:
-            child.terminate()
-            try:
-                child.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-    print("[runstack] stopped.", flush=True)
+def _banner(args: argparse.Namespace, env: dict[str, str], redis_url: str) -> None:
+    base = f"http://{args.host}:{args.port}"
+    if "web" not in args.only:
+        say(f"running {', '.join(args.only)} (Redis {redis_url}); Ctrl-C stops.")
+        return
+    say(
+        f"Waiting Room on {base}/  (Redis {redis_url})\n"
+        f"[runstack]   waiting page: {base}/q/demo/   websockets: {env['WR_WS_BASE_URL']}\n"
+        f"[runstack]   join:  curl -X POST {base}/api/v1/queues/demo/join\n"
+        f"[runstack]   admin: {base}/admin/   API docs: /api/docs/\n"
+        "[runstack] Ctrl-C stops everything."
+    )
 
 
 if __name__ == "__main__":

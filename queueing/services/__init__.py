@@ -14,6 +14,7 @@ leave it out.
 * `sessions`  verify, complete and revoke sessions; the site's capacity reports
 * `cleanup`   expiry in bounded rounds, orphaned state, periodic snapshots
 * `viewers`   websocket servers' socket counts
+* `liveness`  the marks that tell a stalled worker or beat from a healthy one
 """
 
 from .admission import (
@@ -81,6 +82,7 @@ from .joins import (
     queue_join_stateless,
     ticket_leave,
 )
+from .liveness import beat_alive_mark, worker_alive_mark
 from .recovery import (
     needs_sync,
     queue_config_sync,
@@ -123,6 +125,7 @@ __all__ = [
     "WrongMode",
     "api_key_create",
     "audit_change",
+    "beat_alive_mark",
     "capacity_report",
     "instance_id",
     "needs_sync",
@@ -166,4 +169,5 @@ __all__ = [
     "viewers_report",
     "wait_samples_drop",
     "with_policy",
+    "worker_alive_mark",
 ]

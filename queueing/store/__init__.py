@@ -10,6 +10,7 @@
 * `health`    the protected site's health counts, per second
 * `limits`    the rate limiters' scripts
 * `viewers`   websocket servers' socket counts
+* `liveness`  when the beat last sent a tick and each worker last ran one
 
 Each script's reply is parsed into named, typed fields next to the wrapper that runs it. Times cross
 this boundary as integer milliseconds since the epoch, always supplied by the caller. This package
@@ -52,6 +53,7 @@ from .inspect import (
 )
 from .keys import SEQ_DIGITS, QueueKeys, key_pattern, limit_key, parse_ticket_id, queue_keys, ticket_id
 from .limits import LimitCall, LimitReply, limit_hit
+from .liveness import alive_key, alive_mark
 from .state import (
     LiveState,
     config_read,
@@ -136,6 +138,8 @@ __all__ = [
     "Window",
     "WindowStep",
     "admit",
+    "alive_key",
+    "alive_mark",
     "away_members",
     "capacity_report",
     "cleanup",

@@ -1,0 +1,15 @@
+"""Liveness marks for the supervisor and the containers' health checks (`waitingroom_site/liveness.py`):
+the beat notes each admission tick it sends, a worker each tick it has run."""
+
+from __future__ import annotations
+
+from .. import store
+from ..clock import now_ms
+
+
+def worker_alive_mark(name: str, *, now: float | None = None) -> None:
+    store.alive_mark("worker", name, now_ms=now_ms(now))
+
+
+def beat_alive_mark(*, now: float | None = None) -> None:
+    store.alive_mark("beat", now_ms=now_ms(now))

@@ -1,0 +1,173 @@
+"""bin/run's supervisor with the whole stack under it (its own embedded Redis, SQLite file and ports): a
+child killed or stalled is replaced while the rest keeps serving, and no process of the run outlives the
+supervisor, however it ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ..stack import ROOT, free_port
+
+pytestmark = pytest.mark.e2e
+
+
+def _parents() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    return children
+
+
+def _children(pid: int) -> list[int]:
+    return _parents().get(pid, [])
+
+
+def _descendants(pid: int) -> list[int]:
+    children = _parents()
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+def _named(pids: list[int], word: str) -> list[int]:
+    found = []
+    for pid in pids:
+        try:
+            if word in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def _wait_for(predicate: Callable[[], object], timeout: float, what: str, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}; log:\n{log.read_text()[-4000:]}")
+
+
+class Run:
+    def __init__(self, var: Path, **env: str) -> None:
+        var.mkdir()
+        self.port, self.var, self.log = free_port(), var, var / "run.log"
+        environment = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST_", "REDIS_"))}
+        environment.pop("CACHE_URL", None)
+        environment.update(
+            DJANGO_SETTINGS_MODULE="waitingroom_site.settings",
+            SECRET_KEY="supervisor-test-" + "x" * 40,
+            HTTPS="0",
+            DEBUG="0",
+            ALLOWED_HOSTS="127.0.0.1",
+            DATABASE_URL=f"sqlite:///{var / 'db.sqlite3'}",
+            **env,
+        )
+        command = [sys.executable, "-m", "waitingroom_site.runstack", "--setup", "--embedded-redis"]
+        command += ["--port", str(self.port), "--ws-port", str(free_port()), "--var-dir", str(var)]
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(command, env=environment, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        _wait_for(lambda: "ready." in self.log.read_text(), 120, "the worker", self.log)
+        _wait_for(self.answers, 60, "the web server", self.log)
+
+    def answers(self) -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def said(self, words: str) -> bool:
+        return any(words in line for line in self.log.read_text().splitlines() if line.startswith("[runstack]"))
+
+    def role(self, word: str) -> int | None:
+        """The supervisor's child running `word` (not its own children); None between two of them."""
+        top = _named(_children(self.process.pid), word)
+        assert len(top) <= 1, (word, top)
+        return top[0] if top else None
+
+    def end(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def run(tmp_path):
+    runs: list[Run] = []
+
+    def start(**env: str) -> Run:
+        runs.append(Run(tmp_path / f"run{len(runs)}", **env))
+        return runs[-1]
+
+    yield start
+    for one in runs:
+        one.end()
+        leftovers = [pid for pid in _descendants(one.process.pid) if _alive(pid)]
+        for pid in leftovers:
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_killed_or_stalled_worker_is_replaced_while_the_web_keeps_serving_and_nothing_outlives_a_kill(run):
+    one = run(WR_LIVENESS_STALE_SECONDS="4", WR_LIVENESS_GRACE_SECONDS="8")
+    web, beat, worker = one.role("gunicorn"), one.role("beat"), one.role(" worker ")
+    assert web and beat and worker
+
+    os.kill(worker, signal.SIGKILL)
+    _wait_for(lambda: one.said("worker was killed by SIGKILL"), 10, "the supervisor to notice", one.log)
+    _wait_for(lambda: one.role(" worker ") not in (None, worker), 15, "a new worker", one.log)
+    assert one.answers() and one.role("gunicorn") == web and one.role("beat") == beat
+    assert one.process.poll() is None
+
+    # Frozen, not dead: the ticks it no longer runs give it away.
+    stalled = one.role(" worker ")
+    assert stalled
+    assert one.said("(restart 1)")
+    time.sleep(10)  # past the grace of the new worker, and a first tick run
+    os.kill(stalled, signal.SIGSTOP)
+    _wait_for(lambda: one.said("worker is stalled"), 40, "the stall to be seen", one.log)
+    _wait_for(lambda: one.role(" worker ") not in (None, stalled), 20, "its replacement", one.log)
+    assert not _alive(stalled)
+    assert one.answers() and one.role("gunicorn") == web
+
+    everything = _descendants(one.process.pid)
+    assert len(everything) >= 8  # redis, gunicorn and its workers, uvicorn, worker and its pool, beat
+    one.process.kill()  # SIGKILL: the supervisor cannot stop anything itself
+    one.process.wait()
+    time.sleep(5)
+    assert [pid for pid in everything if _alive(pid)] == []
+
+
+def test_closing_the_terminal_stops_every_process_of_the_run(run):
+    one = run()
+    everything = _descendants(one.process.pid)
+    assert len(everything) >= 8
+    one.process.send_signal(signal.SIGHUP)
+    time.sleep(5)
+    assert [pid for pid in everything if _alive(pid)] == []
+    assert one.process.wait(timeout=10) == 0
+    assert one.said("SIGHUP: stopping everything.") and one.said("stopped.")

@@ -1,0 +1,162 @@
+"""The one-command run's supervisor and the liveness check it (and the containers) use: restarts with
+backoff, giving up on a child that cannot start, a taken port in one line, and verdicts from the marks the
+beat and the workers leave in Redis. The whole stack under the supervisor: tests/e2e/test_supervisor.py."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from django.conf import settings
+
+from queueing import services, store
+from waitingroom_site import devredis, liveness, runstack
+
+from .stack import ROOT
+
+
+def _verdict(role: str, name: str = "", **kwargs: object) -> liveness.Verdict:
+    return liveness.verdict(role, name=name, url=settings.REDIS_URL, prefix=settings.WR_REDIS_PREFIX, **kwargs)  # type: ignore[arg-type]
+
+
+def test_the_checker_reads_the_marks_under_the_names_the_store_writes():
+    services.beat_alive_mark()
+    services.worker_alive_mark("worker-1@box")
+    assert store.alive_key("worker", "worker-1@box") == liveness.alive_key(
+        settings.WR_REDIS_PREFIX, "worker", "worker-1@box"
+    )
+    assert _verdict("beat").alive is True
+    assert _verdict("worker", "worker-1@box").alive is True
+
+
+def test_a_worker_that_runs_no_ticks_while_they_are_sent_is_stalled():
+    now = time.time()
+    services.beat_alive_mark(now=now)
+    services.worker_alive_mark("worker-1@box", now=now - 40)
+    stalled = _verdict("worker", "worker-1@box", stale=30, now=now)
+    assert stalled.alive is False and "40 s" in stalled.reason
+    assert _verdict("worker", "never-ran@box", stale=30, now=now).alive is False
+    assert _verdict("worker", "worker-1@box", stale=60, now=now).alive is True
+
+
+def test_without_ticks_being_sent_the_beat_is_stalled_and_the_worker_not_blamed():
+    now = time.time()
+    services.beat_alive_mark(now=now - 100)
+    services.worker_alive_mark("worker-1@box", now=now - 100)
+    assert _verdict("beat", stale=30, now=now).alive is False
+    no_verdict = _verdict("worker", "worker-1@box", stale=30, now=now)
+    assert no_verdict.alive is None and "beat" in no_verdict.reason
+
+
+def test_an_unreachable_redis_gives_no_verdict_and_the_command_answers_alive():
+    port = devredis.free_port()
+    result = liveness.verdict("worker", name="w@h", url=f"redis://127.0.0.1:{port}/0")
+    assert result.alive is None
+    command = [sys.executable, "-m", "waitingroom_site.liveness", "beat"]
+    env = {"REDIS_URL": f"redis://127.0.0.1:{port}/0", "PATH": "/usr/bin:/bin"}
+    answer = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+    assert answer.returncode == 0 and "unknown" in answer.stdout
+
+
+def test_the_command_exits_1_for_a_stalled_beat_and_expands_the_node_name():
+    env = {"REDIS_URL": settings.REDIS_URL, "WR_REDIS_PREFIX": settings.WR_REDIS_PREFIX, "PATH": "/usr/bin:/bin"}
+    command = [sys.executable, "-m", "waitingroom_site.liveness"]
+    answer = subprocess.run([*command, "beat"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+    assert answer.returncode == 1 and "STALLED" in answer.stdout
+    services.beat_alive_mark()
+    services.worker_alive_mark(f"w-7@{socket.gethostname()}")
+    env["WR_WORKER_NAME"] = "w-7@%h"
+    answer = subprocess.run([*command, "worker"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+    assert answer.returncode == 0 and "alive" in answer.stdout, answer.stdout
+
+
+def test_a_second_run_on_a_taken_port_says_so_in_one_line():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [sys.executable, "-m", "waitingroom_site.runstack", "--port", str(port)]
+        answer = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert answer.returncode == 2
+    lines = (answer.stdout + answer.stderr).strip().splitlines()
+    assert len(lines) == 1 and f"port {port}" in lines[0] and "already in use" in lines[0], lines
+
+
+def _child(name: str, code: str) -> runstack.Child:
+    return runstack.Child(name, [sys.executable, "-c", code])
+
+
+@pytest.fixture
+def quick(monkeypatch):
+    monkeypatch.setattr(runstack, "BACKOFF_FIRST_SECONDS", 0.05)
+    monkeypatch.setattr(runstack, "QUICK_SECONDS", 5.0)
+
+
+def test_a_child_that_dies_is_started_again_and_the_others_keep_running(quick, tmp_path, capsys):
+    starts = tmp_path / "starts"
+    flaky = _child("flaky", f"open({str(starts)!r}, 'a').write('x'); import time; time.sleep(0.3)")
+    steady = _child("steady", "import time; time.sleep(60)")
+    supervisor = runstack.Supervisor([flaky, steady], env={"PATH": "/usr/bin:/bin"})
+    supervisor.start(steady)
+    assert steady.process is not None
+    steady_pid = steady.process.pid
+    supervisor.start(flaky)
+    deadline = time.monotonic() + 20
+    try:
+        while len(starts.read_text() if starts.exists() else "") < 3 and time.monotonic() < deadline:
+            now = time.monotonic()
+            if flaky.process is None:
+                if now >= flaky.due:
+                    supervisor.start(flaky)
+            elif flaky.process.poll() is not None:
+                supervisor._died(flaky, now)
+            time.sleep(0.05)
+        assert len(starts.read_text()) >= 3
+        assert steady.running() and steady.process is not None and steady.process.pid == steady_pid
+        assert not supervisor.stopping
+    finally:
+        runstack._stop([flaky, steady], hurry=True)
+    said = capsys.readouterr().out
+    assert "flaky exited with 0 after 0 s; starting it again" in said and "(restart 2)" in said
+
+
+def test_a_child_that_keeps_failing_at_start_stops_the_run_with_its_code(quick):
+    broken = _child("broken", "import sys; sys.exit(3)")
+    steady = _child("steady", "import time; time.sleep(60)")
+    supervisor = runstack.Supervisor([steady, broken], env={"PATH": "/usr/bin:/bin"})
+    started = time.monotonic()
+    try:
+        assert supervisor.run() == 3
+    finally:
+        supervisor.stop_all()
+    assert broken.quick_deaths == runstack.GIVE_UP_AFTER
+    assert time.monotonic() - started < 15
+    assert steady.process is not None and steady.process.returncode is not None  # stopped with the rest
+
+
+def test_the_backoff_grows_with_quick_deaths_and_is_capped(monkeypatch):
+    supervisor = runstack.Supervisor([], env={})
+    child = _child("c", "pass")
+    delays = []
+    for _ in range(4):
+        child.process = subprocess.Popen([sys.executable, "-c", "pass"])
+        child.process.wait()
+        child.started = time.monotonic()
+        supervisor._died(child, time.monotonic())
+        delays.append(round(child.due - time.monotonic()))
+    assert delays == [1, 2, 4, 8]
+
+    def dies(ran: float) -> int:
+        child.process = subprocess.Popen([sys.executable, "-c", "pass"])
+        child.process.wait()
+        child.started = time.monotonic() - ran
+        supervisor._died(child, time.monotonic())
+        return round(child.due - time.monotonic())
+
+    monkeypatch.setattr(runstack, "BACKOFF_MAX_SECONDS", 3.0)
+    child.quick_deaths = 2
+    assert dies(ran=0) == 3  # 4 s, capped
+    assert dies(ran=60) == 1  # it had run a minute: counting starts again

@@ -1,0 +1,97 @@
+"""Is the Celery worker (or beat) doing its work? Judged from the marks they leave in Redis
+(queueing/store/liveness.py): the beat notes every admission tick it sends, a worker every tick it has
+run. A worker is stalled when ticks are being sent and it has run none for `stale` seconds; the beat is
+stalled when it has sent none for that long. No Django here: the supervisor (runstack) asks every few
+seconds, and a container's health check runs it as a command:
+
+    python -m waitingroom_site.liveness worker [--name celery@host]   # exit 0 alive, 1 stalled
+    python -m waitingroom_site.liveness beat
+
+When Redis cannot be asked, or no ticks are being sent (then the beat is the one to blame), there is no
+verdict on the worker: that is reported and answered as alive, since replacing it would not help.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+
+import redis
+
+DEFAULT_STALE_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    alive: bool | None  # None: cannot tell (Redis unreachable, or nothing to judge the worker by)
+    reason: str
+
+
+def alive_key(prefix: str, role: str, name: str = "") -> str:
+    """The same names as queueing/store/liveness.py builds (tests hold the two together)."""
+    return f"{prefix}:alive:{role}" + (f":{name}" if name else "")
+
+
+def worker_node(name: str = "") -> str:
+    """A worker's node name as Celery expands it (`%h`: this host): `name`, else $WR_WORKER_NAME (what
+    runstack passes as `-n`), else Celery's own default, celery@<host>."""
+    name = name or os.environ.get("WR_WORKER_NAME") or "celery@%h"
+    return name.replace("%h", socket.gethostname())
+
+
+def _age(marked: str | None, now: float) -> float | None:
+    return None if marked is None else max(0.0, now - int(marked) / 1000)
+
+
+def verdict(
+    role: str,
+    *,
+    name: str = "",
+    url: str | None = None,
+    prefix: str | None = None,
+    stale: float = DEFAULT_STALE_SECONDS,
+    now: float | None = None,
+) -> Verdict:
+    url = url or os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    prefix = prefix or os.environ.get("WR_REDIS_PREFIX", "wr")
+    now = time.time() if now is None else now
+    try:
+        with redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2) as client:
+            beat, worker = client.mget([alive_key(prefix, "beat"), alive_key(prefix, "worker", name)])
+    except (redis.RedisError, OSError) as exc:
+        return Verdict(None, f"Redis cannot be asked ({exc.__class__.__name__}): no verdict")
+    sent = _age(beat, now)
+    if role == "beat":
+        if sent is None or sent > stale:
+            return Verdict(False, "no admission tick sent " + ("yet" if sent is None else f"for {sent:.0f} s"))
+        return Verdict(True, f"last tick sent {sent:.1f} s ago")
+    if sent is None or sent > stale:
+        return Verdict(None, "no admission ticks are being sent (is the beat running?): no verdict on the worker")
+    ran = _age(worker, now)
+    if ran is None or ran > stale:
+        since = "has run none yet" if ran is None else f"has run none for {ran:.0f} s"
+        return Verdict(False, f"ticks are being sent but {name or 'the worker'} {since}")
+    return Verdict(True, f"last tick run {ran:.1f} s ago")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("role", choices=["worker", "beat"])
+    parser.add_argument("--name", default="", help="the worker's node name (default: $WR_WORKER_NAME, else celery@%%h)")
+    parser.add_argument(
+        "--stale-seconds", type=float, default=float(os.environ.get("WR_LIVENESS_STALE_SECONDS", DEFAULT_STALE_SECONDS))
+    )
+    args = parser.parse_args(argv)
+    name = worker_node(args.name) if args.role == "worker" else ""
+    result = verdict(args.role, name=name, stale=args.stale_seconds)
+    word = {True: "alive", False: "STALLED", None: "unknown"}[result.alive]
+    print(f"{args.role}: {word}: {result.reason}")
+    return 1 if result.alive is False else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
