@@ -46,6 +46,7 @@ RETURN_REASONS = {
     "expired": "Your session has ended.",
     "revoked": "Your session was ended by the site.",
     "superseded": "You have a newer session somewhere else.",
+    "full": "The waiting room restarted and your session could not be resumed: the site is full. Please join again.",
     "invalid": "That link to the site was not valid.",
 }
 

@@ -152,7 +152,8 @@ def test_a_restart_without_persistence_is_detected_by_the_next_tick_which_starts
     queue.refresh_from_db()
     assert queue.epoch == 2 and store.live_state(queue.slug) == store.LiveState(2, reserved)
     change = QueueChange.objects.get(queue=queue, action="epoch")
-    assert change.before == {"epoch": 1} and change.after == {"epoch": 2, "sequence_floor": reserved}
+    assert change.before == {"epoch": 1}
+    assert change.after == {"epoch": 2, "sequence_floor": reserved, "admissions_held_seconds": 60.0}
     assert store.config_read(queue.slug)["state"] == "paused"  # the policy is back too
 
     services.queues_tick(now=clock.advance(1))  # the next tick finds the epoch running: nothing more
@@ -284,3 +285,62 @@ def test_scripts_refuse_to_run_on_a_policy_whose_epoch_was_not_started(make_queu
     assert raw.outcome == "no_config"  # nobody gets a number until the epoch (and its floor) is set
     ticket = join(queue.slug, "x")  # the service starts the epoch (a new one: numbers were handed out)
     assert ticket.seq > 0 and Queue.objects.get(pk=queue.pk).epoch == 2
+
+
+def _used(slug: str) -> int:
+    snap = store.snapshot(slug)
+    return snap.admitted + snap.active
+
+
+def test_capacity_holds_across_a_loss_restored_sessions_take_their_slots_before_anyone_new(
+    make_queue, private_redis, clock, settings
+):
+    """Capacity 5, five verified sessions, ten waiting; Redis loses everything. Before the fix the new
+    epoch admitted five at once and the five old tokens then restored theirs: ten on a capacity of five."""
+    settings.WR_RESTORE_HOLD_SECONDS = 30
+    queue = make_queue(capacity=5, outflow_per_minute=6000, burst=50)
+    inside = [join(queue.slug, f"in{i}", now=clock()) for i in range(5)]
+    access = []
+    for ticket in inside:
+        assert ticket.status == store.TicketStatus.ADMITTED
+        access.append(
+            tokens.access_token_issue(
+                slug=queue.slug, ticket_id=ticket.ticket_id, fence=ticket.fence, expires_ms=ticket.expires_ms, epoch=1
+            )
+        )
+        assert services.session_verify(slug=queue.slug, raw_token=access[-1], now=clock()).valid
+    waiting = [join(queue.slug, f"w{i}", now=clock()) for i in range(10)]
+    assert all(t.status == store.TicketStatus.WAITING for t in waiting)
+    private_redis.flushall()
+
+    services.queues_tick(now=clock.advance(1))  # the new epoch starts
+    for ticket in waiting:  # the waiting come back first, and ticks keep running
+        modes.status(claims=claims_of(queue.slug, ticket), now=clock.advance(0.1))
+    services.queues_tick(now=clock.advance(1))
+    assert _used(queue.slug) == 0  # nobody new while the old sessions may come back
+    for token in access[:4]:  # four of the five are still at the site: their next request restores them
+        assert services.session_verify(slug=queue.slug, raw_token=token, now=clock.advance(1)).valid
+        services.queues_tick(now=clock())
+        assert _used(queue.slug) <= queue.capacity
+
+    services.queues_tick(now=clock.advance(30))  # the hold is over: one free slot, one admission
+    assert _used(queue.slug) == 5
+    late = services.session_verify(slug=queue.slug, raw_token=access[4], now=clock.advance(1))
+    assert (late.valid, late.reason) == (False, "full")
+    assert _used(queue.slug) == 5
+    epoch = QueueChange.objects.filter(queue=queue, action="epoch").get()
+    assert epoch.after["admissions_held_seconds"] == 30.0
+
+
+def test_after_the_hold_a_returning_session_takes_a_free_slot(make_queue, private_redis, clock, settings):
+    settings.WR_RESTORE_HOLD_SECONDS = 10
+    queue = make_queue(capacity=2)
+    ticket = join(queue.slug, "inside", now=clock())
+    token = tokens.access_token_issue(
+        slug=queue.slug, ticket_id=ticket.ticket_id, fence=ticket.fence, expires_ms=ticket.expires_ms, epoch=1
+    )
+    assert services.session_verify(slug=queue.slug, raw_token=token, now=clock()).valid
+    private_redis.flushall()
+    services.queues_tick(now=clock.advance(1))
+    assert services.session_verify(slug=queue.slug, raw_token=token, now=clock.advance(20)).valid
+    assert _used(queue.slug) == 1

@@ -275,6 +275,9 @@ WR_CLEANUP_CHUNK = envint("WR_CLEANUP_CHUNK", 500)
 # Ticket sequence numbers are reserved in the database this many at a time (one write per block), so
 # that after Redis loses a queue's state numbering resumes above every number issued (SPEC 3.6).
 WR_SEQ_BLOCK = envint("WR_SEQ_BLOCK", 100_000)
+# After such a loss, nobody new is admitted for this long (at most a session's length) while the sessions
+# that were live verify again and take their slots back first: capacity holds across the loss.
+WR_RESTORE_HOLD_SECONDS = envint("WR_RESTORE_HOLD_SECONDS", 60)
 # Websocket servers: how often long-lived objects are frozen out of the garbage collector's sight, and
 # how often one full collection runs over everything (queueing.consumers._Collector). 0 turns it off.
 WR_WS_GC_FREEZE_SECONDS = envint("WR_WS_GC_FREEZE_SECONDS", 10)
@@ -364,7 +367,7 @@ SPECTACULAR_SETTINGS = {
             "expired_window",
         ],
         "QueueStateEnum": ["open", "paused", "closed"],
-        "VerifyReasonEnum": ["expired", "superseded", "revoked", "invalid"],
+        "VerifyReasonEnum": ["expired", "superseded", "revoked", "full", "invalid"],
     },
     "APPEND_COMPONENTS": {
         "securitySchemes": {

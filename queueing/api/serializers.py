@@ -302,7 +302,7 @@ class VerifyResponseSerializer(serializers.Serializer):
     valid = serializers.BooleanField()
     ticket_id = serializers.CharField(required=False)
     expires_at = serializers.IntegerField(required=False)
-    reason = serializers.ChoiceField(choices=["expired", "superseded", "revoked", "invalid"], required=False)
+    reason = serializers.ChoiceField(choices=["expired", "superseded", "revoked", "full", "invalid"], required=False)
 
 
 class CapacityResponseSerializer(serializers.Serializer):

@@ -110,6 +110,7 @@ local function policy()
     seq_max = num(c, 'seq_max', 0),
     epoch_floor = num(c, 'epoch_floor', 0),
     restore_until_ms = num(c, 'restore_until_ms', 0),
+    restore_hold_ms = num(c, 'restore_hold_until_ms', 0),
     leader_ttl_ms = num(c, 'leader_ttl_ms', 3000),
     starts_at_ms = num(c, 'starts_at_ms', 0),
     prequeue_opens_ms = num(c, 'prequeue_opens_at_ms', 0),
@@ -126,6 +127,14 @@ end
 local function admitting(p, now)
   return p.state == 'open' and now >= p.starts_at_ms and not p.shuffle_pending
     and (p.ends_ms == 0 or now < p.ends_ms)
+end
+
+-- The slots admission may fill. After lost state (epoch.lua) the sessions that were live are unknown but
+-- were at most capacity; until the hold ends, each one that came back (restored_sessions) proves one slot
+-- free of them, so only that many slots count: new admissions fill only slots restored sessions left.
+local function capacity_now(p, st, now)
+  if now < p.restore_hold_ms then return math.min(p.capacity, num(st, 'restored_sessions', 0)) end
+  return p.capacity
 end
 
 local function used_slots(p, st)

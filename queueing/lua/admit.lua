@@ -38,7 +38,7 @@ local tokens, ts = bucket_tokens(p, st, now)
 local admitted = {}
 local spent = 0
 if admitting(p, now) and waiting > 0 then
-  local free = math.min(p.capacity - used_slots(p, st), max_admit)
+  local free = math.min(capacity_now(p, st, now) - used_slots(p, st), max_admit)
   local budget = whole_tokens(tokens)
   local present_since = math.floor(now / 1000) - p.presence_timeout
   local offset, scanned, chunk, done = 0, 0, 64, free <= 0

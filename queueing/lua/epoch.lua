@@ -7,7 +7,8 @@
 -- ARGV[3] highest sequence number this epoch may issue (the database's reservation, seq_max)
 -- ARGV[4] restore until (ms): until then, tickets and sessions of earlier epochs whose records are gone
 --         get them back (0: nothing was lost)
--- ARGV[5..] pairs: sequence number, line score of pre-queue tickets as the shuffle placed them
+-- ARGV[5] hold admissions until (ms): restored sessions take their slots first (0: nothing was lost)
+-- ARGV[6..] pairs: sequence number, line score of pre-queue tickets as the shuffle placed them
 --
 -- Returns 1 when this call started the epoch, 0 when it was live already (a racing starter won).
 --
@@ -16,18 +17,24 @@
 -- a session started now supersedes any earlier one. New joiners are placed behind every ticket that
 -- may still come back (their numbers are all at or below the floor: join.lua keeps priority placement
 -- behind `epoch_floor`).
+--
+-- Capacity across a loss: the sessions that were live are not known any more, but they were at most
+-- capacity. Until `hold`, a new visitor is admitted only into a slot a restored session has left
+-- (`capacity_now` in _lib.lua) while their holders come back (each verify restores one); after it, a
+-- session comes back only into a free slot (session_start.lua), so the slots in use never exceed capacity.
 
 local epoch, floor, seq_max, restore_until = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local hold = tonumber(ARGV[5])
 if redis.call('HGET', K_CFG, 'live_epoch') == epoch then return 0 end
 
 for _, counter in ipairs({'seq', 'fence'}) do
   if (tonumber(redis.call('HGET', K_ST, counter)) or 0) < floor then redis.call('HSET', K_ST, counter, floor) end
 end
 redis.call('HSET', K_CFG, 'live_epoch', epoch, 'epoch', epoch, 'seq_max', seq_max, 'epoch_floor', floor,
-  'restore_until_ms', restore_until)
+  'restore_until_ms', restore_until, 'restore_hold_until_ms', hold)
 redis.call('DEL', K_RESTORE)
-for i = 5, #ARGV, 2 do
+for i = 6, #ARGV, 2 do
   redis.call('HSET', K_RESTORE, ARGV[i], ARGV[i + 1])
 end
-if #ARGV >= 5 then redis.call('PEXPIREAT', K_RESTORE, restore_until) end
+if #ARGV >= 6 then redis.call('PEXPIREAT', K_RESTORE, restore_until) end
 return 1

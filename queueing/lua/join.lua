@@ -143,7 +143,7 @@ rec = {seq, WAITING, pri, now, math.floor(now / 1000), name, est}
 
 -- Only from the head: an earlier premium joiner still waiting there goes first.
 local admitted = false
-if admitting(p, now) and rank == 0 and (pri == 3 or n == 0) and used_slots(p, st) < p.capacity then
+if admitting(p, now) and rank == 0 and (pri == 3 or n == 0) and used_slots(p, st) < capacity_now(p, st, now) then
   local tokens, ts = bucket_tokens(p, st, now)
   if whole_tokens(tokens) >= 1 or pri == 3 then
     redis.call('ZREM', K_LINE, tid)  -- never seen in line by anyone: no move to report

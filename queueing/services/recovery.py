@@ -136,7 +136,11 @@ def queue_live_state_ensure(queue_pk: int, *, now: float | None = None, switched
                     queue,
                     action="epoch",
                     before={"epoch": before},
-                    after={"epoch": queue.epoch, "sequence_floor": floor},
+                    after={
+                        "epoch": queue.epoch,
+                        "sequence_floor": floor,
+                        "admissions_held_seconds": restore_hold_seconds(queue),
+                    },
                     actor=None,
                     actor_label="recovery: Redis lost the queue's live state",
                 )
@@ -168,8 +172,16 @@ def _live_epoch_start(queue: Queue, *, floor: int, lost: bool, now: float) -> bo
         floor=floor,
         seq_max=queue.seq_reserved,
         restore_until_ms=int((now + queue.abandon_timeout) * 1000) if lost else 0,
+        hold_until_ms=int((now + restore_hold_seconds(queue)) * 1000) if lost else 0,
         places=_shuffled_places(queue) if lost else None,
     )
+
+
+def restore_hold_seconds(queue: Queue) -> float:
+    """How long a new epoch after lost state admits nobody new, so that the sessions that were live (their
+    number went with the state; at most capacity) take their slots back first as their holders' requests
+    verify. Never longer than an old access token can still be good for."""
+    return float(min(settings.WR_RESTORE_HOLD_SECONDS, queue.claim_ttl + queue.session_ttl, queue.abandon_timeout))
 
 
 def _shuffled_places(queue: Queue) -> dict[int, float]:

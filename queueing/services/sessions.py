@@ -15,7 +15,7 @@ from .recovery import with_policy
 @dataclass(frozen=True)
 class VerifyResult:
     valid: bool
-    reason: str  # '' when valid; expired | superseded | revoked | invalid
+    reason: str  # '' when valid; expired | superseded | revoked | full | invalid
     ticket_id: str
     expires_at: int  # seconds since the epoch
 

@@ -41,10 +41,11 @@ def epoch_start(
     floor: int,
     seq_max: int,
     restore_until_ms: int = 0,
+    hold_until_ms: int = 0,
     places: dict[int, float] | None = None,
 ) -> bool:
     """Start the queue's live state in `epoch` (epoch.lua replies 1); False when it was live already (0)."""
-    args: list[str | int | float] = [str(epoch), floor, seq_max, restore_until_ms]
+    args: list[str | int | float] = [str(epoch), floor, seq_max, restore_until_ms, hold_until_ms]
     for seq, score in (places or {}).items():
         args += [seq, repr(float(score))]
     return bool(int(run("epoch", queue_keys(slug).script_keys(), args)))
