@@ -212,20 +212,16 @@ def http_benchmarks(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
             str(ws_port),
             "--var-dir",
             str(var),
-            "--web-workers",
-            str(args.web_workers),
-            "--web-threads",
-            str(args.web_threads),
-            "--web-worker-class",
-            args.web_worker_class,
+            "--web-server",
+            args.web_server,
+            *(("--web-workers", str(args.web_workers)) if args.web_workers else ()),
         ],
         env,
         var / "stack.log",
     )
     results: dict[str, Any] = {
-        "web_workers": args.web_workers,
-        "web_threads": args.web_threads,
-        "web_worker_class": args.web_worker_class,
+        "web_server": args.web_server,
+        "web_workers": args.web_workers or "default",
     }
     processes = [stack]
     try:
@@ -443,9 +439,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--wrk-threads", type=int, default=2)
-    parser.add_argument("--web-workers", type=int, default=(os.cpu_count() or 1) + 1)
-    parser.add_argument("--web-threads", type=int, default=1)
-    parser.add_argument("--web-worker-class", default="sync")
+    parser.add_argument("--web-server", choices=["granian", "gunicorn"], default="granian")
+    parser.add_argument("--web-workers", type=int, default=0, help="0: bin/run's default for the server")
     parser.add_argument("--reference-workers", type=int, default=2)
     parser.add_argument("--tickets", type=int, default=2000)
     parser.add_argument("--memory-tickets", type=int, default=100_000)

@@ -92,8 +92,8 @@ class Queue(models.Model):
         default=10,
         validators=[MinValueValidator(1), MaxValueValidator(1_000_000)],
         help_text=(
-            "Most visitors admitted at once after a quiet spell (bucket size; never below two seconds "
-            "of outflow, so a late tick loses nothing)."
+            "Most visitors admitted at once after a quiet spell (paused, nobody waiting, or the site "
+            "full): the token bucket's size. A late admission round still admits the outflow owed."
         ),
     )
     session_ttl = models.PositiveIntegerField(

@@ -344,3 +344,20 @@ def test_after_the_hold_a_returning_session_takes_a_free_slot(make_queue, privat
     services.queues_tick(now=clock.advance(1))
     assert services.session_verify(slug=queue.slug, raw_token=token, now=clock.advance(20)).valid
     assert _used(queue.slug) == 1
+
+
+def test_a_process_holding_an_older_copy_of_the_queue_cannot_take_the_epoch_back(make_queue, private_redis, clock):
+    """Seen under parallel traffic after a loss: a request that had read the queue before another process
+    started the next epoch mirrored the policy with the old epoch, so every script answered no_config and
+    a returning visitor was told their ticket was gone."""
+    queue = make_queue(state="paused")
+    ticket = join(queue.slug, "v", now=clock())
+    stale = Queue.objects.get(pk=queue.pk)
+    private_redis.flushall()
+    services.queues_tick(now=clock.advance(1))  # epoch 2 begins
+    assert Queue.objects.get(pk=queue.pk).epoch == 2
+
+    store.config_write(queue.slug, {**stale.policy(), "seq_max": stale.seq_reserved})  # the late writer
+    assert store.config_read(queue.slug)["epoch"] == "2"
+    assert store.live_state(queue.slug).epoch == 2
+    assert modes.status(claims=claims_of(queue.slug, ticket), now=clock.advance(1)).position == 1

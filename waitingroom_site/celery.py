@@ -11,7 +11,10 @@ from typing import Any
 from celery import Celery
 from celery.signals import after_task_publish, beat_init
 
+from . import kombu_patches
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "waitingroom_site.settings")
+kombu_patches.apply()  # a worker survives a Redis restart (see the module)
 
 app = Celery("waitingroom")
 app.config_from_object("django.conf:settings", namespace="CELERY")

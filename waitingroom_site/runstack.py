@@ -87,21 +87,41 @@ def _bin(name: str) -> str:
     return str(candidate) if candidate.exists() else name
 
 
-def commands(args: argparse.Namespace, worker_name: str) -> dict[str, list[str]]:
-    """What runs, by name. Web is gunicorn (WSGI): Django under an ASGI server costs more per request
-    here, since its ASGI handler runs each request in a thread (bench/RESULTS.md)."""
-    procs = {
-        "web": [
+def web_command(args: argparse.Namespace) -> list[str]:
+    """HTTP: the WSGI application (Django under an ASGI server costs more per request here, since its ASGI
+    handler runs each request in a thread; bench/RESULTS.md). Served by granian by default: a request whose
+    body trickles in holds one of its many threads (hundreds per worker), where it held one of gunicorn's
+    few sync workers (three slow bodies froze every request for 30 s); and it serves polls faster. gunicorn
+    stays available (`--web-server gunicorn`): it is what compose runs, behind nginx, which buffers bodies."""
+    if args.web_server == "gunicorn":
+        return [
             _bin("gunicorn"),
             "waitingroom_site.wsgi",
             *("--bind", f"{args.host}:{args.port}"),
             *("--workers", str(args.web_workers)),
-            *("--worker-class", args.web_worker_class),
-            *("--threads", str(args.web_threads)),
+            *("--worker-class", "sync"),
             *("--keep-alive", "5"),
             *("--graceful-timeout", "5"),
             *(("--access-logfile", "-") if args.access_log else ()),
-        ],
+        ]
+    return [
+        _bin("granian"),
+        *("--interface", "wsgi", "--http", "1", "--no-ws"),
+        *("--host", args.host, "--port", str(args.port)),
+        *("--workers", str(args.web_workers)),
+        "--respawn-failed-workers",  # a web worker that dies is replaced; the others keep serving
+        *("--workers-kill-timeout", "5"),
+        *("--http1-header-read-timeout", "10000"),  # headers that trickle in are cut off after 10 s
+        *("--log-level", "warning"),
+        "--access-log" if args.access_log else "--no-access-log",
+        "waitingroom_site.wsgi:application",
+    ]
+
+
+def commands(args: argparse.Namespace, worker_name: str) -> dict[str, list[str]]:
+    """What runs, by name."""
+    procs = {
+        "web": web_command(args),
         # Websockets only: the pages learn its address from WR_WS_BASE_URL (the API's ws_url).
         "ws": [
             _bin("uvicorn"),
@@ -253,13 +273,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--setup", action="store_true", help="migrate, collect static, create the demo")
     parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
-    # Sync workers, one more than the cores: the best throughput and tail latency measured here
-    # (threads in a worker hand the GIL back and forth around every Redis call; bench/RESULTS.md).
     parser.add_argument(
-        "--web-workers", type=int, default=int(os.environ.get("WEB_WORKERS", (os.cpu_count() or 1) + 1))
+        "--web-server", choices=["granian", "gunicorn"], default=os.environ.get("WEB_SERVER", "granian")
     )
-    parser.add_argument("--web-threads", type=int, default=int(os.environ.get("WEB_THREADS", "1")))
-    parser.add_argument("--web-worker-class", default=os.environ.get("WEB_WORKER_CLASS", "sync"))
+    # One worker process per core (granian); gunicorn's sync workers did best with one more than the cores.
+    parser.add_argument("--web-workers", type=int, default=int(os.environ.get("WEB_WORKERS", "0")) or None)
     parser.add_argument("--worker-concurrency", type=int, default=int(os.environ.get("WORKER_CONCURRENCY", "2")))
     parser.add_argument("--ws-port", type=int, default=int(os.environ.get("WS_PORT", "0")) or None)
     parser.add_argument("--access-log", action="store_true")
@@ -272,6 +290,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.ws_port is None:
         args.ws_port = args.port + 1
+    if args.web_workers is None:
+        args.web_workers = (os.cpu_count() or 1) + (1 if args.web_server == "gunicorn" else 0)
     args.only = [role for role in (args.only or ROLES) if role not in args.skip]
     return args
 

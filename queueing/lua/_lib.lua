@@ -148,20 +148,21 @@ local function used_slots(p, st)
 end
 
 -- Token bucket refilled by elapsed time (not a fixed number per tick), so however many runners tick,
--- admissions never exceed size + rate * time. A clock that goes backwards refills nothing.
--- The bucket holds at least the leader lease plus one second of outflow: ticks come once a second to
--- any worker node, and only the lease holder admits, so the holder can go a lease's length without a
--- tick; a smaller bucket would overflow meanwhile and that outflow would be lost for good.
-local function bucket_size(p)
-  return math.max(p.burst, p.outflow / 60 * (p.leader_ttl_ms / 1000 + 1))
-end
-
+-- admissions never exceed burst + rate * time. A clock that goes backwards refills nothing.
+-- The bucket holds `burst`: after a quiet spell (paused, nobody waiting, every slot taken) at most that
+-- many are admitted at once. But a late round is owed its outflow: ticks come once a second to any worker
+-- node and only the lease holder admits, so a healthy queue's rounds can be up to a lease and a second
+-- apart. A round may spend what accrued since the previous one over at most that long, plus the fraction
+-- of a visitor left over (else an outflow that is not whole visitors per round would lose it every round).
 local function bucket_tokens(p, st, now)
   local tokens = tonumber(st.b_tokens)
   local ts = tonumber(st.b_ts)
   if tokens == nil or ts == nil then return p.burst, now end
   if now > ts then
-    tokens = math.min(bucket_size(p), tokens + (now - ts) * p.outflow / 60000)
+    local accrued = (now - ts) * p.outflow / 60000
+    local owed = math.min(accrued, p.outflow / 60 * (p.leader_ttl_ms / 1000 + 1))
+    local carry = math.min(math.max(tokens, 0), 1)
+    tokens = math.min(math.max(p.burst, owed + carry), tokens + accrued)
     ts = now
   end
   return tokens, ts

@@ -23,14 +23,19 @@ def config_write(slug: str, policy: dict[str, Any]) -> LiveState:
 
 
 def live_state(slug: str, *, policy: dict[str, Any] | None = None) -> LiveState:
-    """The tracked live state's epoch and last sequence number (after writing `policy`, if given)."""
+    """The tracked live state's epoch and last sequence number (after writing `policy`, if given: by
+    config.lua, which never takes the epoch back)."""
     keys = queue_keys(slug)
-    pipe = client().pipeline(transaction=False)
     if policy is not None:
-        pipe.hset(keys.cfg, mapping={k: ("" if v is None else str(v)) for k, v in policy.items()})
-    pipe.hget(keys.cfg, "live_epoch")
-    pipe.hget(keys.st, "seq")
-    *_, epoch, seq = pipe.execute()
+        args: list[str] = []
+        for name, value in policy.items():
+            args += [name, "" if value is None else str(value)]
+        epoch, seq = run("config", keys.script_keys(), args)
+    else:
+        pipe = client().pipeline(transaction=False)
+        pipe.hget(keys.cfg, "live_epoch")
+        pipe.hget(keys.st, "seq")
+        epoch, seq = pipe.execute()
     return LiveState(int(epoch) if epoch else None, int(seq or 0))
 
 
