@@ -82,7 +82,7 @@ from .joins import (
     queue_join_stateless,
     ticket_leave,
 )
-from .liveness import beat_alive_mark, worker_alive_mark
+from .liveness import beat_alive_mark, beat_lease_hold, worker_alive_mark
 from .recovery import (
     needs_sync,
     queue_config_sync,
@@ -126,6 +126,7 @@ __all__ = [
     "api_key_create",
     "audit_change",
     "beat_alive_mark",
+    "beat_lease_hold",
     "capacity_report",
     "instance_id",
     "needs_sync",

@@ -53,7 +53,7 @@ from .inspect import (
 )
 from .keys import SEQ_DIGITS, QueueKeys, key_pattern, limit_key, parse_ticket_id, queue_keys, ticket_id
 from .limits import LimitCall, LimitReply, limit_hit
-from .liveness import alive_key, alive_mark
+from .liveness import alive_key, alive_mark, beat_lease
 from .state import (
     LiveState,
     config_read,
@@ -141,6 +141,7 @@ __all__ = [
     "alive_key",
     "alive_mark",
     "away_members",
+    "beat_lease",
     "capacity_report",
     "cleanup",
     "client",

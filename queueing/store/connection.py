@@ -106,10 +106,11 @@ def _sources() -> dict[str, str]:
 
 @lru_cache(maxsize=1)
 def _plain_sources() -> dict[str, str]:
-    """The rate limiters (lua/limits/) and the stateless window (lua/window/): no queue library."""
+    """The rate limiters (lua/limits/), the stateless window (lua/window/) and the beat's lease (lua/beat/):
+    no queue library."""
     return {
         f"{folder}/{path.stem}": path.read_text()
-        for folder in ("limits", "window")
+        for folder in ("limits", "window", "beat")
         for path in sorted((LUA_DIR / folder).glob("*.lua"))
     }
 
