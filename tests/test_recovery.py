@@ -361,3 +361,20 @@ def test_a_process_holding_an_older_copy_of_the_queue_cannot_take_the_epoch_back
     assert store.config_read(queue.slug)["epoch"] == "2"
     assert store.live_state(queue.slug).epoch == 2
     assert modes.status(claims=claims_of(queue.slug, ticket), now=clock.advance(1)).position == 1
+
+
+def test_a_session_lost_with_the_state_can_be_completed_and_then_not_started_again(make_queue, private_redis, clock):
+    """Seen in the fault suite: the site completing a session after Redis lost it got 409 session_not_active."""
+    queue = make_queue(capacity=1)
+    inside = join(queue.slug, "inside", now=clock())
+    token = tokens.access_token_issue(
+        slug=queue.slug, ticket_id=inside.ticket_id, fence=inside.fence, expires_ms=inside.expires_ms, epoch=1
+    )
+    assert services.session_verify(slug=queue.slug, raw_token=token, now=clock()).valid
+    private_redis.flushall()
+    services.queues_tick(now=clock.advance(1))
+    claims = tokens.access_token_decode(token, slug=queue.slug)
+    assert services.session_complete(slug=queue.slug, claims=claims, now=clock.advance(1)) == "completed"
+    assert services.session_complete(slug=queue.slug, claims=claims, now=clock.advance(1)) == "already"
+    assert services.session_verify(slug=queue.slug, raw_token=token, now=clock.advance(1)).reason == "expired"
+    assert _used(queue.slug) == 0

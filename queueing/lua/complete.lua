@@ -2,13 +2,24 @@
 --
 -- KEYS: the standard queue keys (see _lib.lua).
 -- ARGV[1] visitor key    ARGV[2] sequence number    ARGV[3] fencing token    ARGV[4] now (ms)
+-- ARGV[5] the access token's epoch
 --
 -- Returns {result, freed}: result 'completed' (now), 'already' (completed before: completing twice is
 -- harmless), or 'expired' | 'superseded' | 'revoked' | 'no_config'. freed = 1 when a slot came free.
+--
+-- A session of an earlier epoch whose record went with lost state (SPEC 3.6) is completed as it is: it
+-- holds no slot any more, and it is noted as completed, so that the token cannot start it again.
 
 local vk, seq, fence, now = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local p = policy()
 if not p then return {'no_config', 0} end
+
+if restorable(p, vk, tonumber(ARGV[5]) or p.epoch, now) then
+  save(vk, {seq, COMPLETED, 0, now, math.floor(now / 1000), '', -1, fence, now, now, now, now, 'completed'})
+  redis.call('ZADD', K_DONE, now, vk)
+  redis.call('HINCRBY', K_ST, 'completed', 1)
+  return {'completed', 0}
+end
 
 local rec, reason, freed = session_lookup(p, vk, seq, fence, now)
 if reason == 'completed' then return {'already', 0} end

@@ -58,7 +58,12 @@ def session_complete(*, slug: str, claims: tokens.AccessClaims, now: float | Non
     if claims.stateless:
         return "completed"
     reply = store.complete(
-        slug, visitor_key=claims.visitor_key, seq=claims.seq, fence=claims.fence, now_ms=clock.now_ms(now)
+        slug,
+        visitor_key=claims.visitor_key,
+        seq=claims.seq,
+        fence=claims.fence,
+        now_ms=clock.now_ms(now),
+        epoch=claims.epoch,
     )
     if reply.freed:
         queue_admit(slug=slug, now=now)

@@ -244,6 +244,6 @@ class CompleteReply(Reply):
     freed: bool
 
 
-def complete(slug: str, *, visitor_key: str, seq: int, fence: int, now_ms: int) -> CompleteReply:
-    args = (visitor_key, seq, fence, now_ms)
+def complete(slug: str, *, visitor_key: str, seq: int, fence: int, now_ms: int, epoch: int) -> CompleteReply:
+    args = (visitor_key, seq, fence, now_ms, epoch)
     return CompleteReply.parse(run("complete", queue_keys(slug).script_keys(), args))
