@@ -1,6 +1,7 @@
 """HTTP and Redis benchmark for the queue engine (issue 2).
 
-Starts the product the way bin/run does (`python -m waitingroom_site.runstack --setup`: gunicorn, Celery
+Starts the product the way bin/run does (`python -m waitingroom_site.runstack --setup`: granian, or
+gunicorn with `--web-server gunicorn`; Celery
 worker and beat), drives it with wrk on 127.0.0.1, and in the same run serves the framework-free
 reference (bench/reference_app.py under uvicorn) to compare status throughput against. Then, on a
 dedicated redis-server, measures Redis bytes per waiting ticket at 100,000 tickets and the admission
