@@ -342,6 +342,9 @@ SIMPLE_JWT = {
     "ALGORITHM": "HS256",
     "SIGNING_KEY": SECRET_KEY,
     "AUTH_HEADER_TYPES": ("Bearer",),
+    # Bodies with fields these endpoints do not know are refused (400 unknown_fields), as everywhere.
+    "TOKEN_OBTAIN_SERIALIZER": "queueing.api.serializers.StaffTokenObtainSerializer",
+    "TOKEN_REFRESH_SERIALIZER": "queueing.api.serializers.StaffTokenRefreshSerializer",
 }
 
 SPECTACULAR_SETTINGS = {
@@ -369,6 +372,7 @@ SPECTACULAR_SETTINGS = {
         ],
         "QueueStateEnum": ["open", "paused", "closed"],
         "VerifyReasonEnum": ["expired", "superseded", "revoked", "full", "invalid"],
+        "ErrorCodeEnum": "queueing.api.errors.ERROR_CODES",
     },
     "APPEND_COMPONENTS": {
         "securitySchemes": {

@@ -7,10 +7,11 @@ import unicodedata
 from typing import Any
 
 from rest_framework import serializers
+from rest_framework_simplejwt.serializers import TokenObtainPairSerializer, TokenRefreshSerializer
 
 from .. import health
 from ..models import Queue
-from .errors import ApiError
+from .errors import ERROR_CODES, ApiError
 
 
 class StrictCharField(serializers.CharField):
@@ -54,8 +55,10 @@ class BoundedListField(serializers.ListField):
         return list(super().to_internal_value(data))
 
 
-class StrictSerializer(serializers.Serializer):
+class RefusesUnknownFields:
     """Refuses a body that is not an object, or that has fields the operation does not know."""
+
+    fields: Any
 
     def to_internal_value(self, data: Any) -> Any:
         if not isinstance(data, dict):
@@ -65,7 +68,19 @@ class StrictSerializer(serializers.Serializer):
             raise serializers.ValidationError(
                 {name: ["This field is not accepted here."] for name in sorted(unknown)}, code="unknown_field"
             )
-        return super().to_internal_value(data)
+        return super().to_internal_value(data)  # type: ignore[misc]
+
+
+class StrictSerializer(RefusesUnknownFields, serializers.Serializer):
+    """A request body: an object with only the fields the operation knows (400 unknown_fields otherwise)."""
+
+
+class StaffTokenObtainSerializer(RefusesUnknownFields, TokenObtainPairSerializer):
+    """POST /api/v1/auth/token: username and password, nothing else (settings.SIMPLE_JWT)."""
+
+
+class StaffTokenRefreshSerializer(RefusesUnknownFields, TokenRefreshSerializer):
+    """POST /api/v1/auth/token/refresh: the refresh token, nothing else."""
 
 
 def _clean_display_name(value: str) -> str:
@@ -217,8 +232,15 @@ class QueuePatchSerializer(StrictSerializer):
 
 
 class ErrorDetailSerializer(serializers.Serializer):
-    code = serializers.CharField()
+    """Some codes carry more fields (`fields`, `retry_after_seconds`, `reason`, `opens_at`, a challenge)."""
+
+    code = serializers.ChoiceField(choices=list(ERROR_CODES))
     message = serializers.CharField()
+    retry_after_seconds = serializers.IntegerField(required=False, help_text="With Retry-After: seconds to wait.")
+    # DRF's metaclass takes declared fields off the class, so `.fields` stays the serializer's property.
+    fields = serializers.JSONField(  # type: ignore[assignment]
+        required=False, help_text="invalid_request: the problems per field; unknown_fields: the names refused."
+    )
 
 
 class ErrorSerializer(serializers.Serializer):

@@ -11,7 +11,7 @@ from django.http import HttpRequest, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.cache import cache_control
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -25,31 +25,13 @@ from . import serializers as s
 from .answers import authorization, join_answer, status_answer, ticket_claims, window_answer
 from .errors import ApiError
 from .permissions import CanChangeQueue, HasQueueApiKey, IsStaff
+from .schema import JSON_BODY, error_responses
 from .throttling import ClientAddressThrottle, ProtectedSiteThrottle, StaffThrottle, TicketThrottle
-
-ERRORS = {
-    code: OpenApiResponse(s.ErrorSerializer, description=desc)
-    for code, desc in {
-        400: "Bad request (malformed_json, invalid_request, unknown_fields, invalid_proof_of_work, ...)",
-        401: "Not authenticated",
-        403: "Not allowed",
-        404: "Unknown queue",
-        409: "Conflict (queue_closed, session_not_active, proof_of_work_reused)",
-        428: "proof_of_work_required: the error object carries a challenge to solve",
-        429: "rate_limited or ticket_cap_reached (with Retry-After)",
-        503: "queue_full or service_unavailable (with Retry-After)",
-    }.items()
-}
-
 
 # Security requirements for the schema (drf-spectacular's hint says list[str]; it takes these objects).
 TICKET_AUTH: Any = [{"ticket": []}]
 API_KEY_AUTH: Any = [{"apiKey": []}]
 STAFF_AUTH: Any = [{"staffJWT": []}, {"cookieAuth": []}]
-
-
-def _errors(*codes: int) -> dict[int, OpenApiResponse]:
-    return {code: ERRORS[code] for code in codes}
 
 
 def _validated(serializer_class: type[Serializer], data: Any) -> dict[str, Any]:
@@ -82,7 +64,7 @@ class JoinView(APIView):
         responses={
             201: s.JoinResponseSerializer,
             200: s.JoinResponseSerializer,
-            **_errors(400, 404, 409, 428, 429, 503),
+            **error_responses(*JSON_BODY, 403, 406, 409, 428, 429, 503),
         },
         auth=[],
     )
@@ -98,7 +80,7 @@ class StatusView(APIView):
         operation_id="ticket_status",
         summary="A ticket's status (also its heartbeat)",
         description="Poll again after `poll_after_seconds` (also sent as Retry-After while waiting).",
-        responses={200: s.StatusResponseSerializer, **_errors(401, 429)},
+        responses={200: s.StatusResponseSerializer, **error_responses(401, 429, 503)},
         auth=TICKET_AUTH,
     )
     def get(self, request: Request, slug: str) -> Response:
@@ -114,7 +96,7 @@ class NeighboursView(APIView):
     @extend_schema(
         operation_id="ticket_neighbours",
         summary="The few visitors around you in line (display names only)",
-        responses={200: s.NeighboursResponseSerializer, **_errors(401, 429)},
+        responses={200: s.NeighboursResponseSerializer, **error_responses(401, 406, 429, 503)},
         auth=TICKET_AUTH,
     )
     def get(self, request: Request, slug: str) -> Response:
@@ -144,7 +126,7 @@ class ChallengeView(APIView):
             "With the gate off, `difficulty` is 0 and joins need nothing."
         ),
         request=None,
-        responses={201: s.ChallengeResponseSerializer, **_errors(404, 429)},
+        responses={201: s.ChallengeResponseSerializer, **error_responses(406, 429, 503)},
     )
     def post(self, request: Request, slug: str) -> Response:
         try:
@@ -168,7 +150,7 @@ class WindowView(APIView):
             "`Cache-Control: max-age` lasts until about the next step. An active ticket gets its access token "
             "from the status endpoint. 404 `not_found` for a tracked queue."
         ),
-        responses={200: s.WindowResponseSerializer, **_errors(404)},
+        responses={200: s.WindowResponseSerializer, **error_responses(503)},
     )
     def get(self, request: Request, slug: str) -> Response:
         return window_answer(slug).drf()
@@ -188,7 +170,7 @@ class ShuffleView(APIView):
             "that ordering by priority level (highest first), then by SHA-256 of `<seed>:<sequence number>`, "
             "gives that order (`manage.py verify_shuffle`). Cacheable for a few seconds."
         ),
-        responses={200: s.ShuffleResponseSerializer, **_errors(404)},
+        responses={200: s.ShuffleResponseSerializer, **error_responses(406)},
     )
     def get(self, request: Request, slug: str) -> Response:
         record = selectors.queue_shuffle_get(slug=slug)
@@ -205,7 +187,7 @@ class LeaveView(APIView):
         operation_id="ticket_leave",
         summary="Give up a ticket",
         request=None,
-        responses={204: None, **_errors(401)},
+        responses={204: None, **error_responses(401, 406, 503)},
         auth=TICKET_AUTH,
     )
     def post(self, request: Request, slug: str) -> Response:
@@ -228,7 +210,7 @@ class VerifyView(_ProtectedSiteView):
         operation_id="session_verify",
         summary="Verify an access token (first use starts the session)",
         request=s.AccessTokenSerializer,
-        responses={200: s.VerifyResponseSerializer, **_errors(400, 401, 403)},
+        responses={200: s.VerifyResponseSerializer, **error_responses(*JSON_BODY, 401, 403, 406, 429, 503)},
         auth=API_KEY_AUTH,
     )
     def post(self, request: Request, slug: str) -> Response:
@@ -244,7 +226,7 @@ class CompleteView(_ProtectedSiteView):
         operation_id="session_complete",
         summary="End a session; frees its slot at once",
         request=s.AccessTokenSerializer,
-        responses={204: None, **_errors(400, 401, 403, 409)},
+        responses={204: None, **error_responses(*JSON_BODY, 401, 403, 406, 409, 429, 503)},
         auth=API_KEY_AUTH,
     )
     def post(self, request: Request, slug: str) -> Response:
@@ -266,7 +248,7 @@ class RevokeView(_ProtectedSiteView):
         operation_id="session_revoke",
         summary="Revoke a ticket or session",
         request=s.RevokeSerializer,
-        responses={204: None, **_errors(400, 401, 403, 404, 409)},
+        responses={204: None, **error_responses(*JSON_BODY, 401, 403, 406, 409, 429, 503)},
         auth=API_KEY_AUTH,
     )
     def post(self, request: Request, slug: str) -> Response:
@@ -285,7 +267,7 @@ class CapacityView(_ProtectedSiteView):
         operation_id="capacity_report",
         summary="Report the site's own count of sessions in use (absolute)",
         request=s.CapacitySerializer,
-        responses={200: s.CapacityResponseSerializer, **_errors(400, 401, 403)},
+        responses={200: s.CapacityResponseSerializer, **error_responses(*JSON_BODY, 401, 403, 406, 429, 503)},
         auth=API_KEY_AUTH,
     )
     def put(self, request: Request, slug: str) -> Response:
@@ -306,7 +288,7 @@ class HealthView(_ProtectedSiteView):
             "now sees it, over the queue's adjustment interval. `require_queue_access` sends these by itself."
         ),
         request=s.HealthReportSerializer,
-        responses={200: s.SiteHealthSerializer, **_errors(400, 401, 403)},
+        responses={200: s.SiteHealthSerializer, **error_responses(*JSON_BODY, 401, 403, 406, 429, 503)},
         auth=API_KEY_AUTH,
     )
     def post(self, request: Request, slug: str) -> Response:
@@ -339,7 +321,7 @@ class StatsView(_StaffView):
     @extend_schema(
         operation_id="queue_stats",
         summary="Live figures of a queue",
-        responses={200: s.StatsResponseSerializer, **_errors(401, 403, 404)},
+        responses={200: s.StatsResponseSerializer, **error_responses(401, 403, 406, 429, 503)},
         auth=STAFF_AUTH,
     )
     def get(self, request: Request, slug: str) -> Response:
@@ -352,7 +334,7 @@ class PauseView(_StaffView):
         operation_id="queue_pause",
         summary="Pause admission (joins still accepted)",
         request=None,
-        responses={200: s.QueueSerializer, **_errors(401, 403, 404)},
+        responses={200: s.QueueSerializer, **error_responses(401, 403, 406, 429, 503)},
         auth=STAFF_AUTH,
     )
     def post(self, request: Request, slug: str) -> Response:
@@ -365,7 +347,7 @@ class ResumeView(_StaffView):
         operation_id="queue_resume",
         summary="Resume admission",
         request=None,
-        responses={200: s.QueueSerializer, **_errors(401, 403, 404)},
+        responses={200: s.QueueSerializer, **error_responses(401, 403, 406, 429, 503)},
         auth=STAFF_AUTH,
     )
     def post(self, request: Request, slug: str) -> Response:
@@ -380,7 +362,7 @@ class QueueView(_StaffView):
     @extend_schema(
         operation_id="queue_get",
         summary="A queue's admission policy",
-        responses={200: s.QueueSerializer, **_errors(401, 403, 404)},
+        responses={200: s.QueueSerializer, **error_responses(401, 403, 406, 429, 503)},
         auth=STAFF_AUTH,
     )
     def get(self, request: Request, slug: str) -> Response:
@@ -390,7 +372,7 @@ class QueueView(_StaffView):
         operation_id="queue_update",
         summary="Change capacity, outflow or the adaptive outflow (effective on the next tick; audited)",
         request=s.QueuePatchSerializer,
-        responses={200: s.QueueSerializer, **_errors(400, 401, 403, 404)},
+        responses={200: s.QueueSerializer, **error_responses(*JSON_BODY, 401, 403, 406, 429, 503)},
         auth=STAFF_AUTH,
     )
     def patch(self, request: Request, slug: str) -> Response:
