@@ -12,6 +12,11 @@ request verifies it, keeps it in an HttpOnly cookie and redirects to the same UR
 token stays out of history and Referer headers); later requests verify the cookie, in the way
 settings.WR_VERIFY_MODE says (local, remote or offline: verifiers.py).
 
+Every verify also carries this browser's secret (a random value in its own HttpOnly cookie, made on the
+first visit with a token): the waiting room binds the session to the first browser that redeems the link,
+so the same link opened in another browser is refused with a page that says why (reason
+`bound_elsewhere`). Offline mode checks signatures only and cannot bind.
+
 Every protected response is also timed, and counted as an error when it is a 5xx (or the view raised),
 for the queue's adaptive outflow (site_reports.py).
 """
@@ -19,6 +24,7 @@ for the queue's adaptive outflow (site_reports.py).
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +42,8 @@ from .site_reports import HealthReporter, health_report_mode
 from .verifiers import VERIFIERS
 
 logger = logging.getLogger(__name__)
+
+BROWSER_COOKIE_SECONDS = 365 * 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,14 @@ __all__ = [
 
 def access_cookie_name(slug: str) -> str:
     return f"{settings.WR_ACCESS_COOKIE_PREFIX}{slug}"
+
+
+def _browser_secret(request: HttpRequest) -> tuple[str, bool]:
+    """This browser's secret, and whether it is new (to be set as a cookie with the response)."""
+    secret = request.COOKIES.get(settings.WR_BROWSER_COOKIE, "")
+    if 20 <= len(secret) <= services.BROWSER_SECRET_MAX and secret.isascii():
+        return secret, False
+    return secrets.token_urlsafe(32), True
 
 
 def waiting_page_url(slug: str, reason: str = "") -> str:
@@ -94,9 +110,10 @@ def queue_access_check(request: HttpRequest, slug: str) -> QueueAccess | HttpRes
     verify = VERIFIERS[settings.WR_VERIFY_MODE]
     cookie = access_cookie_name(slug)
     from_query = request.GET.get(settings.WR_ACCESS_QUERY_PARAM)
+    browser, new_browser = _browser_secret(request)
     reason = ""
     if from_query:
-        verdict = verify(slug, from_query)
+        verdict = verify(slug, from_query, browser)
         if verdict.valid:
             response = HttpResponseRedirect(_url_without_token(request))
             response.set_cookie(
@@ -107,6 +124,15 @@ def queue_access_check(request: HttpRequest, slug: str) -> QueueAccess | HttpRes
                 httponly=True,
                 samesite="Lax",
             )
+            if new_browser:
+                response.set_cookie(
+                    settings.WR_BROWSER_COOKIE,
+                    browser,
+                    max_age=BROWSER_COOKIE_SECONDS,
+                    secure=settings.HTTPS,
+                    httponly=True,
+                    samesite="Lax",
+                )
             return response
         if verdict.reason == "unavailable":
             return _unavailable()
@@ -114,7 +140,7 @@ def queue_access_check(request: HttpRequest, slug: str) -> QueueAccess | HttpRes
     from_cookie = request.COOKIES.get(cookie)
     if not from_cookie:
         return HttpResponseRedirect(waiting_page_url(slug, reason))
-    verdict = verify(slug, from_cookie)
+    verdict = verify(slug, from_cookie, browser)  # a new secret here: a copied cookie, refused if bound
     if verdict.reason == "unavailable":
         return _unavailable()
     if not verdict.valid:

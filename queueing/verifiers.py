@@ -18,9 +18,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import jwt
 from django.conf import settings
@@ -39,8 +38,8 @@ class Verdict:
     expires_at: int = 0
 
 
-def _verify_local(slug: str, token: str) -> Verdict:
-    result = services.session_verify(slug=slug, raw_token=token)
+def _verify_local(slug: str, token: str, browser: str = "") -> Verdict:
+    result = services.session_verify(slug=slug, raw_token=token, browser=browser)
     return Verdict(result.valid, result.reason, result.ticket_id, result.expires_at)
 
 
@@ -78,12 +77,13 @@ def _digest(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()[:32]
 
 
-def _verify_remote(slug: str, token: str) -> Verdict:
-    key = f"wr:verdict:{slug}:{_digest(token)}"
+def _verify_remote(slug: str, token: str, browser: str = "") -> Verdict:
+    # The verdict is the token's in this browser: another browser's asks again (and is refused, if bound).
+    key = f"wr:verdict:{slug}:{_digest(token)}:{_digest(browser)}"
     cached = _cached(key)
     if isinstance(cached, list | tuple) and len(cached) == 4:
         return Verdict(*cached)
-    verdict = _ask_remote(slug, token)
+    verdict = _ask_remote(slug, token, browser)
     if verdict.reason != "unavailable":
         seconds = float(getattr(settings, "WR_VERIFY_CACHE_SECONDS", VERIFY_CACHE_SECONDS))
         if verdict.valid:
@@ -92,12 +92,12 @@ def _verify_remote(slug: str, token: str) -> Verdict:
     return verdict
 
 
-def _ask_remote(slug: str, token: str) -> Verdict:
+def _ask_remote(slug: str, token: str, browser: str) -> Verdict:
     if not settings.WR_API_URL.startswith(("https://", "http://")):
         return Verdict(False, "unavailable")
     request = urllib.request.Request(  # noqa: S310 (scheme checked above)
         f"{settings.WR_API_URL.rstrip('/')}/api/v1/queues/{slug}/sessions/verify",
-        data=json.dumps({"access_token": token}).encode(),
+        data=json.dumps({"access_token": token, **({"browser": browser} if browser else {})}).encode(),
         headers={"Content-Type": "application/json", "Authorization": f"Api-Key {settings.WR_API_KEY}"},
         method="POST",
     )
@@ -175,7 +175,8 @@ class _PublishedKeys:
 published_keys = _PublishedKeys()
 
 
-def _verify_offline(slug: str, token: str) -> Verdict:
+def _verify_offline(slug: str, token: str, browser: str = "") -> Verdict:
+    # Signature and expiry only: no state, so a token is not bound to a browser here (README, security).
     if not settings.WR_API_URL:
         try:
             claims = tokens.access_token_decode(token, slug=slug)
@@ -201,7 +202,11 @@ def _verify_offline(slug: str, token: str) -> Verdict:
     return Verdict(True, "", str(payload["sub"]), int(payload["exp"]))
 
 
-VERIFIERS: dict[str, Callable[[str, str], Verdict]] = {
+class Verifier(Protocol):
+    def __call__(self, slug: str, token: str, browser: str = "") -> Verdict: ...
+
+
+VERIFIERS: dict[str, Verifier] = {
     "local": _verify_local,
     "remote": _verify_remote,
     "offline": _verify_offline,

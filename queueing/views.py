@@ -47,6 +47,10 @@ RETURN_REASONS = {
     "revoked": "Your session was ended by the site.",
     "superseded": "You have a newer session somewhere else.",
     "full": "The waiting room restarted and your session could not be resumed: the site is full. Please join again.",
+    "bound_elsewhere": (
+        "That link to the site was already used in another browser: each place in line lets in one browser. "
+        "Join the line here to get a place of your own."
+    ),
     "invalid": "That link to the site was not valid.",
 }
 

@@ -137,3 +137,22 @@ def test_leaving_gives_up_the_ticket_and_leaving_twice_is_harmless(make_queue, c
     assert not services.ticket_leave(slug=queue.slug, claims=claims, now=clock())
     assert status(queue.slug, second, now=clock()).rank == 0
     assert status(queue.slug, first, now=clock()).reason == "left"
+
+
+def test_the_first_browser_to_verify_holds_the_session_and_the_site_may_hand_it_over(make_queue, clock):
+    queue = make_queue(capacity=2)
+    ticket = join(queue.slug, "v", now=clock())
+    token = tokens.access_token_issue(
+        slug=queue.slug, ticket_id=ticket.ticket_id, fence=ticket.fence, expires_ms=ticket.expires_ms, epoch=1
+    )
+
+    def verify(browser: str, rebind: bool = False) -> services.VerifyResult:
+        return services.session_verify(slug=queue.slug, raw_token=token, browser=browser, rebind=rebind, now=clock())
+
+    assert verify("browser-a" * 3).valid
+    assert verify("browser-a" * 3).valid
+    assert verify("browser-b" * 3).reason == "bound_elsewhere"
+    assert verify("").valid  # without a secret: the token only (the site's own server-side check)
+    assert verify("browser-b" * 3, rebind=True).valid  # the site hands it over on purpose
+    assert verify("browser-a" * 3).reason == "bound_elsewhere"
+    assert store.snapshot(queue.slug).active == 1

@@ -115,6 +115,8 @@ def test_remote_mode_calls_the_verify_endpoint_with_the_api_key(client, live_ser
     body = admitted(APIClient())
     assert enter(client, body).status_code == 200
     assert store.snapshot("demo").active == 1
+    refused = Client().get(body["redirect_url"])  # the same link in another browser, verified remotely
+    assert refused["Location"] == "/q/demo/?reason=bound_elsewhere"
 
     # A wrong key (misconfiguration) or an unreachable waiting room: nobody gets in, nobody loses access.
     for url, key in ((live_server.url, "wrong.key"), ("http://127.0.0.1:1", settings.WR_API_KEY)):
@@ -150,3 +152,27 @@ def test_the_middleware_protects_configured_path_prefixes(api, demo, settings):
     response = middleware(request)
     assert response.getvalue() == b"shop"
     assert request.queue_access.ticket_id == body["ticket_id"]  # type: ignore[attr-defined]
+
+
+def test_an_admissions_link_lets_in_one_browser_and_refuses_the_next_with_the_reason(api, demo):
+    """Seen: one `?wr_access=` link opened in three browsers (three cookie jars) let all three in."""
+    body = admitted(api)
+    first, second, third = Client(), Client(), Client()
+    assert enter(first, body).status_code == 200
+    assert first.cookies["wr_browser"]["httponly"]
+    for other in (second, third):
+        refused = other.get(body["redirect_url"])
+        assert refused["Location"] == "/q/demo/?reason=bound_elsewhere"
+        page = other.get(refused["Location"])
+        assert b"already used in another browser" in page.content
+    assert first.get("/demo/protected/").status_code == 200  # the first one keeps its session
+
+
+def test_a_copied_access_cookie_without_the_browsers_secret_is_refused(api, demo):
+    body = admitted(api)
+    first = Client()
+    assert enter(first, body).status_code == 200
+    thief = Client()
+    thief.cookies[access_cookie_name("demo")] = first.cookies[access_cookie_name("demo")].value
+    response = thief.get("/demo/protected/")
+    assert response["Location"] == "/q/demo/?reason=bound_elsewhere"

@@ -112,10 +112,7 @@ def test_a_paused_or_full_site_holds_the_window(window_queue, clock, make_queue)
         joined(slug, t0)
     services.queue_pause(Queue.objects.get(pk=window_queue.pk), actor_label="tests")
     assert not step(window_queue, t0 + 10).stepped
-    assert (
-        modes.status(claims=tokens.PositionClaims(slug, 5, 1), now=t0 + 10).estimated_wait_seconds
-        is None
-    )
+    assert modes.status(claims=tokens.PositionClaims(slug, 5, 1), now=t0 + 10).estimated_wait_seconds is None
     services.queue_configure(
         slug=slug, changes={"state": "open", "capacity_source": "reported", "capacity": 5}, actor_label="t"
     )
@@ -170,6 +167,28 @@ def test_an_access_token_is_issued_only_when_an_active_ticket_asks_and_verifies_
     assert done.status_code == 204
     revoke = api.post(f"/api/v1/queues/{slug}/sessions/revoke", {"ticket_id": waiting.ticket_id}, format="json", **auth)
     assert revoke.status_code == 409 and revoke.json()["error"]["code"] == "not_in_stateless_mode"
+
+
+def test_a_stateless_access_token_is_bound_to_the_first_browser_that_presents_it(window_queue, clock, api_key_for, api):
+    t0, slug = clock.now, window_queue.slug
+    waiting, _ = joined(slug, t0), [joined(slug, t0) for _ in range(5)]
+    step(window_queue, t0 + 10)
+    token = modes.status(claims=waiting, now=t0 + 10).access_token
+    auth = {"HTTP_AUTHORIZATION": f"Api-Key {api_key_for(window_queue)}"}
+
+    def verify(**body: object) -> dict:
+        answer = api.post(
+            f"/api/v1/queues/{slug}/sessions/verify", {"access_token": token, **body}, format="json", **auth
+        )
+        assert answer.status_code == 200, answer.content
+        return dict(answer.json())
+
+    assert verify(browser="a" * 40)["valid"]
+    assert verify(browser="a" * 40)["valid"]
+    assert verify(browser="b" * 40) == {"valid": False, "reason": "bound_elsewhere"}
+    assert verify()["valid"]  # without a secret: the token only
+    assert verify(browser="b" * 40, rebind=True)["valid"]
+    assert verify(browser="a" * 40) == {"valid": False, "reason": "bound_elsewhere"}
 
 
 def test_joins_and_polls_over_the_api_with_dedupe_by_the_signed_cookie_only(window_queue, api):

@@ -252,6 +252,9 @@ WR_WS_BASE_URL = os.environ.get("WR_WS_BASE_URL", "")
 WR_VISITOR_COOKIE = "wr_visitor"
 WR_ACCESS_COOKIE_PREFIX = "wr_access_"
 WR_ACCESS_QUERY_PARAM = "wr_access"
+# A protected site's secret per browser (HttpOnly): an admission's session is bound to the first browser
+# that redeems its link (queueing/middleware.py).
+WR_BROWSER_COOKIE = "wr_browser"
 # require_queue_access: "local" (same project: checks Redis), "remote" (HTTP call to WR_API_URL
 # with WR_API_KEY) or "offline" (JWKS signature check only).
 WR_VERIFY_MODE = os.environ.get("WR_VERIFY_MODE", "local")
@@ -371,7 +374,7 @@ SPECTACULAR_SETTINGS = {
             "expired_window",
         ],
         "QueueStateEnum": ["open", "paused", "closed"],
-        "VerifyReasonEnum": ["expired", "superseded", "revoked", "full", "invalid"],
+        "VerifyReasonEnum": ["expired", "superseded", "revoked", "full", "bound_elsewhere", "invalid"],
         "ErrorCodeEnum": "queueing.api.errors.ERROR_CODES",
     },
     "APPEND_COMPONENTS": {

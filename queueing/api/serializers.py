@@ -162,6 +162,23 @@ class AccessTokenSerializer(StrictSerializer):
     access_token = StrictCharField(max_length=4096)
 
 
+class VerifyRequestSerializer(AccessTokenSerializer):
+    browser = StrictCharField(
+        max_length=200,
+        required=False,
+        help_text=(
+            "A secret of the browser presenting the token (e.g. a random value the site keeps in an HttpOnly "
+            "cookie). The first verify that sends one binds the session to that browser; afterwards the "
+            "token is valid only with it (reason `bound_elsewhere`), so one admission lets in one browser."
+        ),
+    )
+    rebind = StrictBooleanField(
+        required=False,
+        default=False,
+        help_text="Hand the session over to `browser` on purpose (e.g. the visitor signed in on another device).",
+    )
+
+
 class RevokeSerializer(StrictSerializer):
     ticket_id = StrictCharField(max_length=100)
 
@@ -324,7 +341,9 @@ class VerifyResponseSerializer(serializers.Serializer):
     valid = serializers.BooleanField()
     ticket_id = serializers.CharField(required=False)
     expires_at = serializers.IntegerField(required=False)
-    reason = serializers.ChoiceField(choices=["expired", "superseded", "revoked", "full", "invalid"], required=False)
+    reason = serializers.ChoiceField(
+        choices=["expired", "superseded", "revoked", "full", "bound_elsewhere", "invalid"], required=False
+    )
 
 
 class CapacityResponseSerializer(serializers.Serializer):

@@ -209,13 +209,15 @@ class VerifyView(_ProtectedSiteView):
     @extend_schema(
         operation_id="session_verify",
         summary="Verify an access token (first use starts the session)",
-        request=s.AccessTokenSerializer,
+        request=s.VerifyRequestSerializer,
         responses={200: s.VerifyResponseSerializer, **error_responses(*JSON_BODY, 401, 403, 406, 429, 503)},
         auth=API_KEY_AUTH,
     )
     def post(self, request: Request, slug: str) -> Response:
-        data = _validated(s.AccessTokenSerializer, request.data)
-        result = services.session_verify(slug=slug, raw_token=data["access_token"])
+        data = _validated(s.VerifyRequestSerializer, request.data)
+        result = services.session_verify(
+            slug=slug, raw_token=data["access_token"], browser=data.get("browser", ""), rebind=data["rebind"]
+        )
         if result.valid:
             return Response({"valid": True, "ticket_id": result.ticket_id, "expires_at": result.expires_at})
         return Response({"valid": False, "reason": result.reason})

@@ -1,12 +1,19 @@
 -- session_start.lua: the protected site verifies an access token; ADMITTED -> ACTIVE on first use.
 --
--- KEYS: the standard queue keys (see _lib.lua).
+-- KEYS: the standard queue keys (see _lib.lua), then KEYS[12]: the session's binding (a STRING)
 -- ARGV[1] visitor key    ARGV[2] sequence number    ARGV[3] fencing token    ARGV[4] now (ms)
 -- ARGV[5] the access token's epoch    ARGV[6] its expiry (ms)
 -- (all from the access token, whose signature and expiry Python has already checked)
+-- ARGV[7] the digest of the browser's secret that presents the token ('' when the site sends none)
+-- ARGV[8] '1' to hand the session over to that browser on purpose
 --
 -- Returns {result, expires_ms, freed}: result 'valid' | 'expired' | 'superseded' | 'revoked' | 'full' |
--- 'no_config'. A completed session no longer admits: it reads as 'expired'. freed = 1 when an overdue
+-- 'bound_elsewhere' | 'no_config'.
+--
+-- Binding: the first verify that brings a browser's secret binds the session to it (its digest kept until
+-- the session ends); from then on only that browser's requests verify, so one admission's link opened in
+-- other browsers is refused ('bound_elsewhere'). A verify without a secret checks the token only (the
+-- site's own server-side calls). The protected site may hand a session over (ARGV[8]). A completed session no longer admits: it reads as 'expired'. freed = 1 when an overdue
 -- session found here released a slot.
 --
 -- After lost state (SPEC 3.6), a token of an earlier epoch whose record went with the state starts its
@@ -15,12 +22,24 @@
 -- free slot ('full' otherwise): the slots in use never exceed capacity.
 
 local vk, seq, fence, now = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local binding, rebind = ARGV[7] or '', ARGV[8] == '1'
+local K_BIND = KEYS[12]
 local p = policy()
 if not p then return {'no_config', 0, 0} end
+
+-- Binds a live session to the browser presenting it; false when another browser holds it.
+local function bound_here(expires)
+  local bound = redis.call('GET', K_BIND)
+  if binding == '' then return true end  -- the site checks the token only (a server-side call)
+  if bound and bound ~= binding and not rebind then return false end
+  if bound ~= binding then redis.call('SET', K_BIND, binding, 'PXAT', math.max(expires, now + 1)) end
+  return true
+end
 
 local expires = tonumber(ARGV[6]) or 0
 if expires > now and restorable(p, vk, tonumber(ARGV[5]) or p.epoch, now) then
   if now >= p.restore_hold_ms and used_slots(p, hash_table(K_ST)) >= p.capacity then return {'full', 0, 0} end
+  if not bound_here(expires) then return {'bound_elsewhere', 0, 0} end
   local tid = ticket_id(seq, vk)
   save(vk, {seq, ACTIVE, 0, now, math.floor(now / 1000), '', -1, fence, now, now, expires, 0, ''})
   redis.call('ZADD', K_SESSIONS, expires, tid)
@@ -31,6 +50,7 @@ end
 local rec, reason, freed = session_lookup(p, vk, seq, fence, now)
 if reason == 'completed' then reason = 'expired' end
 if reason then return {reason, 0, freed} end
+if not bound_here(rec[R_EXPIRES]) then return {'bound_elsewhere', 0, 0} end
 
 if rec[R_STATUS] == ADMITTED then
   local tid = ticket_id(seq, vk)

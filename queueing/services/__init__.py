@@ -94,7 +94,9 @@ from .schedule import (
     shuffle_commit_ensure,
 )
 from .sessions import (
+    BROWSER_SECRET_MAX,
     VerifyResult,
+    browser_digest,
     capacity_report,
     session_complete,
     session_revoke,
@@ -104,6 +106,7 @@ from .viewers import viewers_report
 
 __all__ = [
     "ADAPTIVE_ACTOR",
+    "BROWSER_SECRET_MAX",
     "EDITABLE_FIELDS",
     "JOIN_REFUSALS",
     "ORPHAN_GRACE_SECONDS",
@@ -127,6 +130,7 @@ __all__ = [
     "audit_change",
     "beat_alive_mark",
     "beat_lease_hold",
+    "browser_digest",
     "capacity_report",
     "instance_id",
     "needs_sync",

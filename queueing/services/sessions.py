@@ -3,6 +3,7 @@ complete it (freeing the slot at once), revoke a visitor, and the site's own cou
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from .. import clock, realtime, selectors, store, tokens
@@ -15,19 +16,42 @@ from .recovery import with_policy
 @dataclass(frozen=True)
 class VerifyResult:
     valid: bool
-    reason: str  # '' when valid; expired | superseded | revoked | full | invalid
+    reason: str  # '' when valid; expired | superseded | revoked | full | bound_elsewhere | invalid
     ticket_id: str
     expires_at: int  # seconds since the epoch
 
 
-def session_verify(*, slug: str, raw_token: str, now: float | None = None) -> VerifyResult:
-    """Check an access token; its first successful check turns ADMITTED into ACTIVE."""
+BROWSER_SECRET_MAX = 200
+
+
+def browser_digest(secret: str) -> str:
+    """What Redis keeps of a browser's secret: a digest (the secret itself stays in the browser's cookie)."""
+    return hashlib.sha256(secret.encode()).hexdigest()[:32] if secret else ""
+
+
+def session_verify(
+    *, slug: str, raw_token: str, browser: str = "", rebind: bool = False, now: float | None = None
+) -> VerifyResult:
+    """Check an access token; its first successful check turns ADMITTED into ACTIVE.
+
+    `browser`: a secret of the browser presenting the token (the site keeps it in an HttpOnly cookie). The
+    first verify that brings one binds the session to that browser; afterwards the token verifies with a
+    secret only if it is that one ('bound_elsewhere' otherwise), so one admission cannot let several
+    browsers in. Without a secret the token alone is checked (the site's server-side calls). `rebind` hands
+    the session over to this browser on purpose (the protected site's decision, e.g. after the visitor
+    proved who they are)."""
     try:
         claims = tokens.access_token_decode(raw_token, slug=slug)
     except tokens.InvalidAccessToken as exc:
         return VerifyResult(False, "expired" if exc.expired else "invalid", "", 0)
+    binding = browser_digest(browser)
     if claims.stateless:
-        # A stateless queue keeps no sessions (SPEC 4): a token it signed is good until it expires.
+        # A stateless queue keeps no sessions (SPEC 4): a token it signed is good until it expires, in the
+        # browser that first presented it.
+        if not store.window_token_bind(
+            slug, token_id=claims.ticket_id, binding=binding, expires_ms=claims.expires_at * 1000, rebind=rebind
+        ):
+            return VerifyResult(False, "bound_elsewhere", claims.ticket_id, 0)
         return VerifyResult(True, "", claims.ticket_id, claims.expires_at)
     reply = with_policy(
         slug,
@@ -39,6 +63,8 @@ def session_verify(*, slug: str, raw_token: str, now: float | None = None) -> Ve
             now_ms=clock.now_ms(now),
             epoch=claims.epoch,
             expires_ms=claims.expires_at * 1000,
+            binding=binding,
+            rebind=rebind,
         ),
         lambda r: r.result == "no_config",
     )

@@ -101,6 +101,7 @@ from .window import (
     window_read,
     window_read_limited,
     window_tick,
+    window_token_bind,
 )
 
 __all__ = [
@@ -196,4 +197,5 @@ __all__ = [
     "window_read",
     "window_read_limited",
     "window_tick",
+    "window_token_bind",
 ]

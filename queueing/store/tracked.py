@@ -229,11 +229,23 @@ class SessionReply(Reply):
 
 
 def session_start(
-    slug: str, *, visitor_key: str, seq: int, fence: int, now_ms: int, epoch: int = 0, expires_ms: int = 0
+    slug: str,
+    *,
+    visitor_key: str,
+    seq: int,
+    fence: int,
+    now_ms: int,
+    epoch: int = 0,
+    expires_ms: int = 0,
+    binding: str = "",
+    rebind: bool = False,
 ) -> SessionReply:
-    """With the access token's epoch and expiry, a session lost with the state starts again."""
-    args = (visitor_key, seq, fence, now_ms, epoch, expires_ms)
-    return SessionReply.parse(run("session_start", queue_keys(slug).script_keys(), args))
+    """With the access token's epoch and expiry, a session lost with the state starts again. `binding`: the
+    digest of the presenting browser's secret (session_start.lua binds the session to the first one)."""
+    keys = queue_keys(slug)
+    args = (visitor_key, seq, fence, now_ms, epoch, expires_ms, binding, "1" if rebind else "0")
+    return SessionReply.parse(run("session_start", [*keys.script_keys(), keys.tagged(f"bind:{visitor_key}")], args))
+
 
 
 @dataclass(frozen=True)

@@ -198,3 +198,10 @@ def window_prequeue_close(slug: str, *, seed: str) -> tuple[int, int] | None:
 
 def window_capacity_report(slug: str, *, in_use: int, now_ms: int) -> None:
     client().hset(queue_keys(slug).win, mapping={"reported_in_use": in_use, "reported_at": now_ms})
+
+
+def window_token_bind(slug: str, *, token_id: str, binding: str, expires_ms: int, rebind: bool = False) -> bool:
+    """Stateless mode keeps no sessions, so an access token is bound to the first browser that presents it
+    by a key of its own, gone when the token expires. True when `binding` may use the token."""
+    key = queue_keys(slug).tagged(f"bind:s{token_id}")
+    return bool(run("window/bind", [key], [binding, max(expires_ms, 1), "1" if rebind else "0"]))

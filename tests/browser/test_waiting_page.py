@@ -369,3 +369,26 @@ def test_a_stateless_queues_page_follows_the_window_and_goes_through_without_pol
     # It learnt every move from the window (pushed, or read from the public endpoint) and asked for its
     # own status only when the window reached it, for the access token.
     assert asked.count("status") <= 2, asked
+
+
+def test_an_admissions_link_opened_in_a_second_browser_is_refused_with_the_reason(stack, contexts, screenshot):
+    """Seen: one `?wr_access=` link opened in three browsers let all three in, at once, until it expired."""
+    slug = stack.new_queue(capacity=5, outflow_per_minute=600, burst=5)
+    admitted = api_join(stack, slug)
+    assert admitted["status"] == "admitted", admitted
+    link = admitted["redirect_url"]
+    link = f"{stack.url}{link}" if link.startswith("/") else link
+
+    first = contexts().new_page()
+    first.goto(link)
+    first.wait_for_url(re.compile(rf"/demo/{slug}/protected/$"))
+    expect(first.get_by_role("heading", name="You're in")).to_be_visible()
+
+    second = contexts().new_page()  # another browser: its own cookies
+    second.goto(link)
+    second.wait_for_url(re.compile(rf"/q/{slug}/\?reason=bound_elsewhere$"))
+    expect(second.get_by_text("already used in another browser")).to_be_visible()
+    screenshot(second, "link-used-in-another-browser")
+
+    first.reload()
+    expect(first.get_by_role("heading", name="You're in")).to_be_visible()  # the first keeps its session
