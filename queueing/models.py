@@ -488,6 +488,22 @@ class QueueChange(models.Model):
         return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.queue.slug} {self.action} by {self.actor_label}"
 
 
+class FinishedTicket(models.Model):
+    """A ticket that finished (left, expired, completed, revoked), noted from Redis by the cleanup task
+    every few seconds, so that if Redis loses the queue's state the ticket is not given back a place or a
+    session (SPEC 3.6). Kept a day; only the sequence number (unique per queue across epochs) is needed."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="finished_tickets")
+    seq = models.BigIntegerField()
+    noted_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["queue", "seq"], name="one_note_per_finished_ticket")]
+
+    def __str__(self) -> str:
+        return f"{self.queue.slug} #{self.seq}"
+
+
 class QueueShuffle(models.Model):
     """The auditable pre-queue shuffle of one scheduled start (SPEC 3.3).
 

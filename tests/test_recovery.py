@@ -378,3 +378,37 @@ def test_a_session_lost_with_the_state_can_be_completed_and_then_not_started_aga
     assert services.session_complete(slug=queue.slug, claims=claims, now=clock.advance(1)) == "already"
     assert services.session_verify(slug=queue.slug, raw_token=token, now=clock.advance(1)).reason == "expired"
     assert _used(queue.slug) == 0
+
+
+def test_finished_tickets_are_not_given_back_a_place_or_a_session_after_a_loss(make_queue, private_redis, clock):
+    """Seen: after a queue's keys were lost, a ticket that had left came back at position 1, ahead of live
+    visitors (equally a revoked, completed or expired one)."""
+    queue = make_queue(capacity=2, abandon_timeout=120, presence_timeout=60)
+    done = join(queue.slug, "done", now=clock())  # admitted, then completed
+    kicked = join(queue.slug, "kicked", now=clock())  # admitted, then revoked
+    services.queue_pause(queue)  # the others wait, whatever the two freed slots
+    left = join(queue.slug, "left", now=clock())
+    gone = join(queue.slug, "gone", now=clock())  # never polls again: abandoned
+    live = join(queue.slug, "live", now=clock())
+    assert (done.status, kicked.status) == (store.TicketStatus.ADMITTED, store.TicketStatus.ADMITTED)
+    token = tokens.access_token_issue(
+        slug=queue.slug, ticket_id=done.ticket_id, fence=done.fence, expires_ms=done.expires_ms, epoch=1
+    )
+    assert services.session_verify(slug=queue.slug, raw_token=token, now=clock()).valid
+    assert services.session_complete(
+        slug=queue.slug, claims=tokens.access_token_decode(token, slug=queue.slug), now=clock()
+    ) == "completed"
+    services.session_revoke(slug=queue.slug, ticket_id=kicked.ticket_id, now=clock())
+    assert services.ticket_leave(slug=queue.slug, claims=claims_of(queue.slug, left), now=clock())
+    for _ in range(3):  # the live one keeps polling; the gone one is abandoned
+        modes.status(claims=claims_of(queue.slug, live), now=clock.advance(50))
+    services.queues_cleanup(now=clock())  # notes the finished ones in the database
+    assert set(queue.finished_tickets.values_list("seq", flat=True)) >= {done.seq, kicked.seq, left.seq, gone.seq}
+
+    private_redis.flushall()
+    services.queues_tick(now=clock.advance(1))
+    for finished in (done, kicked, left, gone):
+        with pytest.raises(selectors.TicketGone):
+            modes.status(claims=claims_of(queue.slug, finished), now=clock.advance(0.1))
+    assert services.session_verify(slug=queue.slug, raw_token=token, now=clock()).reason == "expired"
+    assert modes.status(claims=claims_of(queue.slug, live), now=clock()).position == 1

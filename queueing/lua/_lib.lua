@@ -349,8 +349,10 @@ end
 
 -- A signed ticket or access token of an earlier epoch whose record the lost state took with it, shown
 -- while the window after the loss lasts (SPEC 3.6): its holder gets its place or session back.
-local function restorable(p, vk, ticket_epoch, now)
+-- Not one the database noted as finished before the loss (finished.lua; epoch.lua marks them 'gone').
+local function restorable(p, vk, seq, ticket_epoch, now)
   return ticket_epoch < p.epoch and now < p.restore_until_ms and redis.call('HEXISTS', K_TK, vk) == 0
+    and redis.call('HGET', K_RESTORE, seq) ~= 'gone'
 end
 
 -- Find the session an access token speaks of. Returns rec, reason: reason is nil when the session

@@ -14,7 +14,7 @@ local vk, seq, fence, now = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonum
 local p = policy()
 if not p then return {'no_config', 0} end
 
-if restorable(p, vk, tonumber(ARGV[5]) or p.epoch, now) then
+if restorable(p, vk, seq, tonumber(ARGV[5]) or p.epoch, now) then
   save(vk, {seq, COMPLETED, 0, now, math.floor(now / 1000), '', -1, fence, now, now, now, now, 'completed'})
   redis.call('ZADD', K_DONE, now, vk)
   redis.call('HINCRBY', K_ST, 'completed', 1)

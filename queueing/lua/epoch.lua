@@ -8,7 +8,8 @@
 -- ARGV[4] restore until (ms): until then, tickets and sessions of earlier epochs whose records are gone
 --         get them back (0: nothing was lost)
 -- ARGV[5] hold admissions until (ms): restored sessions take their slots first (0: nothing was lost)
--- ARGV[6..] pairs: sequence number, line score of pre-queue tickets as the shuffle placed them
+-- ARGV[6..] pairs: sequence number, line score of pre-queue tickets as the shuffle placed them, or 'gone'
+--          for a ticket the database noted as finished (it is not restored: _lib.lua `restorable`)
 --
 -- Returns 1 when this call started the epoch, 0 when it was live already (a racing starter won).
 --

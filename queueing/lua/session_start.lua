@@ -37,7 +37,7 @@ local function bound_here(expires)
 end
 
 local expires = tonumber(ARGV[6]) or 0
-if expires > now and restorable(p, vk, tonumber(ARGV[5]) or p.epoch, now) then
+if expires > now and restorable(p, vk, seq, tonumber(ARGV[5]) or p.epoch, now) then
   if now >= p.restore_hold_ms and used_slots(p, hash_table(K_ST)) >= p.capacity then return {'full', 0, 0} end
   if not bound_here(expires) then return {'bound_elsewhere', 0, 0} end
   local tid = ticket_id(seq, vk)

@@ -26,7 +26,7 @@ if p.mode == 'stateless' then return {'gone', {}, {}, {0, {}}} end  -- a ticket 
 local st = hash_table(K_ST)
 
 local rec = load(vk)
-if not rec and seq > 0 and restorable(p, vk, tonumber(ARGV[4]) or p.epoch, now) then
+if not rec and seq > 0 and restorable(p, vk, seq, tonumber(ARGV[4]) or p.epoch, now) then
   local pri = tonumber(ARGV[5]) or 0
   local score = tonumber(redis.call('HGET', K_RESTORE, seq)) or tonumber(ARGV[6]) or seq
   rec = {seq, WAITING, pri, tonumber(ARGV[7]) or now, math.floor(now / 1000), '', -1}

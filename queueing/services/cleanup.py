@@ -4,11 +4,12 @@ rounds, the Redis state of deleted queues, and the watchers' periodic snapshots.
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 
 from django.conf import settings
 
 from .. import clock, realtime, selectors, store
-from ..models import Queue
+from ..models import FinishedTicket, Queue
 from .admission import queue_admit
 
 ORPHAN_GRACE_SECONDS = 60
@@ -70,10 +71,35 @@ def queues_snapshot_broadcast(*, now: float | None = None) -> int:
 def queues_cleanup(*, now: float | None = None) -> int:
     queues_orphans_delete(now=now)
     total = 0
-    for slug in Queue.objects.values_list("slug", flat=True):
+    for pk, slug, mode in Queue.objects.values_list("pk", "slug", "mode"):
         reply = queue_cleanup(slug=slug, now=now)
         total += len(reply.expired_slots) + len(reply.abandoned)
+        if mode == Queue.Mode.TRACKED:
+            finished_tickets_note(queue_pk=pk, slug=slug, now=now)
     return total
+
+
+FINISHED_KEEP_SECONDS = 24 * 3600
+FINISHED_ROUNDS = 20  # batches of WR_CLEANUP_CHUNK per run
+
+
+def finished_tickets_note(*, queue_pk: int, slug: str, now: float | None = None) -> int:
+    """Note in the database the tickets finished since the last run (left, expired, completed, revoked),
+    so that lost state does not give them back a place or a session (recovery.py passes them to the new
+    epoch); notes older than a day are dropped. Returns how many were noted."""
+    now = time.time() if now is None else now
+    noted = 0
+    for _ in range(FINISHED_ROUNDS):
+        _, seqs = store.finished_journal(slug, limit=settings.WR_CLEANUP_CHUNK)
+        FinishedTicket.objects.bulk_create(
+            [FinishedTicket(queue_id=queue_pk, seq=seq) for seq in seqs], ignore_conflicts=True
+        )
+        noted += len(seqs)
+        if len(seqs) < settings.WR_CLEANUP_CHUNK:
+            break
+    cutoff = datetime.fromtimestamp(now - FINISHED_KEEP_SECONDS, tz=UTC)
+    FinishedTicket.objects.filter(queue_id=queue_pk, noted_at__lt=cutoff).delete()
+    return noted
 
 
 

@@ -174,6 +174,8 @@ def _live_epoch_start(queue: Queue, *, floor: int, lost: bool, now: float) -> bo
         restore_until_ms=int((now + queue.abandon_timeout) * 1000) if lost else 0,
         hold_until_ms=int((now + restore_hold_seconds(queue)) * 1000) if lost else 0,
         places=_shuffled_places(queue) if lost else None,
+        # Tickets noted finished before the loss get no place or session back (a few seconds' worst).
+        finished=list(queue.finished_tickets.values_list("seq", flat=True)) if lost else (),
     )
 
 

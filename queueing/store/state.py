@@ -4,6 +4,7 @@ the live state runs in (epoch.lua starts it), and dropping state (a deleted queu
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
 
 from .connection import client, run
@@ -48,11 +49,15 @@ def epoch_start(
     restore_until_ms: int = 0,
     hold_until_ms: int = 0,
     places: dict[int, float] | None = None,
+    finished: Sequence[int] = (),
 ) -> bool:
-    """Start the queue's live state in `epoch` (epoch.lua replies 1); False when it was live already (0)."""
+    """Start the queue's live state in `epoch` (epoch.lua replies 1); False when it was live already (0).
+    `places`: pre-queue tickets' line scores; `finished`: tickets not to restore."""
     args: list[str | int | float] = [str(epoch), floor, seq_max, restore_until_ms, hold_until_ms]
     for seq, score in (places or {}).items():
         args += [seq, repr(float(score))]
+    for seq in finished:
+        args += [seq, "gone"]
     return bool(int(run("epoch", queue_keys(slug).script_keys(), args)))
 
 
@@ -85,3 +90,9 @@ def mode_state_clear(slug: str, *, keep_window: bool) -> None:
         client().delete(keys.line, keys.tk, keys.claims, keys.sessions, keys.done, keys.away, keys.waits, keys.restore)
     else:
         client().delete(keys.win)
+
+
+def finished_journal(slug: str, *, limit: int) -> tuple[int, list[int]]:
+    """(cursor, sequence numbers) of tickets finished since the last call (finished.lua); the cursor moves."""
+    cursor, seqs = run("finished", queue_keys(slug).script_keys(), [limit])
+    return int(cursor), [int(seq) for seq in seqs]
