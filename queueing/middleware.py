@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import wraps
@@ -155,7 +157,35 @@ def queue_access_check(request: HttpRequest, slug: str) -> QueueAccess | HttpRes
 health_reporter = HealthReporter()  # remote mode: this process's batches
 
 
-def _health_record(slug: str, seconds: float, error: bool) -> None:
+class _Sources:
+    """When each admitted visitor's request last counted towards its queue's health (this process): one
+    visitor reloading a page as fast as they can counts at most once per WR_HEALTH_SOURCE_SECONDS, so the
+    figures the adaptive outflow follows are the site's, not one visitor's. Errors always count."""
+
+    def __init__(self, size: int = 50_000) -> None:
+        self._lock = threading.Lock()
+        self._last: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._size = size
+
+    def counts(self, slug: str, source: str, now: float) -> bool:
+        key = (slug, source)
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < settings.WR_HEALTH_SOURCE_SECONDS:
+                return False
+            self._last[key] = now
+            self._last.move_to_end(key)
+            while len(self._last) > self._size:
+                self._last.popitem(last=False)
+            return True
+
+
+health_sources = _Sources()
+
+
+def _health_record(slug: str, seconds: float, error: bool, source: str = "") -> None:
+    if not error and source and not health_sources.counts(slug, source, time.monotonic()):
+        return
     mode = health_report_mode()
     latency_ms = seconds * 1000
     try:
@@ -183,9 +213,9 @@ def queue_access_serve(request: HttpRequest, slug: str, view: Callable[[], HttpR
         response = view()
     except BaseException as exc:
         # Django answers these with a 4xx: the visitor's mistake, not the site failing.
-        _health_record(slug, time.perf_counter() - started, not isinstance(exc, CLIENT_ERRORS))
+        _health_record(slug, time.perf_counter() - started, not isinstance(exc, CLIENT_ERRORS), access.ticket_id)
         raise
-    _health_record(slug, time.perf_counter() - started, response.status_code >= 500)
+    _health_record(slug, time.perf_counter() - started, response.status_code >= 500, access.ticket_id)
     return response
 
 

@@ -46,3 +46,4 @@ WR_WS_GC_FREEZE_SECONDS = 0
 # No limits unless a test sets them (tests/test_ratelimit.py): many tests join and poll from one address
 # far faster than any visitor would.
 WR_RATE_LIMITS = {}
+WR_DEMO = True

@@ -43,6 +43,13 @@ ADAPTIVE = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _every_response_counts(settings):
+    """These tests are about how responses are reported: each one counts (test_health_sources.py tests
+    the bound on one visitor's)."""
+    settings.WR_HEALTH_SOURCE_SECONDS = 0
+
+
 @pytest.fixture
 def adaptive(make_queue, clock) -> Queue:
     queue = make_queue(**ADAPTIVE)
@@ -376,6 +383,7 @@ def admitted_token(slug: str = "demo") -> str:
 def with_access(path: str, token: str) -> HttpRequest:
     request = RequestFactory().get(path)
     request.COOKIES[middleware.access_cookie_name("demo")] = token
+    request.COOKIES["wr_browser"] = "one-browser-for-these-tests"  # the session is bound to it
     return request
 
 

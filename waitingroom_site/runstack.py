@@ -131,6 +131,9 @@ def commands(args: argparse.Namespace, worker_name: str) -> dict[str, list[str]]
             # Events are a few hundred bytes: compressing them saves little and costs two zlib contexts
             # (tens of KB) and CPU per socket (bench/RESULTS.md, push latency).
             *("--ws-per-message-deflate", "false"),
+            # A client only says hello and asks for its status: refuse frames bigger than that (the
+            # default is 16 MiB, read and parsed in full).
+            *("--ws-max-size", "4096"),
             *("--log-level", "warning"),
             "--no-access-log",
         ],
@@ -310,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     var_dir = Path(args.var_dir)
     var_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, WR_VAR_DIR=str(var_dir))
+    env.setdefault("WR_DEMO", "1")  # the one-command run shows the demo queue's protected page
     # One node name per supervisor, kept across restarts (its liveness marks are found by it).
     worker_name = env.setdefault("WR_WORKER_NAME", f"worker-{os.getpid()}@%h")
     supervisor = Supervisor(

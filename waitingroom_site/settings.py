@@ -269,6 +269,11 @@ WR_WAITING_PAGE_URL = os.environ.get("WR_WAITING_PAGE_URL", "/q/{slug}/")
 # "auto" (local when WR_VERIFY_MODE is local, else remote when WR_API_URL and WR_API_KEY are set),
 # "local", "remote" (batched: every WR_HEALTH_FLUSH_SECONDS or WR_HEALTH_FLUSH_REQUESTS) or "off".
 WR_HEALTH_REPORT = os.environ.get("WR_HEALTH_REPORT", "auto")
+# The demo protected pages (/demo/...): on for bin/run (it sets WR_DEMO=1) and in DEBUG, off in production.
+WR_DEMO = envbool("WR_DEMO", DEBUG)
+# One admitted visitor's requests count towards the site's health at most once per this many seconds
+# (per process), so nobody can steer the adaptive outflow by reloading a protected page.
+WR_HEALTH_SOURCE_SECONDS = envint("WR_HEALTH_SOURCE_SECONDS", 5)
 WR_HEALTH_FLUSH_SECONDS = envint("WR_HEALTH_FLUSH_SECONDS", 2)
 WR_HEALTH_FLUSH_REQUESTS = envint("WR_HEALTH_FLUSH_REQUESTS", 500)
 # Admission tick leadership lease; ticks run every second.
