@@ -148,13 +148,33 @@ def _trusted(address: str) -> bool:
     return any(ip in network for network in _networks(tuple(settings.WR_TRUSTED_PROXIES)))
 
 
+def address_group(address: str) -> str:
+    """What per-address limits count: an IPv4 address as it is; an IPv6 one by its network of
+    settings.WR_IPV6_PREFIX bits (default /64: one subscriber usually holds a whole /64, so counting single
+    IPv6 addresses would give one person unlimited addresses)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        prefix = int(settings.WR_IPV6_PREFIX)
+        return str(ipaddress.ip_network(f"{ip}/{prefix}", strict=False))
+    return str(ip)
+
+
 def client_address(meta: Any) -> str:
-    """The address a request came from, for per-client limits.
+    """Who a request came from, for per-client limits: its address, IPv6 grouped (`address_group`).
 
     X-Forwarded-For is believed only when the direct peer is a trusted proxy (settings
     WR_TRUSTED_PROXIES), and then only as far back as the chain stays trusted: the first untrusted hop
     from the right is the client. Anything else the header says could have been written by the client.
     """
+    return address_group(_client_ip(meta))
+
+
+def _client_ip(meta: Any) -> str:
     remote = str(meta.get("REMOTE_ADDR", ""))
     if not _trusted(remote):
         return remote

@@ -58,6 +58,9 @@ def make_queue(db: Any) -> QueueFactory:
             "claim_ttl": 60,
             "presence_timeout": 60,
             "abandon_timeout": 300,
+            # Off unless a test turns them on (a scheduled start would otherwise turn them on).
+            "max_tickets_per_address": 0,
+            "pow_difficulty": 0,
         }
         values.update(changes)
         queue, _ = services.queue_configure(slug=slug, changes=values, actor_label="tests")

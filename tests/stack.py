@@ -73,7 +73,8 @@ class Stack:
     def new_queue(self, **options: Any) -> str:
         """A queue of its own for one test, protected by the demo page (/demo/<slug>/protected/)."""
         slug = f"t{uuid.uuid4().hex[:10]}"
-        self.configure(slug, target_url=f"/demo/{slug}/protected/", **options)
+        guards = {"max_tickets_per_address": 0, "pow_difficulty": 0}  # a scheduled start turns them on
+        self.configure(slug, target_url=f"/demo/{slug}/protected/", **{**guards, **options})
         return slug
 
 

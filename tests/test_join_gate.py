@@ -64,6 +64,33 @@ def test_an_address_holding_its_cap_of_live_tickets_is_refused_with_its_own_code
     assert live_tickets(queue.slug) == 3
 
 
+def test_ipv6_addresses_count_by_their_64_network(make_queue, settings):
+    """Seen: a single IPv6 /64 counted as unlimited addresses (one subscriber holds the whole /64)."""
+    queue = make_queue(state="paused", max_tickets_per_address=2)
+    same_network = ["2001:db8:1:2::1", "2001:db8:1:2:aaaa::9", "2001:db8:1:2:ffff:ffff:ffff:ffff"]
+    codes = [join(Client(), queue.slug, address=address).status_code for address in same_network]
+    assert codes == [201, 201, 429]
+    assert join(Client(), queue.slug, address="2001:db8:1:3::1").status_code == 201  # another /64
+    settings.WR_IPV6_PREFIX = 128  # an operator who counts single addresses
+    assert join(Client(), queue.slug, address="2001:db8:1:2::77").status_code == 201
+
+
+def test_a_scheduled_sale_gets_a_per_address_cap_and_proof_of_work_unless_told_otherwise(make_queue):
+    starts = {"starts_at": "2099-01-01T00:00:00Z", "target_url": "https://shop.example/"}
+    guarded, _ = services.queue_configure(slug=f"s{uuid.uuid4().hex[:8]}", changes=dict(starts), actor_label="t")
+    assert (guarded.max_tickets_per_address, guarded.pow_difficulty) == (20, 16)
+    assert join(Client(), guarded.slug).status_code == 428  # the proof of work comes first
+    chosen, _ = services.queue_configure(
+        slug=f"s{uuid.uuid4().hex[:8]}", changes={**starts, "pow_difficulty": 0}, actor_label="t"
+    )
+    assert (chosen.max_tickets_per_address, chosen.pow_difficulty) == (20, 0)
+    plain = make_queue()
+    assert (plain.max_tickets_per_address, plain.pow_difficulty) == (0, 0)  # no scheduled start: none
+    services.queue_update(guarded, changes={"pow_difficulty": 0})
+    later, _ = services.queue_configure(slug=guarded.slug, changes={"capacity": 5}, actor_label="t")
+    assert later.pow_difficulty == 0  # the operator's choice stays
+
+
 def test_twenty_parallel_joins_from_one_address_get_exactly_the_cap(make_queue):
     queue = make_queue(state="paused", max_tickets_per_address=3)
     with ThreadPoolExecutor(20) as pool:

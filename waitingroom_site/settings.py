@@ -274,6 +274,8 @@ WR_DEMO = envbool("WR_DEMO", DEBUG)
 # One admitted visitor's requests count towards the site's health at most once per this many seconds
 # (per process), so nobody can steer the adaptive outflow by reloading a protected page.
 WR_HEALTH_SOURCE_SECONDS = envint("WR_HEALTH_SOURCE_SECONDS", 5)
+# Per-address limits count an IPv6 client by its network of this many bits (one subscriber holds a /64).
+WR_IPV6_PREFIX = envint("WR_IPV6_PREFIX", 64)
 WR_HEALTH_FLUSH_SECONDS = envint("WR_HEALTH_FLUSH_SECONDS", 2)
 WR_HEALTH_FLUSH_REQUESTS = envint("WR_HEALTH_FLUSH_REQUESTS", 500)
 # Admission tick leadership lease; ticks run every second.

@@ -69,6 +69,7 @@ def queue_configure(
         before = {} if created else queue_values(queue)
         for field, value in changes.items():
             setattr(queue, field, value)
+        _prequeue_guards(queue, before, changes)
         queue.full_clean()
         queue.save()
         if created:
@@ -95,6 +96,19 @@ def queue_configure(
 
 
 OUTFLOW_POLICY_FIELDS = ("outflow_per_minute", "adaptive_outflow", "outflow_min_per_minute", "outflow_max_per_minute")
+
+# A scheduled sale's pre-queue (everyone who joins before the start is shuffled) is where hoarding pays:
+# each ticket is its own draw. So a queue that gets a scheduled start also gets these guards, unless the
+# same change sets them (0 turns one off). The cost they put on each extra ticket is in bench/RESULTS.md.
+PREQUEUE_GUARDS = {"max_tickets_per_address": 20, "pow_difficulty": 16}
+
+
+def _prequeue_guards(queue: Queue, before: dict[str, Any], changes: dict[str, Any]) -> None:
+    if not queue.starts_at or before.get("starts_at"):
+        return  # no scheduled start, or one that had its guards chosen already
+    for field, value in PREQUEUE_GUARDS.items():
+        if field not in changes and not getattr(queue, field):
+            setattr(queue, field, value)
 
 
 def outflow_adaptation_reset(
