@@ -77,7 +77,16 @@ def visitor_key(identity: str) -> str:
 
 
 def _ticket_signing_key() -> str:
-    return settings.WR_TICKET_SIGNING_KEY or _derived_secret("waitingroom.ticket").hex()
+    return _ticket_keys()[0]
+
+
+def _ticket_keys() -> tuple[str, ...]:
+    """The key tickets are signed with, then the keys a ticket signed before a rotation of SECRET_KEY may
+    carry (derived from each of SECRET_KEY_FALLBACKS): waiting visitors keep their places."""
+    if settings.WR_TICKET_SIGNING_KEY:
+        return (settings.WR_TICKET_SIGNING_KEY,)
+    secret_keys = (settings.SECRET_KEY, *settings.SECRET_KEY_FALLBACKS)
+    return tuple(_derive(secret, "waitingroom.ticket").hex() for secret in secret_keys)
 
 
 def _b64encode(data: bytes) -> str:
@@ -107,6 +116,10 @@ class TicketBackend(TokenBackend):
         signature = hmac.new(self._key, f"{TICKET_HEADER}.{body}".encode("ascii"), hashlib.sha256).digest()
         return f"{TICKET_HEADER}.{body}.{_b64encode(signature)}"
 
+    def __init__(self, *args: Any, fallback_keys: tuple[str, ...] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._keys = (str(self.signing_key).encode(), *(key.encode() for key in fallback_keys))
+
     def decode(self, token: Any, verify: bool = True) -> dict[str, Any]:
         if not verify:
             return super().decode(token, verify=False)
@@ -114,8 +127,9 @@ class TicketBackend(TokenBackend):
             header, payload, signature = str(token).split(".")
             if header != TICKET_HEADER:
                 raise ValueError("unexpected header")
-            expected = hmac.new(self._key, f"{header}.{payload}".encode("ascii"), hashlib.sha256).digest()
-            if not hmac.compare_digest(expected, _b64decode(signature)):
+            signed, given = f"{header}.{payload}".encode("ascii"), _b64decode(signature)
+            # The current key first: a fallback costs a second hash only for a ticket from before a rotation.
+            if not any(hmac.compare_digest(hmac.new(k, signed, hashlib.sha256).digest(), given) for k in self._keys):
                 raise ValueError("bad signature")
             claims = json.loads(_b64decode(payload))
         except (ValueError, UnicodeError, binascii.Error) as exc:
@@ -131,12 +145,13 @@ class TicketBackend(TokenBackend):
 
     @property
     def _key(self) -> bytes:
-        return str(self.signing_key).encode()
+        return self._keys[0]
 
 
 @lru_cache(maxsize=1024)
-def _ticket_backend(signing_key: str, slug: str) -> TicketBackend:
-    return TicketBackend("HS256", signing_key=signing_key, audience=slug, issuer=ISSUER)
+def _ticket_backend(keys: tuple[str, ...], slug: str) -> TicketBackend:
+    """Signs with the first key; verifies with any of them."""
+    return TicketBackend("HS256", signing_key=keys[0], audience=slug, issuer=ISSUER, fallback_keys=keys[1:])
 
 
 class TicketToken(Token):
@@ -152,7 +167,7 @@ class TicketToken(Token):
         super().__init__(token, verify)
 
     def get_token_backend(self) -> TokenBackend:
-        return _ticket_backend(_ticket_signing_key(), self.slug)
+        return _ticket_backend(_ticket_keys(), self.slug)
 
     def verify(self) -> None:
         # The backend has checked expiry already (as an integer, without datetime arithmetic).
@@ -190,7 +205,7 @@ def visitor_ticket_decode(raw: str, *, slug: str) -> VisitorClaims:
     """Either kind of visitor ticket for this queue (one signature check), or InvalidTicket (forged,
     tampered, expired, another queue's). Which kind it is chooses the queue mode (modes.of_claims)."""
     try:
-        payload = _ticket_backend(_ticket_signing_key(), slug).decode(raw)
+        payload = _ticket_backend(_ticket_keys(), slug).decode(raw)
     except TokenBackendExpiredToken as exc:
         raise InvalidTicket("The ticket has expired.", expired=True) from exc
     except TokenBackendError as exc:

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
+from typing import Any
 
 import pytest
+from axes.models import AccessAttempt  # type: ignore[import-untyped]
 from django.contrib.auth import get_user_model
+from django.test import Client
+from django.utils import timezone
 
 from queueing import store
 from queueing.models import Queue, QueueAPIKey, QueueChange
@@ -146,3 +151,36 @@ def test_admin_pages_render(admin_client, make_queue):
         "/admin/django_celery_beat/periodictask/",
     ]:
         assert admin_client.get(path).status_code == 200, path
+
+
+# --- Staff password logins are limited (django-axes): a username from one address, 10 failures, 15 minutes. ---
+
+
+def admin_login(password: str, address: str = "203.0.113.7") -> Any:
+    body = {"username": "root", "password": password, "next": "/admin/"}
+    return Client(REMOTE_ADDR=address).post("/admin/login/", body)
+
+
+def test_the_admin_login_locks_a_username_out_from_an_address_after_ten_wrong_passwords(db):
+    get_user_model().objects.create_superuser("root", "root@example.com", "pw-root-123")
+    answers = [admin_login(f"guess-{i}").status_code for i in range(11)]
+    assert answers == [200] * 9 + [429, 429]  # the login form again, then the lockout page
+    refused = admin_login("pw-root-123")  # even the right password, until the cool-off is over
+    assert refused.status_code == 429 and b"too many login attempts" in refused.content
+    assert admin_login("pw-root-123", address="203.0.113.8").status_code == 302  # username and address together
+
+    AccessAttempt.objects.update(attempt_time=timezone.now() - timedelta(minutes=16))
+    assert admin_login("pw-root-123").status_code == 302
+    assert not AccessAttempt.objects.exists()  # a success clears the count
+
+
+def test_the_api_token_endpoint_counts_towards_the_same_lockout_and_keeps_its_error_shape(staff_user):
+    def token(password: str) -> Any:
+        body = {"username": "staffer", "password": password}
+        return Client().post("/api/v1/auth/token", body, content_type="application/json", REMOTE_ADDR="203.0.113.9")
+
+    assert {token(f"guess-{i}").status_code for i in range(10)} == {401}
+    refused = token("pw-staff-123")
+    assert refused.status_code == 401 and "error" in refused.json()
+    AccessAttempt.objects.update(attempt_time=timezone.now() - timedelta(minutes=16))
+    assert "access" in token("pw-staff-123").json()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.crypto import salted_hmac
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("WR_VAR_DIR", BASE_DIR / "var"))
@@ -49,18 +52,41 @@ def envlist(name: str, default: str) -> list[str]:
 DEBUG = envbool("DEBUG", False)
 HTTPS = envbool("HTTPS", True)
 
+
+def private_file(path: Path) -> None:
+    """Make `path` readable and writable by this user only (it holds secrets), creating it if missing.
+
+    Created with that mode, so there is no moment when others may read it; an older file is narrowed.
+    """
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    if path.stat().st_mode & 0o077:
+        try:
+            path.chmod(0o600)
+        except PermissionError:  # another user's file: say so rather than refuse to start
+            warnings.warn(f"{path} is readable by other users; make it mode 600.", stacklevel=2)
+
+
+def generated_secret(path: Path) -> str:
+    """Development only: a key kept in `path` (this user's only) so sessions and tickets survive restarts."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        private_file(path)
+    else:
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(50))
+    return path.read_text().strip()
+
+
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
 if not SECRET_KEY:
     if not DEBUG and not envbool("WR_ALLOW_GENERATED_SECRET", False):
         raise ImproperlyConfigured("SECRET_KEY must be set (or DEBUG=1 for development).")
-    # Development only: a key kept under var/ so sessions and tickets survive restarts.
-    _secret_file = VAR_DIR / "secret_key"
-    if not _secret_file.exists():
-        import secrets
-
-        VAR_DIR.mkdir(parents=True, exist_ok=True)
-        _secret_file.write_text(secrets.token_urlsafe(50))
-    SECRET_KEY = _secret_file.read_text().strip()
+    SECRET_KEY = generated_secret(VAR_DIR / "secret_key")
+# Keys from before a rotation: what they signed (sessions, visitor cookies, tickets) is still accepted;
+# nothing new is signed with them.
+SECRET_KEY_FALLBACKS = envlist("SECRET_KEY_FALLBACKS", "")
 
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", "")
@@ -73,6 +99,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
+    "axes",
     "rest_framework",
     "rest_framework_api_key",
     "drf_spectacular",
@@ -97,6 +124,14 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Redis away (or a sign-out the session cache could not record): 503 and Retry-After, not 500.
     "waitingroom_site.unavailable.RedisUnavailableMiddleware",
+    # Last, as django-axes asks: turns a locked-out login into its 429 page.
+    "axes.middleware.AxesMiddleware",
+]
+
+# django-axes first: it refuses a locked-out login before any password is checked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 ROOT_URLCONF = "waitingroom_site.urls"
@@ -137,6 +172,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     _test_db = os.environ.get("WR_TEST_DB_PATH")
     if _test_db:
         DATABASES["default"]["TEST"] = {"NAME": _test_db}
+    # The file holds the access tokens' private signing keys: this user's only, from its first byte (SQLite
+    # gives its -wal and -shm files the same mode). No folder, no file: Django reports that as before.
+    _db_file = Path(DATABASES["default"]["NAME"])
+    if str(_db_file) != ":memory:" and not str(_db_file).startswith("file:") and _db_file.parent.is_dir():
+        private_file(_db_file)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -350,12 +390,32 @@ SIMPLE_JWT = {
     "ACCESS_TOKEN_LIFETIME": timedelta(minutes=envint("STAFF_TOKEN_MINUTES", 30)),
     "REFRESH_TOKEN_LIFETIME": timedelta(hours=12),
     "ALGORITHM": "HS256",
-    "SIGNING_KEY": SECRET_KEY,
+    # A key of its own, derived from SECRET_KEY for this purpose only (not Django's, not the tickets').
+    "SIGNING_KEY": salted_hmac("waitingroom.staff-jwt", "signing-key", SECRET_KEY, algorithm="sha256").hexdigest(),
     "AUTH_HEADER_TYPES": ("Bearer",),
     # Bodies with fields these endpoints do not know are refused (400 unknown_fields), as everywhere.
     "TOKEN_OBTAIN_SERIALIZER": "queueing.api.serializers.StaffTokenObtainSerializer",
     "TOKEN_REFRESH_SERIALIZER": "queueing.api.serializers.StaffTokenRefreshSerializer",
 }
+
+# --- Staff password logins (django-axes): /admin/login/ and POST /api/v1/auth/token. ---
+# A username tried from one address is locked out after this many failures in a row, for the cool-off
+# (every failure meanwhile starts it again); a success clears the count. Records live in the database.
+AXES_FAILURE_LIMIT = envint("WR_LOGIN_FAILURE_LIMIT", 10)
+AXES_COOLOFF_TIME = timedelta(minutes=envint("WR_LOGIN_COOLOFF_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_HTTP_RESPONSE_CODE = 429
+
+
+def axes_client_address(request: Any) -> str:
+    """The client's address as the rate limits see it (X-Forwarded-For from WR_TRUSTED_PROXIES only)."""
+    from queueing.visitors import client_address
+
+    return client_address(request.META)
+
+
+AXES_CLIENT_IP_CALLABLE = axes_client_address
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "Waiting Room API",
