@@ -290,6 +290,8 @@ class Clients:
                             close_timeout=5,
                             max_queue=None,
                         )
+                        # The ticket goes in the first message, not the URL (the server answers "ready").
+                        await ws.send(json.dumps({"type": "hello", "ticket": ticket["ticket"]}))
                         break
                     except Exception:  # refused, reset, timed out: try again
                         if attempt == 2:

@@ -114,11 +114,11 @@ class QueueAdmin(admin.ModelAdmin):
         services.queue_priority_levels_edit(form.instance, save=save, actor=request.user)
 
     def delete_model(self, request: HttpRequest, obj: Queue) -> None:
-        services.queue_delete(obj)
+        services.queue_delete(obj, actor=request.user)
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
         for queue in queryset:
-            services.queue_delete(queue)
+            services.queue_delete(queue, actor=request.user)
 
     @admin.action(description="Pause selected queues (keep joining, admit nobody)", permissions=["change"])
     def pause_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
@@ -165,15 +165,18 @@ class SigningKeyAdmin(admin.ModelAdmin):
 
 @admin.register(QueueChange)
 class QueueChangeAdmin(admin.ModelAdmin):
-    list_display = ("created_at", "queue", "action", "actor_label", "before", "after")
-    list_filter = ("queue", "action")
-    readonly_fields = ("queue", "actor", "actor_label", "action", "before", "after", "created_at")
+    list_display = ("created_at", "queue_slug", "action", "actor_label", "before", "after")
+    list_filter = ("queue_slug", "action")
+    readonly_fields = ("queue", "queue_slug", "actor", "actor_label", "action", "before", "after", "created_at")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # an audit log nobody can edit or delete (it outlives its queue: models.QueueChange)
 
 
 @admin.register(QueueShuffle)

@@ -1,5 +1,12 @@
 """Websockets (SPEC 7). Thin: check the ticket, join the queue's group and the ticket's own group,
-forward events. While a socket is open it also stands in for the visitor's polls: now and then it takes
+forward events.
+
+The ticket comes in the socket's first message, `{"type": "hello", "ticket": ...}`, not in its URL (URLs
+land in proxies' access logs): the socket is accepted, and closed unless a good hello comes within
+HELLO_SECONDS; `{"type": "ready"}` answers it. A ticket holds at most SOCKETS_PER_TICKET sockets at a
+time over all servers (a visitor's tabs); the stats count tickets, not sockets (store/viewers.py).
+
+While a socket is open it also stands in for the visitor's polls: now and then it takes
 the visitor's status (which keeps it present, so admission does not skip it) and sends it as a
 `position` event, or `admitted` / `expired` when that is the news.
 
@@ -14,13 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import os
 import random
-import socket
 import time
-from collections import Counter
+import uuid
 from typing import Any
-from urllib.parse import parse_qs
 
 import redis
 from asgiref.sync import sync_to_async
@@ -29,10 +33,20 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
-from . import modes, realtime, selectors, services, tokens
+from . import modes, ratelimit, realtime, selectors, tokens
+from .services import viewers as viewer_services
 
+CLOSE_MESSAGE_TOO_BIG = 1009  # RFC 6455's own code
+CLOSE_TRY_AGAIN_LATER = 1013  # Redis is away: the page polls meanwhile and reconnects
 CLOSE_INVALID_TICKET = 4401
-VIEWERS_REPORT_SECONDS = 5.0
+CLOSE_NO_HELLO = 4408
+CLOSE_TOO_MANY_SOCKETS = 4429
+HELLO_SECONDS = 5.0
+SOCKETS_PER_TICKET = 5
+# A client only ever says hello (a ticket of a few hundred bytes) or asks for its status. uvicorn refuses
+# bigger frames first (--ws-max-size, runstack.py); this holds whatever server runs the app.
+MAX_MESSAGE_CHARS = 4096
+VIEWERS_REPORT_SECONDS = 15.0  # lease renewals; well within store.VIEWERS_FRESH_SECONDS
 SOCKET_STATUS_SECONDS = 20.0
 FANOUT_YIELD_EVERY = 100
 ASK_STATUS_EVERY_SECONDS = 1.0
@@ -45,26 +59,52 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
     heartbeat: asyncio.Task[None] | None = None
     asked_at = -1e9
 
+    lease: viewer_services.SocketLease | None = None
+    hello_timer: asyncio.Task[None] | None = None
+    greeted = False
+    quiet_until = -1e9  # no status asked by the client is read before then (once a second, or limited)
+
     async def connect(self) -> None:
         self.slug = self.scope["url_route"]["kwargs"]["slug"]
-        # Not UTF-8: no ticket of ours (they are ASCII), so refused like any other bad ticket, not an error.
-        raw = parse_qs(self.scope.get("query_string", b"").decode(errors="replace")).get("ticket", [""])[0]
+        await self.accept()
+        self.hello_timer = asyncio.ensure_future(self._hello_deadline())
+
+    async def _hello_deadline(self) -> None:
+        await asyncio.sleep(HELLO_SECONDS)
+        if not self.greeted:
+            await self.close(code=CLOSE_NO_HELLO)
+
+    async def _hello(self, content: Any) -> None:
+        self.greeted = True
+        raw = content.get("ticket") if isinstance(content, dict) and content.get("type") == "hello" else None
         try:
-            self.claims = tokens.visitor_ticket_decode(raw, slug=self.slug)
-            self.mode = modes.of_claims(self.claims)
+            claims = tokens.visitor_ticket_decode(raw if isinstance(raw, str) else "", slug=self.slug)
+            mode = modes.of_claims(claims)
         except tokens.InvalidTicket:
-            await self.close(code=CLOSE_INVALID_TICKET)  # before accept: the handshake is refused
+            await self.close(code=CLOSE_INVALID_TICKET)
             return
+        lease = viewer_services.SocketLease(self.slug, claims.ticket_id, uuid.uuid4().hex)
+        try:
+            taken = await sync_to_async(viewer_services.viewer_open, thread_sensitive=False)(
+                lease, most=SOCKETS_PER_TICKET, now=time.time()
+            )
+        except redis.RedisError:
+            await self.close(code=CLOSE_TRY_AGAIN_LATER)
+            return
+        if not taken:
+            await self.close(code=CLOSE_TOO_MANY_SOCKETS)
+            return
+        self.claims, self.mode, self.lease = claims, mode, lease
+        viewers.opened(lease)
         # Private events come through this consumer's own channel; the queue's public ones through the
         # server's one listener for the queue (_PublicFanout), which writes them to every socket.
         # A stateless queue's ticket has no private events and no presence to keep: it hears the window
         # move and asks for its status (its access token) when the window reaches it.
         if self.mode.keeps_visitors:
             await self.channel_layer.group_add(self.mode.private_group(self.claims), self.channel_name)
-        await self.accept()
+        await self.send_json({"type": "ready", "ticket_id": claims.ticket_id})
         _fanout().add(self.slug, self, self.channel_layer)
         collector.ensure()
-        viewers.opened(self.slug)
         if self.mode.keeps_visitors:
             self.heartbeat = asyncio.ensure_future(self._heartbeat())
 
@@ -81,6 +121,8 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
             await self._release()
 
     async def _release(self) -> None:
+        if self.hello_timer is not None:
+            self.hello_timer.cancel()
         if self.claims is None:
             return
         group = self.mode.private_group(self.claims)
@@ -88,7 +130,8 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         if self.heartbeat is not None:
             self.heartbeat.cancel()
         _fanout().discard(self.slug, self)
-        viewers.closed(self.slug)
+        if self.lease is not None:
+            await viewers.closed(self.lease)
         if group:
             with contextlib.suppress(Exception):  # the layer's subscription ends with the consumer anyway
                 await self.channel_layer.group_discard(group, self.channel_name)
@@ -107,37 +150,56 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         await self.send(text_data=message["text"])  # encoded once by realtime.send for every socket
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
-        # The only thing a client says is {"type": "status"}: binary frames and text that is not JSON are
-        # ignored (Channels' JSON consumer would raise, ending the consumer without its disconnect).
+        # A client says hello, then at most {"type": "status"}: anything big is refused outright, binary
+        # frames and text that is not JSON are ignored (Channels' JSON consumer would raise, ending the
+        # consumer without its disconnect).
+        if len(text_data or bytes_data or "") > MAX_MESSAGE_CHARS:
+            await self.close(code=CLOSE_MESSAGE_TOO_BIG)
+            return
         if not text_data:
             return
         try:
             content = await self.decode_json(text_data)
         except ValueError:
-            return
-        await self.receive_json(content, **kwargs)
+            content = None
+        if not self.greeted:
+            await self._hello(content)
+        elif content is not None:
+            await self.receive_json(content, **kwargs)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        # A client that saw a gap in the event sequence asks for the truth over the socket: answered at
-        # most once a second (more is a client misbehaving; each answer is a Redis call).
-        if isinstance(content, dict) and content.get("type") == "status":
-            now = time.monotonic()
-            if now - self.asked_at >= ASK_STATUS_EVERY_SECONDS:
-                self.asked_at = now
-                await self._send_status()
+        # A client that saw a gap in the event sequence asks for the truth over the socket. Each answer is
+        # a Redis call, counted by the ticket's "status" limiter as an HTTP poll is; this socket asks Redis
+        # at most once a second, and not at all while the limiter refuses.
+        if self.claims is None or not (isinstance(content, dict) and content.get("type") == "status"):
+            return
+        now = time.monotonic()
+        if now < self.quiet_until:
+            return
+        self.quiet_until = now + ASK_STATUS_EVERY_SECONDS
+        await self._send_status(asked=True)
 
     async def _heartbeat(self) -> None:
         await asyncio.sleep(random.uniform(1, 3))  # sockets opened together do not poll together
         while (interval := await self._send_status()) is not None:
             await asyncio.sleep(interval)
 
-    async def _send_status(self) -> float | None:
-        """Send the visitor's status; returns when to send it again, or None when the ticket is over."""
+    async def _send_status(self, *, asked: bool = False) -> float | None:
+        """Send the visitor's status; returns when to send it again, or None when the ticket is over.
+
+        Read in the ticket's "status" limiter, whether the client asked or the heartbeat reads it: a
+        visitor's status reads are limited alike over HTTP and over any of its sockets."""
         assert self.claims is not None
         try:
             # In a pool thread, closing that thread's stale database connection (used only when Redis
             # lost the queue's policy and it is synced again).
-            view = await database_sync_to_async(modes.status, thread_sensitive=False)(self.claims)
+            view = await database_sync_to_async(modes.status, thread_sensitive=False)(self.claims, limit_scope="status")
+        except ratelimit.Limited as exc:
+            wait = max(exc.decision.retry_after, ASK_STATUS_EVERY_SECONDS)
+            self.quiet_until = time.monotonic() + wait
+            if asked:
+                await self.send_json({"type": "error", "code": "rate_limited", "retry_after": wait})
+            return wait
         except selectors.TicketGone:
             await self.send_json({"type": "expired", "ticket_id": self.claims.ticket_id, "reason": "expired"})
             return None
@@ -271,37 +333,37 @@ collector = _Collector()
 
 
 class _Viewers:
-    """How many sockets this server holds per queue, reported to Redis every few seconds (the stats
-    read the sum over servers). One report per server, not a write per socket."""
+    """The leases (store/viewers.py) of the sockets this server holds: each taken when its socket says
+    hello and given back when it closes; all renewed together every VIEWERS_REPORT_SECONDS."""
 
     def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
-        self.instance = f"{socket.gethostname()}-{os.getpid()}"
+        self.leases: set[viewer_services.SocketLease] = set()
         self._task: asyncio.Task[None] | None = None
 
-    def opened(self, slug: str) -> None:
-        self.counts[slug] += 1
+    def count(self, slug: str) -> int:
+        return sum(1 for lease in self.leases if lease.slug == slug)
+
+    def opened(self, lease: viewer_services.SocketLease) -> None:
+        self.leases.add(lease)
         if self._task is None or self._task.done() or self._task.get_loop() is not asyncio.get_running_loop():
             self._task = asyncio.ensure_future(self._report_forever())
 
-    def closed(self, slug: str) -> None:
-        self.counts[slug] -= 1
+    async def closed(self, lease: viewer_services.SocketLease) -> None:
+        self.leases.discard(lease)
+        with contextlib.suppress(redis.RedisError):  # then its lease runs out on its own
+            await sync_to_async(viewer_services.viewer_close, thread_sensitive=False)(lease, now=time.time())
 
     async def report(self) -> None:
-        counts = {slug: max(0, count) for slug, count in self.counts.items()}
-        if counts:
-            await sync_to_async(services.viewers_report, thread_sensitive=False)(
-                counts, instance=self.instance, now=time.time()
+        if self.leases:
+            await sync_to_async(viewer_services.viewers_report, thread_sensitive=False)(
+                list(self.leases), now=time.time()
             )
-        for slug, count in counts.items():
-            if count == 0 and self.counts.get(slug) == 0:  # reported as zero once: stop writing it
-                del self.counts[slug]
 
     async def _report_forever(self) -> None:
         while True:
+            await asyncio.sleep(VIEWERS_REPORT_SECONDS)
             with contextlib.suppress(redis.RedisError):  # the next report will do
                 await self.report()
-            await asyncio.sleep(VIEWERS_REPORT_SECONDS)
 
 
 viewers = _Viewers()

@@ -6,6 +6,7 @@ services write a queue and then mirror its policy to Redis (`services.queue_conf
 
 from __future__ import annotations
 
+import secrets
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -415,10 +416,20 @@ class PriorityLevel(models.Model):
             raise ValidationError({"placement_fraction": "Normal joiners always go to the back (0)."})
 
 
+PRIORITY_CODE_BYTES = 12  # 96 bits: a code cannot be guessed (joins that try codes are rate-limited too)
+
+
+def priority_code_new() -> str:
+    """A fresh priority code: 16 URL-safe characters, 96 random bits (an operator may type their own)."""
+    return secrets.token_urlsafe(PRIORITY_CODE_BYTES)
+
+
 class PriorityCode(models.Model):
     queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="priority_codes")
     code = models.CharField(
         max_length=64,
+        default=priority_code_new,
+        help_text="Generated (96 random bits) unless you type one; a short or guessable code can be guessed.",
         validators=[RegexValidator(r"^[A-Za-z0-9_-]{4,64}$", "4-64 letters, digits, '-' or '_'.")],
     )
     level = models.PositiveSmallIntegerField(choices=[c for c in PriorityLevel.Level.choices if c[0] > 0])
@@ -471,9 +482,11 @@ class SigningKey(models.Model):
 
 
 class QueueChange(models.Model):
-    """The audit log: who changed what on a queue, with the values before and after."""
+    """The audit log: who changed what on a queue, with the values before and after. It outlives its queue
+    (the entry keeps the slug) and cannot be edited or deleted from admin."""
 
-    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="changes")
+    queue = models.ForeignKey(Queue, null=True, blank=True, on_delete=models.SET_NULL, related_name="changes")
+    queue_slug = models.CharField(max_length=64, default="", help_text="The queue's slug when the entry was made.")
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     actor_label = models.CharField(max_length=150, help_text="Who, when there is no user (a command).")
     action = models.CharField(max_length=40)
@@ -485,7 +498,7 @@ class QueueChange(models.Model):
         ordering = ("-created_at", "-id")
 
     def __str__(self) -> str:
-        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.queue.slug} {self.action} by {self.actor_label}"
+        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.queue_slug} {self.action} by {self.actor_label}"
 
 
 class FinishedTicket(models.Model):

@@ -245,20 +245,29 @@ def join(visit: Visit) -> Joined:
     return of_queue(visit.slug).join(visit)  # a second WrongMode: the queue flips back and forth
 
 
-def window_public(slug: str) -> dict[str, Any]:
+def window_public(slug: str, *, address: str = "") -> dict[str, Any]:
     """A stateless queue's public window. TicketGone for a tracked or unknown queue, which is remembered
-    for a few seconds: a crowd asking for a window that is not there costs the database nothing."""
+    for a few seconds (in this process, then in the shared cache): a crowd asking for a window that is not
+    there costs the database nothing, and a repeated miss costs no round trip after the window's own read.
+    A miss known to neither reads the database, so those are counted per client `address`
+    (ratelimit.Limited; scope `window_miss`): made-up slugs cannot make every request a query."""
     try:
         return selectors.window_public_get(slug=slug)  # one HMGET: a live stateless queue's answer
     except selectors.PolicyMissing:
         pass
     refused = caching.window_refused_key(slug)
-    if caching.cached(refused):
+    if caching.local_cached(refused):
         raise TicketGone(slug)
+    if caching.cached(refused):
+        caching.local_remember(refused, True, caching.WINDOW_REFUSED_LOCAL_SECONDS)
+        raise TicketGone(slug)
+    if address:
+        selectors.limit_check("window_miss", address)
     try:
         return _ensured(slug, lambda: selectors.window_public_get(slug=slug), mode=STATELESS.name)
     except TicketGone:
         # A switch to stateless mode that lands between the read above and this line is answered 404 for
         # at most WINDOW_REFUSED_SECONDS (its invalidation ran before this entry was written).
         caching.remember(refused, True, caching.WINDOW_REFUSED_SECONDS)
+        caching.local_remember(refused, True, caching.WINDOW_REFUSED_LOCAL_SECONDS)
         raise

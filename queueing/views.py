@@ -133,7 +133,8 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
         "view": view,
         "reason": RETURN_REASONS.get(request.GET.get("reason", "")),
         "opens_at": datetime.fromtimestamp(opens, tz=UTC) if opens else None,
-        "shuffle": selectors.queue_shuffle_get(slug=slug) if policy.get("starts_at_ms", "0") != "0" else None,
+        # The commitment, seed and times only: never the pre-queue's lists (megabytes in a big sale).
+        "shuffle": selectors.queue_shuffle_summary_get(slug=slug) if policy.get("starts_at_ms", "0") != "0" else None,
         "refresh_seconds": refresh,
         "refresh_url": refresh_url,
         "retry_in": refresh if retry is not None and retry.state == state else None,

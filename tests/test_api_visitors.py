@@ -64,7 +64,7 @@ def test_join_returns_201_with_a_ticket_and_the_full_body(api, queue):
     assert (body["status"], body["position"], body["queue_length"]) == ("waiting", 1, 1)
     assert body["queue_state"] == "paused"
     assert body["estimated_wait_seconds"] is None  # paused: nobody can say
-    assert body["ws_url"].startswith("ws://testserver/ws/queues/") and "ticket=" in body["ws_url"]
+    assert body["ws_url"].startswith("ws://testserver/ws/queues/") and "ticket" not in body["ws_url"]
     assert int(response["Retry-After"]) >= 1
 
 
@@ -296,3 +296,27 @@ def test_neighbours_of_a_ticket_no_longer_in_line_are_none_and_a_bad_ticket_gets
     assert neighbours(api, queue.slug, admitted["ticket"]).json() == {"neighbours": []}
     _assert_401(neighbours(api, queue.slug, admitted["ticket"][:-2] + "xx"))
     _assert_401(api.get(url(queue.slug, "neighbours")))
+
+
+def test_a_hostile_page_cannot_join_for_a_visitor_or_replace_their_identity(make_queue):
+    """Seen: an empty cross-site form POST to join returned 201 and a fresh wr_visitor cookie that overwrote
+    the victim's (who then rejoined at the back on reload); the same for wr_pos_<slug>."""
+    from django.test import Client
+
+    queue = make_queue(state="paused")
+    url = f"/api/v1/queues/{queue.slug}/join"
+    browser = Client()
+    for header, value in (("Sec-Fetch-Site", "cross-site"), ("Origin", "https://evil.example"), ("Origin", "null")):
+        refused = browser.post(url, data="", content_type="application/x-www-form-urlencoded", headers={header: value})
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "cross_site_refused"
+        assert not refused.cookies
+    program = browser.post(
+        url,
+        data={},
+        content_type="application/json",
+        HTTP_ORIGIN="https://partner.example",
+        HTTP_X_VISITOR_ID=str(uuid.uuid4()),
+    )
+    assert program.status_code == 201 and not program.cookies  # an API client: served, no cookie set
+    own_page = browser.post(url, data={}, content_type="application/json", HTTP_ORIGIN="http://testserver")
+    assert own_page.status_code == 201 and "wr_visitor" in own_page.cookies

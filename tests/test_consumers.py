@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import time
+import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
-from queueing import consumers, realtime, services, store, tasks, tokens
+from queueing import consumers, modes, realtime, services, store, tasks, tokens
+from queueing.api import answers
+from queueing.services import viewers as viewer_services
+from waitingroom_site import runstack
 from waitingroom_site.asgi import application
 
 from .factories import decode_ticket, ticket_token, visitor
@@ -20,9 +27,31 @@ ORIGIN = [(b"origin", b"http://localhost"), (b"host", b"localhost")]
 
 
 async def open_socket(slug: str, ticket: str) -> tuple[WebsocketCommunicator, bool, Any]:
-    communicator = WebsocketCommunicator(application, f"/ws/queues/{slug}/?ticket={ticket}", headers=ORIGIN)
+    """A socket that said hello with this ticket: (communicator, ready, close code when refused)."""
+    communicator = WebsocketCommunicator(application, f"/ws/queues/{slug}/", headers=ORIGIN)
     connected, code = await communicator.connect(timeout=5)
-    return communicator, connected, code
+    if not connected:
+        return communicator, False, code
+    await communicator.send_json_to({"type": "hello", "ticket": ticket})
+    return (communicator, *(await answer_to_hello(communicator)))
+
+
+async def answer_to_hello(communicator: WebsocketCommunicator) -> tuple[bool, Any]:
+    output = await communicator.receive_output(timeout=5)
+    if output["type"] == "websocket.close":
+        return False, output.get("code")
+    assert json.loads(output["text"])["type"] == "ready", output
+    return True, None
+
+
+async def closed_with(communicator: WebsocketCommunicator, timeout: float = 5) -> Any:
+    """The close code the server sent (events before it are skipped)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while (left := deadline - asyncio.get_running_loop().time()) > 0:
+        output = await communicator.receive_output(timeout=left)
+        if output["type"] == "websocket.close":
+            return output.get("code")
+    raise AssertionError("the socket was not closed")
 
 
 async def next_event(communicator: WebsocketCommunicator, kind: str, timeout: float = 6) -> dict[str, Any]:
@@ -68,9 +97,8 @@ async def test_a_socket_without_a_valid_ticket_for_this_queue_is_refused(queue, 
 
 
 async def test_a_socket_from_another_site_is_refused(queue):
-    ticket = await waiting_visitor(queue.slug, "v")
     communicator = WebsocketCommunicator(
-        application, f"/ws/queues/{queue.slug}/?ticket={ticket}", headers=[(b"origin", b"http://evil.example")]
+        application, f"/ws/queues/{queue.slug}/", headers=[(b"origin", b"http://evil.example")]
     )
     connected, _ = await communicator.connect(timeout=5)
     assert not connected
@@ -158,10 +186,10 @@ async def test_viewers_are_counted_per_queue(queue):
     tickets = [await waiting_visitor(queue.slug, f"v{i}") for i in range(3)]
     sockets = [(await open_socket(queue.slug, t))[0] for t in tickets]
     await consumers.viewers.report()
-    assert await sync_to_async(store.viewers_count)(queue.slug, now=__import__("time").time()) == 3
+    assert await sync_to_async(store.viewers_count)(queue.slug, now=time.time()) == 3
     await sockets[0].disconnect()
     await consumers.viewers.report()
-    assert await sync_to_async(store.viewers_count)(queue.slug, now=__import__("time").time()) == 2
+    assert await sync_to_async(store.viewers_count)(queue.slug, now=time.time()) == 2
     for communicator in sockets[1:]:
         await communicator.disconnect()
 
@@ -270,9 +298,9 @@ async def test_frames_that_are_not_json_are_ignored_and_the_socket_carries_on(qu
     await communicator.send_json_to({"type": "status"})
     assert (await next_event(communicator, "position", timeout=2))["position"] == 1  # still served
     consumer = _the_consumer(queue.slug)
-    assert consumers.viewers.counts[queue.slug] == 1
+    assert consumers.viewers.count(queue.slug) == 1
     await communicator.disconnect()
-    assert consumers.viewers.counts[queue.slug] == 0
+    assert consumers.viewers.count(queue.slug) == 0
     assert queue.slug not in consumers._fanout().members
     assert consumer.heartbeat is not None and consumer.heartbeat.cancelled()
 
@@ -292,14 +320,158 @@ async def test_whatever_ends_a_consumer_it_stops_counting_fanning_out_and_heartb
         assert asyncio.get_running_loop().time() < deadline, "the consumer did not end"
         await asyncio.sleep(0.05)
     assert isinstance(communicator.future.exception(), ValueError)
-    assert consumers.viewers.counts[queue.slug] == 0
+    assert consumers.viewers.count(queue.slug) == 0
     assert queue.slug not in consumers._fanout().members
     assert consumer.heartbeat is not None and consumer.heartbeat.cancelled()
 
 
-async def test_a_query_string_that_is_not_utf8_is_refused_like_a_bad_ticket(queue):
-    communicator = WebsocketCommunicator(application, f"/ws/queues/{queue.slug}/", headers=ORIGIN)
-    communicator.scope["query_string"] = b"ticket=\xff\xfe\xfd"
-    connected, code = await communicator.connect(timeout=5)
-    assert (connected, code) == (False, consumers.CLOSE_INVALID_TICKET)
+# --- The ticket in the first message, not the URL (issue 13, item 8d) ---------------------------------
+
+
+async def test_the_join_answer_gives_a_socket_address_without_the_ticket(queue, api):
+    url = f"/api/v1/queues/{queue.slug}/join"
+    response = await sync_to_async(api.post)(url, format="json", HTTP_X_VISITOR_ID=str(uuid.uuid4()))
+    body = response.json()
+    assert body["ws_url"] == f"ws://testserver/ws/queues/{queue.slug}/"
+    assert body["ticket"] not in body["ws_url"] and "?" not in body["ws_url"]
+
+
+async def test_a_socket_that_does_not_say_hello_in_time_is_closed_and_a_ticket_in_its_url_counts_for_nothing(
+    queue, monkeypatch
+):
+    monkeypatch.setattr(consumers, "HELLO_SECONDS", 0.3)
+    ticket = await waiting_visitor(queue.slug, "v")
+    communicator = WebsocketCommunicator(application, f"/ws/queues/{queue.slug}/?ticket={ticket}", headers=ORIGIN)
+    connected, _ = await communicator.connect(timeout=5)
+    assert connected
+    assert await closed_with(communicator) == consumers.CLOSE_NO_HELLO
+    assert consumers.viewers.count(queue.slug) == 0
+    await communicator.disconnect()
+
+
+async def test_a_first_message_that_is_not_a_hello_with_a_ticket_is_refused(queue):
+    ticket = await waiting_visitor(queue.slug, "v")
+    for first in (json.dumps({"type": "status"}), "x", json.dumps(ticket)):
+        communicator = WebsocketCommunicator(application, f"/ws/queues/{queue.slug}/", headers=ORIGIN)
+        assert (await communicator.connect(timeout=5))[0]
+        await communicator.send_to(text_data=first)
+        assert await closed_with(communicator) == consumers.CLOSE_INVALID_TICKET, first
+        await communicator.disconnect()
+
+
+# --- A few sockets per ticket, one viewer per ticket (issue 13, item 8a) ----------------------------------
+
+
+async def test_a_ticket_holds_a_few_sockets_the_next_is_refused_and_all_of_them_are_one_viewer(queue):
+    ticket = await waiting_visitor(queue.slug, "tabs")
+    tabs = []
+    for _ in range(consumers.SOCKETS_PER_TICKET):
+        communicator, ready, _ = await open_socket(queue.slug, ticket)
+        assert ready
+        tabs.append(communicator)
+    one_too_many, ready, code = await open_socket(queue.slug, ticket)
+    assert (ready, code) == (False, consumers.CLOSE_TOO_MANY_SOCKETS)
+    await one_too_many.disconnect()
+    other, ready, _ = await open_socket(queue.slug, await waiting_visitor(queue.slug, "other"))
+    assert ready  # the cap is per ticket
+    assert await sync_to_async(store.viewers_count)(queue.slug, now=time.time()) == 2
+    await consumers.viewers.report()  # renewing leases counts nobody twice
+    assert await sync_to_async(store.viewers_count)(queue.slug, now=time.time()) == 2
+
+    await tabs.pop().disconnect()  # a tab closed: its place is free again
+    again, ready, _ = await open_socket(queue.slug, ticket)
+    assert ready
+    for communicator in [*tabs, again]:
+        await communicator.disconnect()
+    assert await sync_to_async(store.viewers_count)(queue.slug, now=time.time()) == 1
+    await other.disconnect()
+    assert await sync_to_async(store.viewers_count)(queue.slug, now=time.time()) == 0
+
+
+async def test_the_cap_holds_across_websocket_servers_and_a_dead_servers_sockets_run_out(queue):
+    """Another server's sockets are leases in Redis: they count against the ticket here, and a server that
+    died without giving them back stops holding them when they run out."""
+    ticket = await waiting_visitor(queue.slug, "v")
+    ticket_id = (await sync_to_async(decode_ticket)(ticket, slug=queue.slug)).ticket_id
+    elsewhere = [viewer_services.SocketLease(queue.slug, ticket_id, f"other-server-{i}") for i in range(5)]
+    for lease in elsewhere:
+        assert await sync_to_async(viewer_services.viewer_open)(
+            lease, most=consumers.SOCKETS_PER_TICKET, now=time.time()
+        )
+    communicator, ready, code = await open_socket(queue.slug, ticket)
+    assert (ready, code) == (False, consumers.CLOSE_TOO_MANY_SOCKETS)
+    await communicator.disconnect()
+    assert await sync_to_async(store.viewers_count)(queue.slug, now=time.time()) == 1
+
+    later = time.time() + store.VIEWERS_FRESH_SECONDS + 1
+    assert await sync_to_async(store.viewers_count)(queue.slug, now=later) == 0
+    lease = viewer_services.SocketLease(queue.slug, ticket_id, "this-server")
+    assert await sync_to_async(viewer_services.viewer_open)(lease, most=consumers.SOCKETS_PER_TICKET, now=later)
+
+
+# --- Small frames only (issue 13, item 8b) ------------------------------------------------------------------
+
+
+async def test_a_frame_bigger_than_any_a_client_sends_closes_the_socket_before_and_after_hello(queue):
+    big = json.dumps({"type": "status", "pad": "x" * consumers.MAX_MESSAGE_CHARS})
+    ticket = await waiting_visitor(queue.slug, "v")
+    before = WebsocketCommunicator(application, f"/ws/queues/{queue.slug}/", headers=ORIGIN)
+    assert (await before.connect(timeout=5))[0]
+    await before.send_to(text_data=big)
+    assert await closed_with(before) == consumers.CLOSE_MESSAGE_TOO_BIG
+    await before.disconnect()
+
+    after, ready, _ = await open_socket(queue.slug, ticket)
+    assert ready
+    await after.send_to(bytes_data=b"\0" * (consumers.MAX_MESSAGE_CHARS + 1))
+    assert await closed_with(after) == consumers.CLOSE_MESSAGE_TOO_BIG
+    await after.disconnect()
+    assert consumers.viewers.count(queue.slug) == 0
+
+
+def _option(command: list[str], name: str) -> str:
+    assert name in command, command
+    return command[command.index(name) + 1]
+
+
+async def test_the_websocket_server_is_started_refusing_big_frames_by_runstack_and_by_compose():
+    import yaml
+
+    args = runstack._parse(["--only", "ws", "--ws-port", "8001"])
+    assert int(_option(runstack.commands(args, "w")["ws"], "--ws-max-size")) <= consumers.MAX_MESSAGE_CHARS
+    compose = yaml.safe_load((Path(__file__).resolve().parent.parent / "docker-compose.yml").read_text())
+    assert int(_option(compose["services"]["ws"]["command"], "--ws-max-size")) <= consumers.MAX_MESSAGE_CHARS
+
+
+# --- Status asked over the socket is limited like a poll (issue 13, item 8c) --------------------------------
+
+
+async def test_status_asked_over_the_socket_is_limited_with_the_tickets_polls_and_refusals_read_nothing(
+    queue, settings, monkeypatch
+):
+    settings.WR_RATE_LIMITS = {
+        **settings.WR_RATE_LIMITS,
+        "status": {"algorithm": "token_bucket", "capacity": 2, "refill_per_second": 0.01},
+    }
+    ticket = await waiting_visitor(queue.slug, "v")
+    for _ in range(2):  # the ticket's HTTP polls use up its bucket
+        assert (await sync_to_async(answers.status_answer)(f"Bearer {ticket}", queue.slug)).status == 200
+    assert (await sync_to_async(answers.status_answer)(f"Bearer {ticket}", queue.slug)).status == 429
+    reads: list[dict[str, Any]] = []
+    status = modes.status
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        reads.append(kwargs)
+        return status(*args, **kwargs)
+
+    monkeypatch.setattr(modes, "status", counted)
+    communicator, ready, _ = await open_socket(queue.slug, ticket)
+    assert ready
+    await communicator.send_json_to({"type": "status"})
+    refused = await next_event(communicator, "error", timeout=2)
+    assert refused["code"] == "rate_limited" and refused["retry_after"] > 1
+    for _ in range(20):
+        await communicator.send_json_to({"type": "status"})
+    await no_event(communicator, "position", within=1.5)
+    assert len(reads) <= 2 and all(read["limit_scope"] == "status" for read in reads)  # the ask, a heartbeat
     await communicator.disconnect()

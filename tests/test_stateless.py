@@ -197,7 +197,7 @@ def test_joins_and_polls_over_the_api_with_dedupe_by_the_signed_cookie_only(wind
     assert first.status_code == 201
     body = first.json()
     assert body["mode"] == "stateless" and body["number"] == 1 and body["place"] == 1 and body["status"] == "waiting"
-    assert body["window"]["active_to"] == 0 and body["ws_url"].endswith(f"?ticket={body['ticket']}")
+    assert body["window"]["active_to"] == 0 and body["ws_url"].endswith(f"/ws/queues/{slug}/")
     assert first.cookies[f"wr_pos_{slug}"].value == body["ticket"]
     again = api.post(f"/api/v1/queues/{slug}/join", {}, format="json")  # the cookie comes back
     assert again.status_code == 200 and again.json()["ticket"] == body["ticket"]

@@ -308,13 +308,14 @@ def test_it_parses_a_session_start_with_the_sessions_end(make_queue, clock):
     epoch = epoch_of(queue)
     args = (visitor("ada"), ada.seq, ada.fence, ms(clock.advance(2)), epoch, ada.expires_ms)
 
-    raw = run("session_start", keys(queue.slug), args)
+    session_keys = [*keys(queue.slug), store.queue_keys(queue.slug).tagged(f"bind:{visitor('ada')}")]
+    raw = run("session_start", session_keys, args)
     reply = store.SessionReply.parse(raw)
 
     assert tuple(reply) == ("valid", ms(admitted_at) + 900_000, False)
     assert reply.expires_ms == ada.expires_ms
     stale = (visitor("ada"), ada.seq, ada.fence + 5, ms(clock.now), epoch, ada.expires_ms)
-    assert tuple(store.SessionReply.parse(run("session_start", keys(queue.slug), stale))) == ("superseded", 0, False)
+    assert tuple(store.SessionReply.parse(run("session_start", session_keys, stale))) == ("superseded", 0, False)
     refuses_a_missing_and_an_extra_field(store.SessionReply.parse, raw)
 
 

@@ -115,6 +115,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Serves the visitor hot path (status polls) without sessions, auth, CSRF or static machinery.
     "waitingroom_site.fastpath.FastPathMiddleware",
+    # Every page (not the hot path's JSON above): Content-Security-Policy, below.
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -127,6 +129,24 @@ MIDDLEWARE = [
     # Last, as django-axes asks: turns a locked-out login into its 429 page.
     "axes.middleware.AxesMiddleware",
 ]
+
+# Content Security Policy (django-csp): scripts only from this site's own files (no inline script, no
+# eval anywhere: the pages keep their data in attributes), websockets to wherever WR_WS_BASE_URL points.
+# Inline styles stay allowed (Django admin and the API docs use style attributes); scripts are the risk.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'", "data:"],
+        "connect-src": ["'self'", "ws:", "wss:"],
+        "worker-src": ["'self'", "blob:"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
 
 # django-axes first: it refuses a locked-out login before any password is checked.
 AUTHENTICATION_BACKENDS = [

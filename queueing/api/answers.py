@@ -16,8 +16,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
+from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse
 from rest_framework.response import Response
 
@@ -125,6 +127,12 @@ def join_answer(
     the waiting page's form (which passes the visitor's `identity` as the page knows it).
     """
     try:
+        cross_site = identity is None and _cross_site(request)
+        if cross_site and not _api_client(request):
+            raise ApiError(
+                "cross_site_refused",
+                "Joins from another site's page are refused. An API client sends JSON with its own X-Visitor-Id.",
+            )
         address = client_address(request.META)
         limit("join", address)
         fields = s.join_request_validate(data)
@@ -145,9 +153,11 @@ def join_answer(
             joined = modes.join(visit)
         except services.JOIN_REFUSALS as exc:
             raise _join_refused(slug, exc) from exc
+        except ratelimit.Limited as exc:  # too many priority codes tried from this address
+            raise rate_limited(exc.decision) from exc
     except ApiError as exc:
         return Answer.error(exc)
-    ticket, ws_url = joined.ticket, _ws_url(request, slug, joined.ticket)
+    ticket, ws_url = joined.ticket, _ws_url(request, slug)
     body = {"ticket": ticket, **joined.view.payload(ahead=False), "ws_url": ws_url}
     if body["status"] == "active":
         body["status"] = "admitted"  # to a joiner, a live session is simply "go through"
@@ -155,9 +165,30 @@ def join_answer(
         201 if joined.created else 200,
         body,
         _poll_headers(joined.view),
-        joined.visitor_cookie,
-        (slug, joined.ticket) if joined.position_cookie else None,
+        # A cross-site request never carries the visitor's cookies (SameSite): it must not replace them.
+        None if cross_site else joined.visitor_cookie,
+        (slug, joined.ticket) if joined.position_cookie and not cross_site else None,
     )
+
+
+def _cross_site(request: HttpRequest) -> bool:
+    """Sent from another site's page: the browser says so (Sec-Fetch-Site), or the Origin is not this host."""
+    if request.META.get("HTTP_SEC_FETCH_SITE") == "cross-site":
+        return True
+    origin = request.META.get("HTTP_ORIGIN")
+    if origin is None:
+        return False  # not a browser's cross-origin request (browsers send Origin on every POST)
+    try:
+        return bool(origin == "null" or urlsplit(str(origin)).netloc != request.get_host())
+    except (ValueError, DisallowedHost):
+        return True
+
+
+def _api_client(request: HttpRequest) -> bool:
+    """A program, not a hostile page: a JSON body and its own identity header (a page on another site
+    cannot send either without a CORS preflight this server never grants)."""
+    content_type = request.META.get("CONTENT_TYPE", "").split(";")[0].strip().lower()
+    return content_type == "application/json" and bool(request.META.get("HTTP_X_VISITOR_ID"))
 
 
 def _proof(slug: str, fields: dict[str, Any]) -> pow.Solved | None:
@@ -180,8 +211,9 @@ def _identify(request: HttpRequest, user: Any) -> VisitorIdentity:
         raise ApiError("invalid_visitor_id", str(exc)) from exc
 
 
-def _ws_url(request: HttpRequest, slug: str, ticket: str) -> str:
-    return realtime.socket_url(request, f"/ws/queues/{slug}/?ticket={ticket}")
+def _ws_url(request: HttpRequest, slug: str) -> str:
+    # No ticket in it: URLs land in proxies' access logs. The socket's first message carries the ticket.
+    return realtime.socket_url(request, f"/ws/queues/{slug}/")
 
 
 # Refusals that say only what happened; the others below carry when to come back, or a challenge.
@@ -294,17 +326,21 @@ def status_fast(request: HttpRequest, slug: str) -> HttpResponse:
 # --- A stateless queue's window -------------------------------------------------------------------------
 
 
-def window_answer(slug: str) -> Answer:
+def window_answer(slug: str, address: str = "") -> Answer:
     """A stateless queue's window, for anyone (no ticket): one Redis read. Cacheable until about the next
-    step of the window (at most one interval), so a CDN can answer most of a crowd's polls."""
+    step of the window (at most one interval), so a CDN can answer most of a crowd's polls. A queue with no
+    window is a 404 remembered for a moment; reads that would have to ask the database are limited per
+    client `address` (when the caller knows it)."""
     try:
-        window = modes.window_public(slug)
+        window = modes.window_public(slug, address=address)
     except selectors.TicketGone:
         return Answer.error(ApiError("not_found", f"Queue '{slug}' is not a stateless queue (or does not exist)."))
+    except ratelimit.Limited as exc:
+        return Answer.error(rate_limited(exc.decision))
     due, interval = window["next_step_in"], window["window_interval"]
     max_age = max(1, min(math.ceil(interval), math.ceil(due) if due is not None else math.ceil(interval)))
     return Answer(200, window, {"Cache-Control": f"public, max-age={max_age}"})
 
 
 def window_fast(request: HttpRequest, slug: str) -> HttpResponse:
-    return plain(lambda: window_answer(slug))
+    return plain(lambda: window_answer(slug, client_address(request.META)))

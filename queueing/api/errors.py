@@ -32,6 +32,7 @@ ERROR_CODES: dict[str, int] = {
     "invalid_credentials": 401,
     "invalid_api_key": 401,
     "permission_denied": 403,
+    "cross_site_refused": 403,
     "not_found": 404,
     "queue_not_found": 404,
     "ticket_not_found": 404,

@@ -8,8 +8,10 @@ DRF's own ScopedRateThrottle) or the class's `scope`:
     class MyView(APIView):
         throttle_classes = [ClientAddressThrottle]  # or TicketThrottle
         throttle_scope = "my_scope"                  # WR_RATE_LIMITS["my_scope"]; absent: unlimited
+                                                     # (or selectors.DEFAULT_LIMITS["my_scope"])
 
 * ClientAddressThrottle: per client address (X-Forwarded-For believed only from WR_TRUSTED_PROXIES);
+  DatabaseAnswerThrottle: the same for an answer that needs no Redis (not refused while Redis is away);
 * TicketThrottle: per ticket holder (the visitor of the request's Bearer ticket for the view's queue);
 * ProtectedSiteThrottle: per API key; StaffThrottle: per signed-in user; StaffLoginThrottle: the staff
   token endpoint, per client address.
@@ -21,11 +23,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 from rest_framework_api_key.permissions import KeyParser
 
-from .. import modes, ratelimit, tokens
+from .. import modes, ratelimit, selectors, tokens
 from ..visitors import client_address
 from .errors import ApiError, retry_after
 
@@ -39,8 +42,9 @@ def rate_limited(decision: ratelimit.Decision) -> ApiError:
 
 
 def limit(scope: str, ident: str) -> None:
-    """Count a request of `ident` in `scope`; ApiError rate_limited (429) when it is over the limit."""
-    decision = ratelimit.hit(scope, ident)
+    """Count a request of `ident` in `scope`; ApiError rate_limited (429) when it is over the limit. A few
+    scopes have a default limit in code (selectors.DEFAULT_LIMITS) while settings name none."""
+    decision = selectors.limit_hit(scope, ident)
     if not decision.allowed:
         raise rate_limited(decision)
 
@@ -70,6 +74,17 @@ class ClientAddressThrottle(ScopedRateThrottle):
 
     def ident(self, request: Request, view: Any) -> str | None:
         return client_address(request.META)
+
+
+class DatabaseAnswerThrottle(ClientAddressThrottle):
+    """Per client address, for an answer that needs no Redis (it comes from the database): with Redis away
+    the limiter cannot count, and the request is answered rather than refused with a 503."""
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        try:
+            return super().allow_request(request, view)
+        except redis.RedisError:
+            return True
 
 
 class TicketThrottle(ScopedRateThrottle):

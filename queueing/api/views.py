@@ -21,12 +21,19 @@ from rest_framework_simplejwt.authentication import JWTAuthentication
 
 from .. import modes, selectors, services, signing_keys, tokens
 from ..models import Queue
+from ..visitors import client_address
 from . import serializers as s
 from .answers import authorization, join_answer, status_answer, ticket_claims, window_answer
 from .errors import ApiError
 from .permissions import CanChangeQueue, HasQueueApiKey, IsStaff
 from .schema import JSON_BODY, error_responses
-from .throttling import ClientAddressThrottle, ProtectedSiteThrottle, StaffThrottle, TicketThrottle
+from .throttling import (
+    ClientAddressThrottle,
+    DatabaseAnswerThrottle,
+    ProtectedSiteThrottle,
+    StaffThrottle,
+    TicketThrottle,
+)
 
 # Security requirements for the schema (drf-spectacular's hint says list[str]; it takes these objects).
 TICKET_AUTH: Any = [{"ticket": []}]
@@ -150,15 +157,26 @@ class WindowView(APIView):
             "`Cache-Control: max-age` lasts until about the next step. An active ticket gets its access token "
             "from the status endpoint. 404 `not_found` for a tracked queue."
         ),
-        responses={200: s.WindowResponseSerializer, **error_responses(503)},
+        responses={200: s.WindowResponseSerializer, **error_responses(429, 503)},
     )
     def get(self, request: Request, slug: str) -> Response:
-        return window_answer(slug).drf()
+        return window_answer(slug, client_address(request.META)).drf()
+
+
+SHUFFLE_REVEALED_MAX_AGE = 3600  # a revealed shuffle never changes; a new start is a new sale, seen within this
+
+
+def _etag_matches(header: str, etag: str) -> bool:
+    """If-None-Match names this entity tag (weak ones compare as strong there, RFC 9110 13.1.2), or is '*'."""
+    tags = {tag.strip().removeprefix("W/") for tag in header.split(",")}
+    return etag in tags or "*" in tags
 
 
 class ShuffleView(APIView):
     authentication_classes: list[Any] = []
     permission_classes: list[Any] = []
+    throttle_classes = [DatabaseAnswerThrottle]
+    throttle_scope = "shuffle"
 
     @extend_schema(
         operation_id="prequeue_shuffle",
@@ -168,15 +186,21 @@ class ShuffleView(APIView):
             "set. From the start: the `seed`, the pre-queue's `tickets` ([sequence number, priority level]) "
             "and the `order` they were put in. Anyone can check that the seed hashes to the commitment and "
             "that ordering by priority level (highest first), then by SHA-256 of `<seed>:<sequence number>`, "
-            "gives that order (`manage.py verify_shuffle`). Cacheable for a few seconds."
+            "gives that order (`manage.py verify_shuffle`). Cacheable for a few seconds before the start and "
+            f"for {SHUFFLE_REVEALED_MAX_AGE} s once revealed (it never changes then); send `If-None-Match` "
+            "with the `ETag` to get 304. Rate-limited per client address."
         ),
-        responses={200: s.ShuffleResponseSerializer, **error_responses(406)},
+        responses={200: s.ShuffleResponseSerializer, 304: None, **error_responses(406, 429)},
     )
     def get(self, request: Request, slug: str) -> Response:
-        record = selectors.queue_shuffle_get(slug=slug)
-        if record is None:
+        summary = selectors.queue_shuffle_summary_get(slug=slug)
+        if summary is None:
             raise ApiError("not_found", "This queue has no scheduled start, so no shuffle.")
-        return Response(record, headers={"Cache-Control": "public, max-age=5"})
+        max_age = SHUFFLE_REVEALED_MAX_AGE if summary["revealed"] else 5
+        headers = {"ETag": selectors.queue_shuffle_etag(summary), "Cache-Control": f"public, max-age={max_age}"}
+        if _etag_matches(request.META.get("HTTP_IF_NONE_MATCH", ""), headers["ETag"]):
+            return Response(status=304, headers=headers)  # the lists are not even read
+        return Response(selectors.queue_shuffle_get(slug=slug), headers=headers)
 
 
 class LeaveView(APIView):

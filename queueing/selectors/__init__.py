@@ -8,6 +8,7 @@ the visitor paths) and reads again.
 """
 
 from ..store import QueueSnapshot, WaitSample
+from .limits import DEFAULT_LIMITS, limit_check, limit_hit
 from .queues import (
     MODE_CACHE_SECONDS,
     health_window_seconds,
@@ -16,7 +17,9 @@ from .queues import (
     queue_mode_get,
     queue_policy_get,
     queue_sessions_get,
+    queue_shuffle_etag,
     queue_shuffle_get,
+    queue_shuffle_summary_get,
     queue_snapshot_get,
     queue_stats_get,
     site_health_get,
@@ -52,6 +55,7 @@ from .windows import (
 )
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "EXPIRED_WINDOW",
     "MODE_CACHE_SECONDS",
     "RATE_TAU_S",
@@ -64,6 +68,8 @@ __all__ = [
     "admission_link",
     "health_window_seconds",
     "heartbeat_ceiling",
+    "limit_check",
+    "limit_hit",
     "observed_per_minute",
     "opens_in_seconds",
     "outflow_in_force",
@@ -75,7 +81,9 @@ __all__ = [
     "queue_mode_get",
     "queue_policy_get",
     "queue_sessions_get",
+    "queue_shuffle_etag",
     "queue_shuffle_get",
+    "queue_shuffle_summary_get",
     "queue_snapshot_get",
     "queue_stats_get",
     "site_health_get",

@@ -168,15 +168,50 @@ def queue_policy_get(slug: str) -> dict[str, str]:
     return policy
 
 
-def queue_shuffle_get(*, slug: str) -> dict[str, Any] | None:
-    """The public record of the queue's latest scheduled start's shuffle (commitment; seed once revealed),
-    from the cache (the schedule's services drop it when the record changes)."""
+# The columns a page needs of a shuffle: never `tickets` and `order`, which hold the whole pre-queue
+# (megabytes for a big sale) and would be read on every page load at the moment everyone reloads.
+SHUFFLE_SUMMARY_FIELDS = ("starts_at", "seed", "commitment", "committed_at", "revealed_at", "numbers")
+
+
+def queue_shuffle_summary_get(*, slug: str) -> dict[str, Any] | None:
+    """The public record of the queue's latest scheduled start's shuffle without its lists: the commitment,
+    the seed once revealed and the times (what the waiting page shows), from the cache (the schedule's
+    services drop it when the record changes)."""
 
     def read() -> dict[str, Any] | None:
-        record = QueueShuffle.objects.filter(queue__slug=slug).order_by("-starts_at").first()
-        return shuffle.public_record(record) if record is not None else None
+        latest = QueueShuffle.objects.filter(queue__slug=slug).order_by("-starts_at")
+        row = latest.values(*SHUFFLE_SUMMARY_FIELDS).first()
+        if row is None:
+            return None
+        body = shuffle.public_record(QueueShuffle(**row))  # its lists left empty: dropped here
+        return {k: v for k, v in body.items() if k not in ("tickets", "order")}
 
     return caching.remembered(caching.shuffle_key(slug), read, caching.SHUFFLE_SECONDS)
+
+
+def queue_shuffle_etag(summary: dict[str, Any]) -> str:
+    """A validator of the full public record: it changes only with the commitment or the reveal."""
+    return f'"{summary["commitment"][:32]}-{"r" if summary["revealed"] else "c"}"'
+
+
+def queue_shuffle_get(*, slug: str) -> dict[str, Any] | None:
+    """The whole public record of the queue's latest scheduled start's shuffle (commitment; seed and lists
+    once revealed). A revealed record never changes, so its lists are cached under its commitment for
+    long; only the small summary is dropped when the schedule changes."""
+    summary = queue_shuffle_summary_get(slug=slug)
+    if summary is None or not summary["revealed"] or "method" in summary:  # a stateless record has no lists
+        return summary
+
+    def lists() -> dict[str, Any]:
+        tickets, order = (
+            QueueShuffle.objects.filter(queue__slug=slug, commitment=summary["commitment"])
+            .values_list("tickets", "order")
+            .get()
+        )
+        return {"tickets": tickets, "order": order}
+
+    key = caching.shuffle_lists_key(slug, summary["commitment"])
+    return {**summary, **caching.remembered(key, lists, caching.SHUFFLE_REVEALED_SECONDS)}
 
 
 MODE_CACHE_SECONDS = 2.0

@@ -212,7 +212,7 @@ def queues_tick(*, instance: str | None = None, now: float | None = None) -> int
     admitted = 0
     for queue in Queue.objects.exclude(state=Queue.State.CLOSED).prefetch_related("priority_levels"):
         # Re-mirroring the policy each tick heals a Redis that lost it (restart, failover).
-        queue_config_sync(queue, now=now)
+        queue_config_sync(queue)
         if queue.is_stateless:
             step = queue_window_tick_lead(queue=queue, instance=instance, now=now)
             admitted += int(step is not None and step.stepped)

@@ -36,6 +36,7 @@ def queue_change_record(
     user = actor if isinstance(actor, get_user_model()) else None
     return QueueChange.objects.create(
         queue=queue,
+        queue_slug=queue.slug,
         actor=user,
         actor_label=actor_label or (user.get_username() if user else "system"),
         action=action,

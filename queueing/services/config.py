@@ -163,9 +163,13 @@ def api_key_create(queue: Queue, *, name: str) -> tuple[QueueAPIKey, str]:
     return cast(QueueAPIKey, api_key), key
 
 
-def queue_delete(queue: Queue) -> None:
-    """Delete a queue and everything it has in Redis (its line, tickets and sessions end with it)."""
+def queue_delete(queue: Queue, *, actor: Any = None, actor_label: str = "") -> None:
+    """Delete a queue and everything it has in Redis (its line, tickets and sessions end with it). Its
+    audit log stays, with an entry saying who deleted it."""
     slug = queue.slug
+    queue_change_record(
+        queue, action="delete", before=queue_values(queue), after={}, actor=actor, actor_label=actor_label
+    )
     queue.delete()
     store.queue_delete(slug)
     caching.forget(caching.shuffle_key(slug), caching.window_refused_key(slug))

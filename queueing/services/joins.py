@@ -27,8 +27,14 @@ from .errors import (
 from .recovery import needs_sync, with_policy
 
 
-def priority_code_reserve(*, slug: str, code: str) -> int:
-    """Take one use of a priority code; returns its level. InvalidPriorityCode if it cannot be used."""
+def priority_code_reserve(*, slug: str, code: str, address: str = "") -> int:
+    """Take one use of a priority code; returns its level. InvalidPriorityCode if it cannot be used.
+
+    Joins that carry a code are counted per client `address` in their own scope (`priority_code`),
+    before the code is looked up: past the limit even a right code is refused (ratelimit.Limited), or a
+    guesser would learn from the answers; joins without a code are not counted there."""
+    if address:
+        selectors.limit_check("priority_code", address)
     try:
         # Checked as admin checks codes before any SQL: a NUL or a lone surrogate would fail in the database.
         PriorityCode._meta.get_field("code").run_validators(code)
@@ -90,7 +96,7 @@ def queue_join(
     so retries never spend a code twice.
     """
     if priority_code:
-        priority = max(priority, priority_code_reserve(slug=slug, code=priority_code))
+        priority = max(priority, priority_code_reserve(slug=slug, code=priority_code, address=address))
     try:
         reply = with_policy(
             slug,

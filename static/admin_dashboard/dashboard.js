@@ -2,7 +2,12 @@
  * down), charts drawn with the vendored uPlot, and controls posted with fetch (plain forms without JS). */
 (function () {
   "use strict";
-  var config = window.dashboardConfig || {};
+  // Read from the page's data attributes (its CSP allows no inline script).
+  var holder = document.getElementById("dashboard-config");
+  var config = holder ? {
+    page: holder.dataset.page, slug: holder.dataset.slug, socketUrl: holder.dataset.socketUrl,
+    liveUrl: holder.dataset.liveUrl, dataUrl: holder.dataset.dataUrl
+  } : {};
   var POLL_MS = 5000;
   var state = { socket: null, socketOpen: false, retry: 1000, pollTimer: null, data: null, charts: [] };
   var link = document.getElementById("dash-link");

@@ -454,19 +454,28 @@
   // --- The websocket ------------------------------------------------------------------------------
 
   function connect() {
-    if (!S.wsUrl || !("WebSocket" in window) || S.stopped) return;
+    if (!S.wsUrl || !S.ticket || !("WebSocket" in window) || S.stopped) return;
     clearTimeout(S.reconnectTimer);
     var socket;
     try { socket = new WebSocket(S.wsUrl); } catch (e) { reconnect(); return; }
     S.socket = socket;
+    // The ticket goes in the first message, not the URL (URLs end up in proxies' logs). The socket
+    // counts as open once the server says `ready`: a refused one (a bad ticket, too many tabs) closes
+    // without resetting the reconnection back-off.
     socket.onopen = function () {
-      S.socketOpen = true;
-      S.reconnectMs = 1000;
-      if (root.dataset.state === "offline") poll();
-      schedulePoll();
+      socket.send(JSON.stringify({ type: "hello", ticket: S.ticket }));
     };
     socket.onmessage = function (message) {
-      try { onEvent(JSON.parse(message.data)); } catch (e) { /* a malformed event is ignored */ }
+      var event;
+      try { event = JSON.parse(message.data); } catch (e) { return; } // a malformed event is ignored
+      if (event.type === "ready") {
+        S.socketOpen = true;
+        S.reconnectMs = 1000;
+        if (root.dataset.state === "offline") poll();
+        schedulePoll();
+        return;
+      }
+      try { onEvent(event); } catch (e) { /* nor is one we cannot apply */ }
     };
     socket.onclose = function () {
       var wasOpen = S.socketOpen;

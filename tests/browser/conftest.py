@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -60,3 +61,13 @@ def screenshot(request: pytest.FixtureRequest) -> Callable[[Page, str], Path]:
         return path
 
     return save
+
+
+def wait_until(page: Page, expression: str, timeout: float = 15_000) -> None:
+    """Page.wait_for_function without its in-page polling, which the pages' CSP (no eval) forbids:
+    the expression is evaluated from outside, every 100 ms, until it is true."""
+    deadline = time.monotonic() + timeout / 1000
+    while not page.evaluate(f"() => Boolean({expression})"):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {expression}")
+        page.wait_for_timeout(100)

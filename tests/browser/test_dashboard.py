@@ -8,6 +8,8 @@ from typing import Any
 
 from playwright.sync_api import Page, expect
 
+from .conftest import wait_until
+
 DESKTOP = {"width": 1280, "height": 900}
 
 
@@ -35,7 +37,7 @@ def test_the_dashboard_shows_live_figures_and_charts_and_pausing_takes_effect(st
     expect(page.locator('#q-live [data-field="waiting"]')).to_have_text("4")
     expect(page.locator('#q-live [data-field="admitted"]')).to_have_text("2")
     # The beat stores a snapshot every 10 s; the page redraws its charts as each one arrives.
-    page.wait_for_function("window.dashboard.data && window.dashboard.data.series.length >= 2", timeout=40_000)
+    wait_until(page, "window.dashboard.data && window.dashboard.data.series.length >= 2", timeout=40_000)
     for chart in ("waiting", "outflow", "capacity", "wait", "health"):
         expect(page.locator(f"#chart-{chart} canvas")).to_have_count(1)
     expect(page.locator("#chart-empty")).to_be_hidden()

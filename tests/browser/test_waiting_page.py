@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, Route, expect
 
+from .conftest import wait_until
+
 pytestmark = pytest.mark.browser
 
 # Close the page's socket and make every new one fail to open.
@@ -100,7 +102,7 @@ def test_reloading_or_a_second_tab_keeps_the_same_ticket(stack, contexts):
     assert ticket_id
     page.reload()
     expect_state(page, "paused")  # rendered by the server: the page's script may still be joining
-    page.wait_for_function("window.waitingRoom.ticketId !== null && window.waitingRoom.ticketId !== undefined")
+    wait_until(page, "window.waitingRoom.ticketId !== null && window.waitingRoom.ticketId !== undefined")
     assert page.evaluate("window.waitingRoom.ticketId") == ticket_id
     other_tab = context.new_page()
     other_tab.goto(f"{stack.url}/q/{slug}/")
@@ -112,10 +114,10 @@ def test_with_the_socket_gone_the_page_still_gets_through_by_polling(stack, visi
     slug = stack.new_queue(capacity=5, outflow_per_minute=600, burst=5, state="paused")
     page = visitor()
     page.goto(f"{stack.url}/q/{slug}/")
-    page.wait_for_function("window.waitingRoom.socketOpen === true")
+    wait_until(page, "window.waitingRoom.socketOpen === true")
     # Kill the socket and make every reconnection fail: only polling is left.
     page.evaluate(KILL_SOCKETS)
-    page.wait_for_function("window.waitingRoom.socketOpen === false")
+    wait_until(page, "window.waitingRoom.socketOpen === false")
     stack.configure(slug, state="open")
     page.wait_for_url(re.compile(rf"/demo/{slug}/protected/$"), timeout=15_000)
     expect(page.get_by_role("heading", name="You're in")).to_be_visible()
@@ -160,7 +162,7 @@ def test_the_estimate_counts_down_smoothly_between_updates(stack, visitor):
     page = visitor()
     page.goto(f"{stack.url}/q/{slug}/")
     expect_state(page, "waiting")
-    page.wait_for_function("window.waitingRoom.position !== null")
+    wait_until(page, "window.waitingRoom.position !== null")
     first = page.evaluate("document.getElementById('wr-eta').textContent")
     assert "minute" in first
     # The shown figure ticks down by itself, never up while nothing changes.
@@ -257,7 +259,7 @@ def test_every_state_renders(stack, visitor, screenshot):
     key = stack.manage("create_api_key", expired).strip()
     page = visitor()
     page.goto(url.format(expired))
-    page.wait_for_function("window.waitingRoom.socketOpen === true")
+    wait_until(page, "window.waitingRoom.socketOpen === true")
     with stack.client() as client:
         ticket_id = page.evaluate("window.waitingRoom.ticketId")
         client.post(
@@ -311,7 +313,7 @@ def test_every_state_renders(stack, visitor, screenshot):
     offline = stack.new_queue(state="paused")
     page = visitor()
     page.goto(url.format(offline))
-    page.wait_for_function("window.waitingRoom.socketOpen === true")
+    wait_until(page, "window.waitingRoom.socketOpen === true")
     page.route(re.compile(r"/api/v1/queues/[^/]+/status$"), lambda route: route.abort())
     page.evaluate(
         "() => { window.WebSocket = function () { throw new Error('down'); }; window.waitingRoom.socket.close(); }"
@@ -341,7 +343,7 @@ def test_with_the_proof_of_work_gate_on_the_page_solves_the_puzzle_in_a_worker_a
     assert page.evaluate("document.getElementById('wr-pow-bar').style.width") == "100%"
     assert stack.waiting(slug) == 1
     page.reload()  # the visitor's ticket comes back without another puzzle
-    page.wait_for_function("window.waitingRoom.ticketId !== null && window.waitingRoom.ticketId !== undefined")
+    wait_until(page, "window.waitingRoom.ticketId !== null && window.waitingRoom.ticketId !== undefined")
     expect_state(page, "paused")
     assert stack.waiting(slug) == 1
 
@@ -373,7 +375,8 @@ def test_a_stateless_queues_page_follows_the_window_and_goes_through_without_pol
 
 def test_an_admissions_link_opened_in_a_second_browser_is_refused_with_the_reason(stack, contexts, screenshot):
     """Seen: one `?wr_access=` link opened in three browsers let all three in, at once, until it expired."""
-    slug = stack.new_queue(capacity=5, outflow_per_minute=600, burst=5)
+    # One slot: the second browser, sent to the waiting page, joins the line there and stays to read why.
+    slug = stack.new_queue(capacity=1, outflow_per_minute=600, burst=5)
     admitted = api_join(stack, slug)
     assert admitted["status"] == "admitted", admitted
     link = admitted["redirect_url"]

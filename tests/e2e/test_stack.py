@@ -164,6 +164,8 @@ def test_an_admission_by_the_worker_reaches_the_visitors_socket_and_nobody_elses
         connect(first["ws_url"], additional_headers=headers) as one,
         connect(second["ws_url"], additional_headers=headers) as two,
     ):
+        for socket_, ticket in ((one, first), (two, second)):  # the ticket goes in the first message
+            socket_.send(json.dumps({"type": "hello", "ticket": ticket["ticket"]}))
         time.sleep(0.5)
         stack.configure(slug, state="open")  # the beat's next tick admits the first
         deadline = time.monotonic() + 10

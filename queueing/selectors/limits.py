@@ -1,0 +1,45 @@
+"""Rate limits on refusals that would otherwise cost the database: scopes limited by default, in code, when
+settings.WR_RATE_LIMITS does not name them (an entry there replaces the default; None switches it off).
+
+* `window_miss` (per client address): `/window` reads of a queue with no live window that this process
+  does not already know about (a tracked or unknown queue: each would cost a query or two);
+* `shuffle` (per client address): the pre-queue shuffle's public record (megabytes once revealed);
+* `priority_code` (per client address): joins that carry a priority code, so codes cannot be guessed.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from django.conf import settings
+
+from .. import ratelimit, store
+from ..clock import now_ms
+
+DEFAULT_LIMITS: dict[str, dict[str, Any]] = {
+    "window_miss": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 60, "max_requests": 60},
+    "shuffle": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 60, "max_requests": 60},
+    "priority_code": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 600, "max_requests": 20},
+}
+
+
+@lru_cache(maxsize=len(DEFAULT_LIMITS))
+def _default_limiter(scope: str) -> ratelimit.Limiter:
+    return ratelimit.limiter_from_config(DEFAULT_LIMITS[scope])
+
+
+def limit_hit(scope: str, ident: str, *, now: float | None = None) -> ratelimit.Decision:
+    """Count one request of `ident` in `scope`: the limiter settings name, else the default above."""
+    if scope in settings.WR_RATE_LIMITS or scope not in DEFAULT_LIMITS:
+        return ratelimit.hit(scope, ident, now=now)
+    limiter = _default_limiter(scope)
+    key = store.limit_key(f"{scope}:{limiter.algorithm}", ident)  # as ratelimit.prepare names it
+    return ratelimit.decision_from(store.limit_hit(limiter.algorithm, key, *limiter.arguments(now_ms(now))))
+
+
+def limit_check(scope: str, ident: str, *, now: float | None = None) -> None:
+    """ratelimit.Limited when `ident` is over its limit in `scope` (the request is counted)."""
+    decision = limit_hit(scope, ident, now=now)
+    if not decision.allowed:
+        raise ratelimit.Limited(decision)

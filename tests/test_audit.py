@@ -1,0 +1,30 @@
+"""The audit log cannot be edited or deleted from admin, and it outlives its queue (issue 13, item 10)."""
+
+from __future__ import annotations
+
+from queueing.models import Queue, QueueChange
+
+
+def test_admin_cannot_delete_an_audit_entry(admin_client, make_queue):
+    queue = make_queue()
+    entry = QueueChange.objects.filter(queue=queue).first()
+    assert entry is not None
+    url = f"/admin/queueing/queuechange/{entry.pk}/delete/"
+    assert admin_client.post(url, {"post": "yes"}).status_code == 403
+    listing = admin_client.post(
+        "/admin/queueing/queuechange/", {"action": "delete_selected", "_selected_action": [entry.pk], "post": "yes"}
+    )
+    assert listing.status_code in (200, 302)
+    assert QueueChange.objects.filter(pk=entry.pk).exists()
+
+
+def test_deleting_a_queue_keeps_its_audit_log_and_says_who_deleted_it(admin_client, make_queue):
+    queue = make_queue()
+    slug = queue.slug
+    assert admin_client.post(f"/admin/queueing/queue/{queue.pk}/delete/", {"post": "yes"}).status_code == 302
+    assert not Queue.objects.filter(slug=slug).exists()
+    actions = list(
+        QueueChange.objects.filter(queue_slug=slug).order_by("created_at", "id").values_list("action", flat=True)
+    )
+    assert actions == ["create", "delete"]
+    assert QueueChange.objects.get(queue_slug=slug, action="delete").actor_label == "admin"
