@@ -17,6 +17,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar, Generic, TypeVar
 
 from . import caching, pow, realtime, selectors, services, tokens
@@ -119,6 +120,9 @@ class Tracked(QueueMode[tokens.TicketClaims]):
 
     def join(self, visit: Visit) -> Joined:
         identity = visit.identify()
+        kept = self._from_before_rotation(visit.slug, identity)
+        if kept is not None:  # a ticket from before the secret's rotation: that one, not a new one at the back
+            return Joined(False, self._ticket(visit.slug, kept), kept, visitor_cookie=identity.new_cookie)
         result = services.queue_join(
             slug=visit.slug,
             visitor_key=identity.key,
@@ -129,15 +133,38 @@ class Tracked(QueueMode[tokens.TicketClaims]):
             proof=visit.proof,
         )
         view = selectors.ticket_view(visit.slug, result.reply)
-        ticket = tokens.ticket_issue(
-            slug=visit.slug,
+        return Joined(result.created, self._ticket(visit.slug, view), view, visitor_cookie=identity.new_cookie)
+
+    @staticmethod
+    def _ticket(slug: str, view: TicketView) -> str:
+        return tokens.ticket_issue(
+            slug=slug,
             ticket_id=view.ticket_id,
             seq=view.seq,
             priority=view.priority,
             epoch=view.epoch,
             placement=view.placement,
         )
-        return Joined(result.created, ticket, view, visitor_cookie=identity.new_cookie)
+
+    @staticmethod
+    def _from_before_rotation(slug: str, identity: VisitorIdentity) -> TicketView | None:
+        """The visitor's live ticket under a key from before SECRET_KEY was rotated (SECRET_KEY_FALLBACKS),
+        if they have none under the current one. Nothing to look up unless fallbacks are set."""
+        if not identity.former:
+            return None
+        try:
+            selectors.visitor_status_get(slug=slug, visitor_key=identity.key)
+            return None  # a ticket under the current key: the join finds it
+        except (TicketGone, selectors.PolicyMissing):
+            pass
+        for former in identity.former:
+            try:
+                view = selectors.visitor_status_get(slug=slug, visitor_key=former)
+            except (TicketGone, selectors.PolicyMissing):
+                continue
+            if view.status in ("waiting", "admitted", "active"):
+                return view
+        return None
 
     def holder(self, claims: tokens.TicketClaims) -> str:
         return claims.visitor_key
@@ -152,10 +179,12 @@ class Tracked(QueueMode[tokens.TicketClaims]):
         services.ticket_leave(slug=claims.slug, claims=claims)
 
     def held(self, slug: str, *, identity: VisitorIdentity, held_ticket: str) -> TicketView | None:
-        try:
-            return _ensured(slug, lambda: selectors.visitor_status_get(slug=slug, visitor_key=identity.key))
-        except TicketGone:
-            return None
+        for key in (identity.key, *identity.former):  # former: keys from before a rotation of the secret
+            try:
+                return _ensured(slug, partial(selectors.visitor_status_get, slug=slug, visitor_key=key))
+            except TicketGone:
+                continue
+        return None
 
 
 class Stateless(QueueMode[tokens.PositionClaims]):

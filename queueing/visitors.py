@@ -18,7 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.http import HttpRequest
 
-from .tokens import visitor_key
+from .tokens import former_visitor_keys, visitor_key
 
 COOKIE_SALT = "waitingroom.visitor"
 MIN_BITS = 128
@@ -80,19 +80,24 @@ class VisitorIdentity:
     key: str  # the visitor key used in Redis and tickets
     user: Any  # the signed-in user, or None
     new_cookie: str | None  # set this as the visitor cookie on the response
+    former: tuple[str, ...] = ()  # its keys under SECRET_KEY_FALLBACKS (a ticket from before a rotation)
+
+
+def _identity(identity: str, user: Any = None, new_cookie: str | None = None) -> VisitorIdentity:
+    return VisitorIdentity(visitor_key(identity), user, new_cookie, former_visitor_keys(identity))
 
 
 def visitor_identity(request: HttpRequest, user: Any = None) -> VisitorIdentity:
     """Resolve the visitor behind a request, in the order SPEC 6.1 gives. InvalidVisitorId on a bad header."""
     if user is not None and getattr(user, "is_authenticated", False):
-        return VisitorIdentity(visitor_key(f"user:{user.pk}"), user, None)
+        return _identity(f"user:{user.pk}", user)
     cookie = request.get_signed_cookie(settings.WR_VISITOR_COOKIE, default=None, salt=COOKIE_SALT)
     if cookie:
-        return VisitorIdentity(visitor_key(f"cookie:{cookie}"), None, None)
+        return _identity(f"cookie:{cookie}")
     header = request.headers.get("X-Visitor-Id")
     if header is not None:
         visitor_id_check(header)
-        return VisitorIdentity(visitor_key(f"header:{header}"), None, None)
+        return _identity(f"header:{header}")
     fresh = random_visitor_id()
     return VisitorIdentity(visitor_key(f"cookie:{fresh}"), None, fresh)
 

@@ -136,3 +136,24 @@ def test_secret_key_fallbacks_come_from_the_environment_and_keep_check_deploy_cl
     assert result.stdout.split() == fallbacks, result.stderr
     result = manage("check", "--deploy", "--fail-level", "WARNING", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_visitor_who_comes_back_with_only_their_cookie_after_a_rotation_keeps_their_place(make_queue, settings):
+    """Left over from item 9: tickets survived a rotation of SECRET_KEY, but a visitor known only by their
+    cookie (a rejoin, the no-JavaScript page) was given a new ticket at the back."""
+    from django.test import Client
+
+    queue = make_queue(state="paused")
+    url = f"/api/v1/queues/{queue.slug}/join"
+    visitor = Client()
+    first = visitor.post(url, data={}, content_type="application/json").json()
+    others = [Client().post(url, data={}, content_type="application/json").json() for _ in range(3)]
+    assert first["position"] == 1 and others[-1]["position"] == 4
+
+    old = settings.SECRET_KEY
+    settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = "rotated-" + "n" * 50, [old]
+    again = visitor.post(url, data={}, content_type="application/json")
+    assert again.status_code == 200 and again.json()["ticket_id"] == first["ticket_id"]
+    assert again.json()["position"] == 1
+    page = visitor.get(f"/q/{queue.slug}/")  # the no-JavaScript page finds it too
+    assert page.status_code == 200 and b'id="wr-position">1<' in page.content
