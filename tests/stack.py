@@ -24,6 +24,8 @@ import pytest
 import redis
 from django.conf import settings
 
+from waitingroom_site import devredis
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -31,6 +33,16 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def redis_server(port: int, directory: Path | None = None, *, aof: bool = False) -> subprocess.Popen[bytes]:
+    """A redis-server of a test's own on `port`, answering when this returns: no RDB snapshots, its data in
+    `directory` with an append-only file if `aof` (else it comes back empty after a restart)."""
+    command = [devredis.server_binary(), "--bind", "127.0.0.1", "--port", str(port), "--save", ""]
+    command += ["--appendonly", "yes" if aof else "no", *(("--dir", str(directory)) if directory else ())]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    devredis.wait_until_it_answers(f"redis://127.0.0.1:{port}/0", directory or ROOT)
+    return process
 
 
 @dataclass
@@ -102,24 +114,33 @@ def start_runstack(var: Path, env: dict[str, str], log: Path, *, port: int, ws_p
         return subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
 
 
-def run_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    var = tmp_path_factory.mktemp("stack")
-    port, ws_port = free_port(), free_port()
-    prefix = f"wre{uuid.uuid4().hex[:8]}"
+def product_env(var: Path, prefix: str) -> dict[str, str]:
+    """The environment the product's own processes get in a test: production settings on plain HTTP, a
+    SQLite file under `var`, the test Redis with every key (and Celery's broker keys) under `prefix`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST_"))}
     env.update(
         DJANGO_SETTINGS_MODULE="waitingroom_site.settings",
         SECRET_KEY=secrets.token_urlsafe(50),
         HTTPS="0",
         DEBUG="0",
-        ALLOWED_HOSTS="127.0.0.1,localhost",
         DATABASE_URL=f"sqlite:///{var / 'db.sqlite3'}",
         REDIS_URL=settings.REDIS_URL,
-        CACHE_URL=settings.REDIS_URL,  # the test database: its cache keys go with the stack's prefix
+        CACHE_URL=settings.REDIS_URL,  # the test database: its cache keys go with the prefix
         WR_REDIS_PREFIX=prefix,
         CELERY_KEY_PREFIX=f"{prefix}:celery:",
         CELERY_TASK_DEFAULT_QUEUE=f"{prefix}-tasks",
         WR_VAR_DIR=str(var),
+    )
+    return env
+
+
+def run_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    var = tmp_path_factory.mktemp("stack")
+    port, ws_port = free_port(), free_port()
+    prefix = f"wre{uuid.uuid4().hex[:8]}"
+    env = product_env(var, prefix)
+    env.update(
+        ALLOWED_HOSTS="127.0.0.1,localhost",
         LOG_LEVEL=os.environ.get("WR_E2E_LOG_LEVEL", "INFO"),
         # The limiters run, with room for tests that join and poll from one address faster than people.
         WR_RATE_LIMITS=json.dumps(

@@ -4,8 +4,6 @@ in Redis, and two real `celery beat` processes on a broker of the test's own."""
 from __future__ import annotations
 
 import json
-import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -19,7 +17,7 @@ from django.conf import settings
 
 from queueing import beat
 
-from .stack import ROOT
+from .stack import ROOT, product_env
 
 
 def test_one_of_two_beats_leads_and_the_other_takes_over_when_the_lease_lapses(monkeypatch):
@@ -46,20 +44,7 @@ def _sent_ticks(client: redis.Redis, key: str) -> int:
 @pytest.mark.e2e
 def test_two_real_beats_send_each_tick_once_and_the_standby_takes_over(tmp_path: Path):
     prefix = f"wrb{uuid.uuid4().hex[:8]}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST_"))}
-    env.update(
-        DJANGO_SETTINGS_MODULE="waitingroom_site.settings",
-        SECRET_KEY=secrets.token_urlsafe(50),
-        HTTPS="0",
-        DEBUG="0",
-        DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}",
-        REDIS_URL=settings.REDIS_URL,
-        CACHE_URL=settings.REDIS_URL,
-        WR_REDIS_PREFIX=prefix,
-        CELERY_KEY_PREFIX=f"{prefix}:celery:",
-        CELERY_TASK_DEFAULT_QUEUE=f"{prefix}-tasks",
-        WR_VAR_DIR=str(tmp_path),
-    )
+    env = product_env(tmp_path, prefix)
     subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], env=env, cwd=ROOT, check=True)
     client = redis.Redis.from_url(settings.REDIS_URL)
     key = f"{prefix}:celery:{prefix}-tasks"

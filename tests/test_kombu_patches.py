@@ -21,19 +21,12 @@ from kombu.common import ignore_errors
 from kombu.message import Message
 
 from waitingroom_site import kombu_patches
-from waitingroom_site.devredis import answers, server_binary
 
-from .stack import free_port
+from .stack import free_port, redis_server
 
 
 def _start(port: int, directory: Path) -> subprocess.Popen[bytes]:
-    command = [server_binary(), "--bind", "127.0.0.1", "--port", str(port), "--dir", str(directory)]
-    process = subprocess.Popen([*command, "--appendonly", "yes", "--save", ""], stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while not answers(f"redis://127.0.0.1:{port}/0"):
-        assert time.monotonic() < deadline, "the private redis-server did not start"
-        time.sleep(0.05)
-    return process
+    return redis_server(port, directory, aof=True)
 
 
 @pytest.fixture

@@ -19,10 +19,9 @@ import redis
 
 from queueing import modes, selectors, services, store, tokens
 from queueing.models import PriorityCode, Queue, QueueChange, QueueShuffle
-from waitingroom_site.devredis import answers, server_binary
 
 from .factories import decode_ticket, join, visitor
-from .stack import free_port
+from .stack import free_port, redis_server
 from .test_schedule import at
 
 
@@ -43,13 +42,7 @@ class PrivateRedis:
 
 
 def _start(port: int) -> subprocess.Popen[bytes]:
-    args = [server_binary(), "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"]
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while not answers(f"redis://127.0.0.1:{port}/0"):
-        assert time.monotonic() < deadline, "the private redis-server did not start"
-        time.sleep(0.05)
-    return process
+    return redis_server(port)  # no persistence: a restart comes back empty
 
 
 @pytest.fixture
@@ -91,6 +84,13 @@ def claims_of(slug: str, ticket: store.TicketState, *, epoch: int = 1) -> tokens
         placement=ticket.score,
     )
     return decode_ticket(raw, slug=slug)
+
+
+def access_token(slug: str, ticket: store.TicketState) -> str:
+    """The access token an admission of epoch 1 gave `ticket`."""
+    return tokens.access_token_issue(
+        slug=slug, ticket_id=ticket.ticket_id, fence=ticket.fence, expires_ms=ticket.expires_ms, epoch=1
+    )
 
 
 def test_flushing_redis_mid_queue_gives_old_tickets_their_order_back_ahead_of_new_joiners(
@@ -208,10 +208,7 @@ def test_the_pre_queue_shuffle_survives_a_loss(make_queue, private_redis, clock)
     by_seq = {t.seq: t for t in [*prequeue, later]}
     for seq in random.sample(list(by_seq), len(by_seq)):
         modes.status(claims=claims_of(queue.slug, by_seq[seq]), now=t0 + 23)
-    ranks = {
-        seq: modes.status(claims=claims_of(queue.slug, t), now=t0 + 24).ahead or 0
-        for seq, t in by_seq.items()
-    }
+    ranks = {seq: modes.status(claims=claims_of(queue.slug, t), now=t0 + 24).ahead or 0 for seq, t in by_seq.items()}
     # All of them back in line (the one admitted before the loss too, at its shuffled place), in the
     # shuffle's order, the later joiner behind the pre-queue.
     assert sorted(ranks, key=lambda seq: ranks[seq]) == [*order, later.seq]
@@ -221,9 +218,7 @@ def test_a_visitor_at_the_site_keeps_its_session_through_a_loss(make_queue, priv
     queue = make_queue(capacity=1)
     inside = join(queue.slug, "inside", now=clock())
     assert inside.status == store.TicketStatus.ADMITTED
-    token = tokens.access_token_issue(
-        slug=queue.slug, ticket_id=inside.ticket_id, fence=inside.fence, expires_ms=inside.expires_ms, epoch=1
-    )
+    token = access_token(queue.slug, inside)
     assert services.session_verify(slug=queue.slug, raw_token=token, now=clock()).valid
     private_redis.flushall()
 
@@ -303,11 +298,7 @@ def test_capacity_holds_across_a_loss_restored_sessions_take_their_slots_before_
     access = []
     for ticket in inside:
         assert ticket.status == store.TicketStatus.ADMITTED
-        access.append(
-            tokens.access_token_issue(
-                slug=queue.slug, ticket_id=ticket.ticket_id, fence=ticket.fence, expires_ms=ticket.expires_ms, epoch=1
-            )
-        )
+        access.append(access_token(queue.slug, ticket))
         assert services.session_verify(slug=queue.slug, raw_token=access[-1], now=clock()).valid
     waiting = [join(queue.slug, f"w{i}", now=clock()) for i in range(10)]
     assert all(t.status == store.TicketStatus.WAITING for t in waiting)
@@ -336,9 +327,7 @@ def test_after_the_hold_a_returning_session_takes_a_free_slot(make_queue, privat
     settings.WR_RESTORE_HOLD_SECONDS = 10
     queue = make_queue(capacity=2)
     ticket = join(queue.slug, "inside", now=clock())
-    token = tokens.access_token_issue(
-        slug=queue.slug, ticket_id=ticket.ticket_id, fence=ticket.fence, expires_ms=ticket.expires_ms, epoch=1
-    )
+    token = access_token(queue.slug, ticket)
     assert services.session_verify(slug=queue.slug, raw_token=token, now=clock()).valid
     private_redis.flushall()
     services.queues_tick(now=clock.advance(1))
@@ -367,9 +356,7 @@ def test_a_session_lost_with_the_state_can_be_completed_and_then_not_started_aga
     """Seen in the fault suite: the site completing a session after Redis lost it got 409 session_not_active."""
     queue = make_queue(capacity=1)
     inside = join(queue.slug, "inside", now=clock())
-    token = tokens.access_token_issue(
-        slug=queue.slug, ticket_id=inside.ticket_id, fence=inside.fence, expires_ms=inside.expires_ms, epoch=1
-    )
+    token = access_token(queue.slug, inside)
     assert services.session_verify(slug=queue.slug, raw_token=token, now=clock()).valid
     private_redis.flushall()
     services.queues_tick(now=clock.advance(1))
@@ -391,13 +378,14 @@ def test_finished_tickets_are_not_given_back_a_place_or_a_session_after_a_loss(m
     gone = join(queue.slug, "gone", now=clock())  # never polls again: abandoned
     live = join(queue.slug, "live", now=clock())
     assert (done.status, kicked.status) == (store.TicketStatus.ADMITTED, store.TicketStatus.ADMITTED)
-    token = tokens.access_token_issue(
-        slug=queue.slug, ticket_id=done.ticket_id, fence=done.fence, expires_ms=done.expires_ms, epoch=1
-    )
+    token = access_token(queue.slug, done)
     assert services.session_verify(slug=queue.slug, raw_token=token, now=clock()).valid
-    assert services.session_complete(
-        slug=queue.slug, claims=tokens.access_token_decode(token, slug=queue.slug), now=clock()
-    ) == "completed"
+    assert (
+        services.session_complete(
+            slug=queue.slug, claims=tokens.access_token_decode(token, slug=queue.slug), now=clock()
+        )
+        == "completed"
+    )
     services.session_revoke(slug=queue.slug, ticket_id=kicked.ticket_id, now=clock())
     assert services.ticket_leave(slug=queue.slug, claims=claims_of(queue.slug, left), now=clock())
     for _ in range(3):  # the live one keeps polling; the gone one is abandoned

@@ -45,7 +45,7 @@ def session_verify(
     except tokens.InvalidAccessToken as exc:
         return VerifyResult(False, "expired" if exc.expired else "invalid", "", 0)
     binding = browser_digest(browser)
-    if claims.stateless and (store.config_read(slug).get("mode") or selectors.queue_mode_get(slug)) != "stateless":
+    if claims.stateless and (store.mode(slug) or selectors.queue_mode_get(slug)) != Queue.Mode.STATELESS:
         return VerifyResult(False, "invalid", claims.ticket_id, 0)  # signed before a switch to tracked mode
     if claims.stateless:
         # A stateless queue keeps no sessions (SPEC 4): a token it signed is good until it expires, in the

@@ -65,6 +65,12 @@ def config_read(slug: str) -> dict[str, str]:
     return cast(dict[str, str], client().hgetall(queue_keys(slug).cfg))
 
 
+def mode(slug: str) -> str | None:
+    """The queue's mode as its mirrored policy says (None when Redis has no policy for it)."""
+    value = client().hget(queue_keys(slug).cfg, "mode")
+    return None if value is None else str(value)
+
+
 def pow_difficulty(slug: str) -> int:
     """The queue's proof-of-work difficulty in force (0: no gate), from its mirrored policy."""
     return int(client().hget(queue_keys(slug).cfg, "pow_difficulty") or 0)

@@ -32,9 +32,8 @@ import httpx
 import pytest
 import redis
 
-from waitingroom_site.devredis import answers, server_binary
-
-from ..stack import ROOT, free_port
+from .. import proctree
+from ..stack import ROOT, free_port, redis_server
 
 pytestmark = pytest.mark.e2e
 
@@ -54,13 +53,7 @@ class RedisServer:
         self.start(aof=True)
 
     def start(self, *, aof: bool) -> None:
-        command = [server_binary(), "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.directory)]
-        command += ["--appendonly", "yes" if aof else "no", "--save", ""]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while not answers(self.url):
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.02)
+        self.process = redis_server(self.port, self.directory, aof=aof)
 
     def crash(self, *, aof: bool) -> None:
         """SHUTDOWN NOSAVE: with the append-only file on, the data comes back with the restart; off, it is
@@ -239,30 +232,6 @@ class Load:
         return min(later) - moment if later else None
 
 
-def _process_group_of(pid: int) -> int:
-    return os.getpgid(pid)
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry))
-    return found
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 @pytest.fixture
 def product(tmp_path: Path) -> Iterator[dict[str, Any]]:
     server = RedisServer(tmp_path / "redis")
@@ -397,13 +366,13 @@ def test_the_product_keeps_its_promises_through_process_and_redis_faults(product
         assert load.admissions_after(ended) is not None, (name, product["log"].read_text()[-3000:])
 
     def child(word: str) -> int:
-        found = [pid for pid in _children(run.pid) if word in _cmdline(pid)]
+        found = proctree.named(proctree.children(run.pid), word)
         assert found, word
         return found[0]
 
     time.sleep(4)
     # 1. A web worker killed (granian respawns it).
-    web_workers = _children(child("granian"))
+    web_workers = proctree.children(child("granian"))
     at = time.time()
     os.kill(web_workers[0], signal.SIGKILL)
     settle("kill -9 a web worker", at, at, 20)
@@ -433,7 +402,7 @@ def test_the_product_keeps_its_promises_through_process_and_redis_faults(product
     with redis.Redis.from_url(server.url, decode_responses=True) as client:
         holder = str(client.get(f"{product['prefix']}:{{{slug}}}:leader") or "")
     frozen = product["worker2"].pid if holder.startswith("faults2-") else child(" worker ")
-    group = _process_group_of(frozen)
+    group = os.getpgid(frozen)
     os.killpg(group, signal.SIGSTOP)
     at = time.time()
     time.sleep(8)

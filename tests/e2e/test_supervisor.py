@@ -15,53 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from .. import proctree
 from ..stack import ROOT, free_port
 
 pytestmark = pytest.mark.e2e
-
-
-def _parents() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    return children
-
-
-def _children(pid: int) -> list[int]:
-    return _parents().get(pid, [])
-
-
-def _descendants(pid: int) -> list[int]:
-    children = _parents()
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-
-
-def _named(pids: list[int], word: str) -> list[int]:
-    found = []
-    for pid in pids:
-        try:
-            if word in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                found.append(pid)
-        except OSError:
-            pass
-    return found
 
 
 def _wait_for(predicate: Callable[[], object], timeout: float, what: str, log: Path) -> None:
@@ -106,7 +63,7 @@ class Run:
 
     def role(self, word: str) -> int | None:
         """The supervisor's child running `word` (not its own children); None between two of them."""
-        top = _named(_children(self.process.pid), word)
+        top = proctree.named(proctree.children(self.process.pid), word)
         assert len(top) <= 1, (word, top)
         return top[0] if top else None
 
@@ -127,7 +84,7 @@ def run(tmp_path):
     yield start
     for one in runs:
         one.end()
-        leftovers = [pid for pid in _descendants(one.process.pid) if _alive(pid)]
+        leftovers = [pid for pid in proctree.descendants(one.process.pid) if proctree.alive(pid)]
         for pid in leftovers:
             os.kill(pid, signal.SIGKILL)
 
@@ -151,24 +108,24 @@ def test_a_killed_or_stalled_worker_is_replaced_while_the_web_keeps_serving_and_
     os.kill(stalled, signal.SIGSTOP)
     _wait_for(lambda: one.said("worker is stalled"), 40, "the stall to be seen", one.log)
     _wait_for(lambda: one.role(" worker ") not in (None, stalled), 20, "its replacement", one.log)
-    assert not _alive(stalled)
+    assert not proctree.alive(stalled)
     assert one.answers() and one.role("granian") == web
 
-    _wait_for(lambda: len(_children(one.role(" worker ") or 0)) >= 2, 30, "the new worker's pool", one.log)
-    everything = _descendants(one.process.pid)
+    _wait_for(lambda: len(proctree.children(one.role(" worker ") or 0)) >= 2, 30, "the new worker's pool", one.log)
+    everything = proctree.descendants(one.process.pid)
     assert len(everything) >= 9  # redis, granian and its 2 workers, uvicorn, worker and its pool of 2, beat
     one.process.kill()  # SIGKILL: the supervisor cannot stop anything itself
     one.process.wait()
     time.sleep(5)
-    assert [pid for pid in everything if _alive(pid)] == []
+    assert [pid for pid in everything if proctree.alive(pid)] == []
 
 
 def test_closing_the_terminal_stops_every_process_of_the_run(run):
     one = run()
-    _wait_for(lambda: len(_descendants(one.process.pid)) >= 9, 30, "every process", one.log)
-    everything = _descendants(one.process.pid)
+    _wait_for(lambda: len(proctree.descendants(one.process.pid)) >= 9, 30, "every process", one.log)
+    everything = proctree.descendants(one.process.pid)
     one.process.send_signal(signal.SIGHUP)
     time.sleep(5)
-    assert [pid for pid in everything if _alive(pid)] == []
+    assert [pid for pid in everything if proctree.alive(pid)] == []
     assert one.process.wait(timeout=10) == 0
     assert one.said("SIGHUP: stopping everything.") and one.said("stopped.")
