@@ -1,4 +1,4 @@
-# The Waiting Room image: web (gunicorn), worker and beat all run from it (see docker-compose.yml).
+# The Waiting Room image: web (granian), websockets (uvicorn), worker and beat all run from it (see docker-compose.yml).
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -18,4 +18,4 @@ RUN SECRET_KEY=collectstatic-only python manage.py collectstatic --noinput -v 0 
 
 USER waitingroom
 EXPOSE 8000
-CMD ["gunicorn", "waitingroom_site.wsgi", "--bind", "0.0.0.0:8000", "--workers", "3", "--worker-class", "sync"]
+CMD ["granian", "--interface", "asgi", "--http", "1", "--no-ws", "--loop", "uvloop", "--host", "0.0.0.0", "--port", "8000", "--workers", "2", "--respawn-failed-workers", "--no-access-log", "waitingroom_site.web:application"]

@@ -3,9 +3,10 @@ how many joins one client address can force through each algorithm against the c
 
     .venv/bin/python bench/limits_bench.py [--requests 4000] [--redis-calls 100000]
 
-1. Cost per request: status polls through the real WSGI application (HotPathWSGI, the hot path the
-   servers run) in this process, first with no limiter, then with each algorithm on the `status` scope,
-   interleaved over three rounds in the same run; the difference of the medians is the limiter's cost.
+1. Cost per request: status polls through Django's WSGI application (its fast path for polls, the same
+   answer code the web server's event loop runs) in this process, first with no limiter, then with each
+   algorithm on the `status` scope, interleaved over three rounds in the same run; the difference of the
+   medians is the limiter's cost.
 2. Throughput in Redis: each limiter script called pipelined (1,000 per round trip) on distinct keys,
    and its Redis-side time per call from INFO commandstats.
 3. Forced-through joins: each algorithm configured for "60 joins a minute" (token bucket 60 + 1/s;
@@ -131,7 +132,7 @@ def cost_per_request(requests: int) -> dict[str, Any]:
             for i in range(requests):
                 environ = status_environ(slug, tickets[i % len(tickets)])
                 t0 = time.perf_counter()
-                body = b"".join(application(environ, lambda status, headers: None))
+                body = b"".join(application(environ, lambda status, headers: None))  # type: ignore[arg-type]
                 timings.append(time.perf_counter() - t0)
                 if i == 0:
                     assert b'"position"' in body, body

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, ClassVar, Generic, TypeVar
 
-from . import caching, pow, realtime, selectors, services, tokens
+from . import caching, pow, realtime, selectors, services, store, tokens
 from .models import Queue
-from .selectors import NeighbourView, TicketGone, TicketView
+from .selectors import NeighbourView, Polled, TicketGone, TicketView
 from .visitors import VisitorIdentity
 
 C = TypeVar("C", tokens.TicketClaims, tokens.PositionClaims)
@@ -78,8 +78,20 @@ class QueueMode(ABC, Generic[C]):
     keeps_visitors: ClassVar[bool]
 
     @abstractmethod
+    def status_plan(
+        self, claims: C, *, limit_scope: str = "", now: float | None = None
+    ) -> store.Plan[Polled[TicketView]]:
+        """The ticket's state as one round trip's plan (reading it: TicketGone when its queue no longer
+        knows it; ratelimit.Limited; PolicyMissing when Redis lost the queue's policy)."""
+
     def status(self, claims: C, *, limit_scope: str = "", now: float | None = None) -> TicketView:
-        """The ticket's state (TicketGone when its queue no longer knows it; ratelimit.Limited)."""
+        """The ticket's state (TicketGone when its queue no longer knows it; ratelimit.Limited). Redis lost
+        the policy: synced once, and read again (without the limiter: the poll was counted once)."""
+
+        def read(scope: str) -> TicketView:
+            return selectors.polled(self.status_plan(claims, limit_scope=scope, now=now))
+
+        return _polled(claims.slug, read, limit_scope, mode=self.name)
 
     @abstractmethod
     def join(self, visit: Visit) -> Joined:
@@ -112,11 +124,10 @@ class Tracked(QueueMode[tokens.TicketClaims]):
     name = Queue.Mode.TRACKED
     keeps_visitors = True
 
-    def status(self, claims: tokens.TicketClaims, *, limit_scope: str = "", now: float | None = None) -> TicketView:
-        def read(scope: str) -> TicketView:
-            return selectors.ticket_status_get(claims=claims, now=now, limit_scope=scope)
-
-        return _polled(claims.slug, read, limit_scope)
+    def status_plan(
+        self, claims: tokens.TicketClaims, *, limit_scope: str = "", now: float | None = None
+    ) -> store.Plan[Polled[TicketView]]:
+        return selectors.ticket_status_plan(claims=claims, now=now, limit_scope=limit_scope)
 
     def join(self, visit: Visit) -> Joined:
         identity = visit.identify()
@@ -193,13 +204,10 @@ class Stateless(QueueMode[tokens.PositionClaims]):
     name = Queue.Mode.STATELESS
     keeps_visitors = False
 
-    def status(
+    def status_plan(
         self, claims: tokens.PositionClaims, *, limit_scope: str = "", now: float | None = None
-    ) -> TicketView:
-        def read(scope: str) -> TicketView:
-            return selectors.position_status_get(claims=claims, now=now, limit_scope=scope)
-
-        return _polled(claims.slug, read, limit_scope, mode=self.name)
+    ) -> store.Plan[Polled[TicketView]]:
+        return selectors.position_status_plan(claims=claims, now=now, limit_scope=limit_scope)
 
     def join(self, visit: Visit) -> Joined:
         """A new number, or (dedupe by signed cookie only) the ticket this browser already holds while it
@@ -265,6 +273,12 @@ def status(claims: tokens.VisitorClaims, *, limit_scope: str = "", now: float | 
     return of_claims(claims).status(claims, limit_scope=limit_scope, now=now)
 
 
+async def astatus(claims: tokens.VisitorClaims, *, limit_scope: str = "") -> TicketView:
+    """`status` from the web server's event loop: the same plan, run there. PolicyMissing is left to the
+    caller, which hands the request to the synchronous path (the sync needs the database)."""
+    return await selectors.apolled(of_claims(claims).status_plan(claims, limit_scope=limit_scope))
+
+
 def join(visit: Visit) -> Joined:
     """Join the queue the way its mode joins; if the mode changed a moment ago, the other way."""
     try:
@@ -272,6 +286,18 @@ def join(visit: Visit) -> Joined:
     except services.WrongMode:
         selectors.queue_mode_forget(visit.slug)
     return of_queue(visit.slug).join(visit)  # a second WrongMode: the queue flips back and forth
+
+
+async def aclose() -> None:
+    """Close the event loop's Redis client (the web server's shutdown)."""
+    await store.aclose()
+
+
+async def awindow_public(slug: str) -> dict[str, Any]:
+    """A live stateless queue's public window from the web server's event loop (one read). PolicyMissing
+    otherwise: the caller hands the request to the synchronous path (`window_public`), which knows what to
+    remember of a miss and may need the database."""
+    return await selectors.apolled(selectors.window_public_plan(slug=slug))
 
 
 def window_public(slug: str, *, address: str = "") -> dict[str, Any]:

@@ -187,15 +187,16 @@ def scope_limiter(scope: str) -> Limiter | None:
     return _scope_limiter(scope, repr(sorted(config.items())) if config else "")
 
 
-def prepare(scope: str, ident: str, *, now: float | None = None) -> store.LimitCall | None:
+def prepare(scope: str, ident: str, *, now: float | None = None, queue: str = "") -> store.LimitCall | None:
     """The limiter call for one request of `ident` in `scope`, to run with other work in one round trip
-    (store.status_limited does); None when the scope is not limited. Read the result with decision_from."""
+    (a status poll's plan does: `queue` is then the queue whose ticket `ident` is, so the limiter's key
+    shares its hash tag); None when the scope is not limited. Read the result with decision_from."""
     limiter = scope_limiter(scope)
     if limiter is None:
         return None
     # The algorithm is part of the key: an operator who switches a scope to another algorithm must not
     # meet the old one's state (another Redis type) in its place.
-    key = store.limit_key(f"{scope}:{limiter.algorithm}", ident)
+    key = store.limit_key(f"{scope}:{limiter.algorithm}", ident, queue=queue)
     return store.LimitCall(limiter.algorithm, key, limiter.arguments(now_ms(now)))
 
 

@@ -9,7 +9,7 @@ core layer) would instead push one message per member channel into Redis lists, 
 event. Pub/sub delivers at most once, which suits push here: push is a hint, and polling (with the
 event sequence numbers that reveal a missed event) remains the source of truth.
 
-Sync code (gunicorn workers, Celery tasks) publishes with the ordinary Redis client, in the layer's own
+Sync code (Django views, Celery tasks) publishes with the ordinary Redis client, in the layer's own
 wire format, rather than through `async_to_sync(layer.group_send)`: in a Celery worker that starts an
 event loop, opens a connection and closes both on every send, the pattern behind channels-redis issue
 #332 ("Event loop is closed"). One pipelined round trip sends all of a transition's events.
@@ -60,20 +60,33 @@ def _serializer() -> Any:
     return registry.get_serializer("msgpack")
 
 
+def encoded(messages: Iterable[Message]) -> list[tuple[str, bytes]]:
+    """Each event as the (channel, payload) to PUBLISH: RedisPubSubChannelLayer's group channel name and
+    message envelope, the event's text encoded here, once (a server forwards it to each socket as it is)."""
+    prefix, serializer = _layer_prefix(), _serializer()
+    return [
+        (f"{prefix}__group__{group}", serializer.serialize({"type": "queue.event", "text": json.dumps(event)}))
+        for group, event in messages
+    ]
+
+
 def send(messages: Iterable[Message]) -> int:
     """Publish events to groups (one pipelined round trip); returns how many were sent."""
-    prefix, serializer = _layer_prefix(), _serializer()
-    pipe = store.client().pipeline(transaction=False)
-    count = 0
-    for group, event in messages:
-        # RedisPubSubChannelLayer's group channel name and message envelope.
-        # Encoded here, once: a server forwards the text to each of its sockets as it is.
-        envelope = {"type": "queue.event", "text": json.dumps(event)}
-        pipe.publish(f"{prefix}__group__{group}", serializer.serialize(envelope))
-        count += 1
-    if count:
+    published = encoded(messages)
+    if published:
+        pipe = store.client().pipeline(transaction=False)
+        for channel, payload in published:
+            pipe.publish(channel, payload)
         pipe.execute()
-    return count
+    return len(published)
+
+
+async def asend(messages: Iterable[Message]) -> int:
+    """`send` from the event loop (the web server's hot path)."""
+    published = encoded(messages)
+    if published:
+        await store.apublish(published)
+    return len(published)
 
 
 # --- Events ----------------------------------------------------------------------------------------

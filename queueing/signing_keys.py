@@ -8,6 +8,8 @@ the last token they signed has expired.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 import time
 import uuid
@@ -18,7 +20,7 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 from jwt.algorithms import OKPAlgorithm
@@ -26,6 +28,7 @@ from jwt.algorithms import OKPAlgorithm
 from .models import Queue, SigningKey
 
 ACCESS_ALGORITHM = "EdDSA"
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -43,11 +46,19 @@ class _KeyCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._reloading = threading.Lock()
         self._ring: _KeyRing | None = None
 
     def get(self, *, kid: str | None = None) -> _KeyRing:
         ring = self._ring
         if self._needs_load(ring, kid):
+            if _on_event_loop():
+                # The web server's event loop never waits on the database (Django forbids it there): it
+                # signs with the keys it has while a thread reloads them, or, with none yet, says so.
+                if ring is None:
+                    raise KeysNotLoaded
+                self._reload_soon()
+                return ring
             with self._lock:
                 # Checked again under the lock: the thread that held it may have just loaded the keys.
                 ring = self._ring
@@ -67,6 +78,33 @@ class _KeyCache:
 
     def reset(self) -> None:
         self._ring = None
+
+    def _reload_soon(self) -> None:
+        if self._reloading.acquire(blocking=False):
+            threading.Thread(target=self._reload, name="signing-keys", daemon=True).start()
+
+    def _reload(self) -> None:
+        try:
+            with self._lock:
+                self._ring = _load_key_ring()
+        except Exception:  # the keys it has stay in use; the next stale read tries again
+            logger.exception("Reloading the signing keys failed")
+        finally:
+            connection.close()
+            self._reloading.release()
+
+
+class KeysNotLoaded(Exception):
+    """Asked on an event loop before this process loaded its signing keys (the web server loads them as it
+    starts: fastpath's lifespan); the caller takes the synchronous path."""
+
+
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 _keys = _KeyCache()

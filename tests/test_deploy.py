@@ -73,7 +73,9 @@ def test_compose_runs_redis_with_aof_postgres_web_worker_and_beat():
     assert any(v.endswith(":/data") for v in services["redis"]["volumes"])
     assert services["postgres"]["image"].startswith("postgres:")
     assert services["web"]["deploy"]["replicas"] >= 2
-    assert services["web"]["command"][0] == "gunicorn"
+    web = services["web"]["command"]
+    assert web[0] == "granian" and web[-1] == "waitingroom_site.web:application"
+    assert web[web.index("--interface") + 1] == "asgi"
     assert services["ws"]["command"][:2] == ["uvicorn", "waitingroom_site.asgi:application"]
     supervised = ["python", "-m", "waitingroom_site.runstack", "--only"]
     assert services["worker"]["command"][:5] == [*supervised, "worker"]
@@ -132,7 +134,7 @@ def interpolate(value: str, env: dict[str, str]) -> str:
     "operator_hosts", [None, "queue.example.com,www.queue.example.com", ".example.com", "*"], ids=str
 )
 def test_the_web_healthcheck_passes_against_the_web_command_with_the_compose_environment(tmp_path, operator_hosts):
-    """Start the web service's own command (gunicorn, one worker, on a free port) with the environment
+    """Start the web service's own command (granian, one worker, on a free port) with the environment
     compose gives it, then run its healthcheck as Docker would: it must pass for the operator's hosts."""
     web = compose()["services"]["web"]
     operator = {
@@ -149,8 +151,9 @@ def test_the_web_healthcheck_passes_against_the_web_command_with_the_compose_env
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = web["command"]
-    assert command[command.index("--bind") + 1] == "0.0.0.0:8000"
-    command = [part.replace("0.0.0.0:8000", f"127.0.0.1:{port}") for part in command]
+    command = list(command)
+    assert (command[command.index("--host") + 1], command[command.index("--port") + 1]) == ("0.0.0.0", "8000")  # noqa: S104
+    command[command.index("--host") + 1], command[command.index("--port") + 1] = "127.0.0.1", str(port)
     command[command.index("--workers") + 1] = "1"
     check = web["healthcheck"]["test"]
     assert check[0] == "CMD" and "127.0.0.1:8000/healthz" in check[-1]
@@ -170,7 +173,7 @@ def test_the_web_healthcheck_passes_against_the_web_command_with_the_compose_env
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, "gunicorn did not start"
+                assert server.poll() is None and time.monotonic() < deadline, "the web server did not start"
                 time.sleep(0.2)
         # As Docker runs it: every `interval`, unhealthy only after `retries` failures in a row (a worker
         # still importing Django on a loaded machine can miss the check's 3 s timeout once).

@@ -1,43 +1,33 @@
-"""The hot paths: status polls answered in front of Django (WSGI) give the same answers as the API view,
-with the same security checks and headers; joins without a session skip the session machinery."""
+"""The web server's application (web.py, fastpath.HotPathASGI): status polls and window reads answered on
+the event loop give the same answers as the API view, with the same security checks and headers; the rest
+goes to Django in threads, its body read first; joins without a session skip the session machinery."""
 
 from __future__ import annotations
 
-import io
+import asyncio
+import socket
 import uuid
+from collections.abc import MutableMapping
 from typing import Any
 
+import httpx
 import pytest
-from django.core.wsgi import get_wsgi_application
-from django.db import connection
-from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from waitingroom_site.fastpath import HotPathWSGI
-from waitingroom_site.wsgi import application
+from queueing import store
+from waitingroom_site import fastpath
+from waitingroom_site.fastpath import HotPathASGI
+from waitingroom_site.web import application, django_application
+
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def call(path: str, *, method: str = "GET", headers: dict[str, str] | None = None, app: Any = None, **environ: Any):
-    env = {
-        "REQUEST_METHOD": method,
-        "PATH_INFO": path,
-        "SERVER_NAME": "testserver",
-        "SERVER_PORT": "80",
-        "SERVER_PROTOCOL": "HTTP/1.1",
-        "wsgi.url_scheme": "http",
-        "wsgi.input": io.BytesIO(b""),
-        "wsgi.errors": io.StringIO(),
-        "HTTP_HOST": "testserver",
-        **{f"HTTP_{k.upper().replace('-', '_')}": v for k, v in (headers or {}).items()},
-        **environ,
-    }
-    captured: dict[str, Any] = {}
-
-    def start_response(status: str, response_headers: list[tuple[str, str]], exc_info: Any = None) -> None:
-        captured["status"], captured["headers"] = status, dict(response_headers)
-
-    body = b"".join((app or application)(env, start_response))
-    return int(captured["status"].split()[0]), captured["headers"], body
+async def call(
+    path: str, *, method: str = "GET", headers: dict[str, str] | None = None, app: Any = None, scheme: str = "http"
+) -> httpx.Response:
+    transport = httpx.ASGITransport(app=app or application)
+    async with httpx.AsyncClient(transport=transport, base_url=f"{scheme}://testserver") as client:
+        return await client.request(method, path, headers=headers or {})
 
 
 @pytest.fixture
@@ -51,81 +41,200 @@ def ticket(make_queue, settings):
     return queue.slug, body["ticket"]
 
 
-def test_gunicorn_serves_the_hot_path_wrapper():
-    assert isinstance(application, HotPathWSGI)
+def test_the_web_server_runs_the_hot_path_application():
+    assert isinstance(application, HotPathASGI)
 
 
-def test_a_status_poll_is_answered_in_front_of_django_like_the_api_view(ticket):
+@pytest.mark.asyncio
+async def test_a_status_poll_is_answered_on_the_event_loop_like_the_api_view(ticket):
     slug, raw = ticket
-    with CaptureQueriesContext(connection) as queries:
-        status, headers, body = call(f"/api/v1/queues/{slug}/status", headers={"Authorization": f"Bearer {raw}"})
-    assert status == 200 and len(queries) == 0
-    import json
-
-    fast = json.loads(body)
-    view = APIClient().get(f"/api/v1/queues/{slug}/status", HTTP_AUTHORIZATION=f"Bearer {raw}")
+    # No SQL: on the event loop, Django refuses any query (SynchronousOnlyOperation, a 500).
+    response = await call(f"/api/v1/queues/{slug}/status", headers={"Authorization": f"Bearer {raw}"})
+    assert response.status_code == 200
+    fast = response.json()
+    view = await asyncio.to_thread(
+        lambda: APIClient().get(f"/api/v1/queues/{slug}/status", HTTP_AUTHORIZATION=f"Bearer {raw}").json()
+    )
     assert {k: v for k, v in fast.items() if k != "poll_after_seconds"} == {
-        k: v for k, v in view.json().items() if k != "poll_after_seconds"
+        k: v for k, v in view.items() if k != "poll_after_seconds"
     }
     assert (fast["position"], fast["ahead"]) == (3, 2)
-    assert headers["Content-Type"] == "application/json" and int(headers["Retry-After"]) >= 1
-    assert headers["X-Content-Type-Options"] == "nosniff"
-    assert headers["Referrer-Policy"] == "same-origin"
-    assert "Set-Cookie" not in headers
+    headers = response.headers
+    assert headers["content-type"] == "application/json" and int(headers["retry-after"]) >= 1
+    assert headers["x-content-type-options"] == "nosniff"
+    assert headers["referrer-policy"] == "same-origin"
+    assert "set-cookie" not in headers
 
 
-def test_a_bad_ticket_gets_the_same_401_in_front_of_django(ticket):
-    slug, _ = ticket
-    status, _, body = call(f"/api/v1/queues/{slug}/status", headers={"Authorization": "Bearer forged"})
-    assert status == 401 and b'"invalid_ticket"' in body
-
-
-def test_a_host_not_allowed_goes_to_django_which_refuses_it(ticket):
+@pytest.mark.asyncio
+async def test_the_poll_and_its_rate_limiter_are_one_script_under_the_queues_hash_tag(ticket, settings):
     slug, raw = ticket
-    status, _, _ = call(
+    settings.WR_RATE_LIMITS = {
+        **settings.WR_RATE_LIMITS,
+        "status": {"algorithm": "token_bucket", "capacity": 2, "refill_per_second": 0.001},
+    }
+    codes = [
+        (await call(f"/api/v1/queues/{slug}/status", headers={"Authorization": f"Bearer {raw}"})).status_code
+        for _ in range(3)
+    ]
+    assert codes == [200, 200, 429]
+    keys = list(store.client().scan_iter(match="*rl:status:token_bucket:*"))
+    assert keys and all(f"{{{slug}}}" in key for key in keys)  # one slot with the queue's keys (cluster-ready)
+
+
+@pytest.mark.asyncio
+async def test_a_bad_ticket_gets_the_same_401(ticket):
+    slug, _ = ticket
+    response = await call(f"/api/v1/queues/{slug}/status", headers={"Authorization": "Bearer forged"})
+    assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_ticket"
+
+
+@pytest.mark.asyncio
+async def test_a_host_not_allowed_goes_to_django_which_refuses_it(ticket):
+    slug, raw = ticket
+    response = await call(
         f"/api/v1/queues/{slug}/status", headers={"Authorization": f"Bearer {raw}", "Host": "evil.example"}
     )
-    assert status == 400
+    assert response.status_code == 400
 
 
-def test_an_insecure_poll_is_redirected_by_django_when_https_is_required(ticket, settings):
+@pytest.mark.asyncio
+async def test_an_insecure_poll_is_redirected_by_django_when_https_is_required(ticket, settings):
     slug, raw = ticket
     settings.SECURE_SSL_REDIRECT = True
-    fresh = HotPathWSGI(get_wsgi_application())  # Django reads the setting when its handler is built
-    status, headers, _ = call(f"/api/v1/queues/{slug}/status", headers={"Authorization": f"Bearer {raw}"}, app=fresh)
-    assert status == 301 and headers["Location"].startswith("https://")
+    fresh = HotPathASGI(await asyncio.to_thread(_fresh_django))  # Django reads the setting when its handler is built
+    response = await call(f"/api/v1/queues/{slug}/status", headers={"Authorization": f"Bearer {raw}"}, app=fresh)
+    assert response.status_code == 301 and response.headers["location"].startswith("https://")
 
 
-def test_a_secure_poll_gets_hsts_as_django_would_send_it(ticket, settings):
+def _fresh_django() -> Any:
+    from django.core.wsgi import get_wsgi_application
+
+    return get_wsgi_application()
+
+
+@pytest.mark.asyncio
+async def test_a_secure_poll_gets_hsts_as_django_would_send_it(ticket, settings):
     slug, raw = ticket
     settings.SECURE_HSTS_SECONDS = 3600
     settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    wrapper = HotPathWSGI(application.django_app)  # headers are captured when the wrapper starts
-    env_headers = {"Authorization": f"Bearer {raw}", "X-Forwarded-Proto": "https"}
-    captured: dict[str, Any] = {}
-
-    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> None:
-        captured.update(headers)
-
-    env = {
-        "REQUEST_METHOD": "GET",
-        "PATH_INFO": f"/api/v1/queues/{slug}/status",
-        "SERVER_NAME": "testserver",
-        "SERVER_PORT": "80",
-        "wsgi.url_scheme": "http",
-        "HTTP_HOST": "testserver",
-        **{f"HTTP_{k.upper().replace('-', '_')}": v for k, v in env_headers.items()},
-    }
-    b"".join(wrapper(env, start_response))
-    assert captured["Strict-Transport-Security"].startswith("max-age=3600")
+    app = HotPathASGI(django_application)  # headers are captured when the application starts
+    response = await call(
+        f"/api/v1/queues/{slug}/status",
+        headers={"Authorization": f"Bearer {raw}", "X-Forwarded-Proto": "https"},
+        app=app,
+    )
+    assert response.status_code == 200
+    assert response.headers["strict-transport-security"].startswith("max-age=3600")
 
 
-def test_other_requests_go_to_django(db, settings):
+@pytest.mark.asyncio
+async def test_other_requests_go_to_django(settings):
     settings.ALLOWED_HOSTS = ["testserver"]
-    status, _, body = call("/healthz")
-    assert (status, body) == (200, b"ok")
-    status, _, _ = call("/api/v1/queues/x/status", method="POST")
-    assert status == 405
+    response = await call("/healthz")
+    assert (response.status_code, response.text) == (200, "ok")
+    assert (await call("/api/v1/queues/x/status", method="POST")).status_code == 405
+
+
+@pytest.mark.asyncio
+async def test_a_queue_whose_policy_redis_lost_is_answered_by_the_synchronous_path(ticket):
+    slug, raw = ticket
+    store.client().delete(store.queue_keys(slug).cfg)  # lost: the event loop cannot sync it (the database can)
+    response = await call(f"/api/v1/queues/{slug}/status", headers={"Authorization": f"Bearer {raw}"})
+    assert response.status_code == 200 and response.json()["status"] == "waiting"
+    assert store.client().hget(store.queue_keys(slug).cfg, "live_epoch")  # synced again
+
+
+@pytest.mark.asyncio
+async def test_an_admitted_visitors_poll_carries_its_access_token_before_and_after_the_keys_are_loaded(make_queue):
+    """Signing the access token needs the keys, which live in the database: the event loop never reads it
+    (Django forbids it there, a 500), so the first poll before they are loaded takes Django's path."""
+    from queueing import services, signing_keys
+
+    queue = await asyncio.to_thread(make_queue, state="open", capacity=5)
+    raw = (await call_json("POST", f"/api/v1/queues/{queue.slug}/join"))["ticket"]
+    await asyncio.to_thread(services.queue_admit, slug=queue.slug)
+    signing_keys.signing_keys_reset_cache()
+    for _ in range(2):  # not loaded (Django's path loads them), then loaded (the event loop signs)
+        response = await call(f"/api/v1/queues/{queue.slug}/status", headers={"Authorization": f"Bearer {raw}"})
+        assert response.status_code == 200 and response.json()["status"] == "admitted"
+        assert response.json()["access_token"]
+
+
+async def call_json(method: str, path: str) -> dict[str, Any]:
+    transport = httpx.ASGITransport(app=application)
+    headers = {"X-Visitor-Id": str(uuid.uuid4()), "Content-Type": "application/json"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        response = await client.request(method, path, headers=headers, content=b"{}")
+    assert response.status_code < 300, response.text
+    return dict(response.json())
+
+
+@pytest.mark.asyncio
+async def test_a_server_that_lost_its_scripts_gets_them_loaded_again(ticket, settings):
+    slug, raw = ticket
+    settings.WR_RATE_LIMITS = {"status": {"algorithm": "token_bucket", "capacity": 10, "refill_per_second": 1}}
+    name = store.connection.combined([("limits/token_bucket", ["k"], []), ("status", [], [])])[0]
+    store.script(name).sha = "0" * 40  # what the server would answer after a restart or SCRIPT FLUSH: NOSCRIPT
+    response = await call(f"/api/v1/queues/{slug}/status", headers={"Authorization": f"Bearer {raw}"})
+    assert response.status_code == 200 and response.json()["position"] == 3
+    assert store.script(name).sha != "0" * 40
+
+
+@pytest.mark.asyncio
+async def test_redis_out_of_reach_is_a_503_in_the_error_shape(ticket, settings):
+    slug, raw = ticket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nothing listens there once the probe is closed
+    settings.REDIS_URL = f"redis://127.0.0.1:{port}/0"
+    response = await call(f"/api/v1/queues/{slug}/status", headers={"Authorization": f"Bearer {raw}"})
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "service_unavailable" and int(response.headers["retry-after"]) >= 1
+
+
+@pytest.mark.asyncio
+async def test_a_body_that_trickles_in_holds_no_thread():
+    """With one thread for Django, a body that never finishes must not keep another request waiting."""
+    app = HotPathASGI(django_application, threads=1)
+    never = asyncio.Event()
+
+    async def slow_receive() -> dict[str, Any]:
+        await never.wait()
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def discard(message: MutableMapping[str, Any]) -> None:
+        pass
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/api/v1/queues/x/join",
+        "raw_path": b"/api/v1/queues/x/join",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"host", b"127.0.0.1"), (b"content-length", b"100")],
+        "scheme": "http",
+        "server": ("127.0.0.1", 80),
+        "client": ("127.0.0.1", 5000),
+        "http_version": "1.1",
+    }
+    slow = [asyncio.create_task(app(scope, slow_receive, discard)) for _ in range(3)]
+    try:
+        response = await asyncio.wait_for(call("/healthz", app=app, headers={"Host": "127.0.0.1"}), 10)
+        assert response.status_code == 200
+    finally:
+        for task in slow:
+            task.cancel()
+
+
+@pytest.mark.asyncio
+async def test_a_body_too_large_is_refused_before_django(monkeypatch):
+    monkeypatch.setattr(fastpath, "BODY_MAX_BYTES", 1000)
+    transport = httpx.ASGITransport(app=application)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        response = await client.post("/api/v1/queues/x/join", content=b"x" * 5000)
+    assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
 
 
 def test_a_join_without_a_session_skips_the_session_machinery(make_queue):

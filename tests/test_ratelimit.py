@@ -284,25 +284,22 @@ def test_the_status_limiter_rides_in_the_polls_round_trip_and_survives_a_server_
     client = Client()
     ticket = join(client, queue.slug).json()["ticket"]
     sent: list[int] = []
-    real_pipeline = store.client().pipeline
+    real_evalsha = store.client().evalsha
 
-    def counting_pipeline(*args: Any, **kwargs: Any) -> Any:
-        pipe = real_pipeline(*args, **kwargs)
-        execute = pipe.execute
+    def counting_evalsha(sha: str, numkeys: int, *args: Any) -> Any:
+        sent.append(numkeys)
+        return real_evalsha(sha, numkeys, *args)
 
-        def counted(*a: Any, **k: Any) -> Any:
-            sent.append(len(pipe.command_stack))
-            return execute(*a, **k)
-
-        pipe.execute = counted  # type: ignore[method-assign]
-        return pipe
-
-    monkeypatch.setattr(store.client(), "pipeline", counting_pipeline)
-    monkeypatch.setattr(store.script("status"), "sha", "0" * 40)  # as after a Redis restart
+    limiter = ratelimit.scope_limiter("status")
+    assert limiter is not None
+    combined = f"limits/{limiter.algorithm}+status"  # one script: the limiter, then the poll
+    monkeypatch.setattr(store.client(), "evalsha", counting_evalsha)
+    monkeypatch.setattr(store.script(combined), "sha", "0" * 40)  # as after a Redis restart
     answer = client.get(f"/api/v1/queues/{queue.slug}/status", HTTP_AUTHORIZATION=f"Bearer {ticket}")
     assert answer.status_code == 200 and answer.json()["position"] == 1
-    assert sent == [2, 2]  # limiter + poll together; once more after the scripts were loaded again
-    assert store.script("status").sha != "0" * 40
+    keys = len(store.queue_keys(queue.slug).script_keys()) + 1  # the queue's keys and the limiter's
+    assert sent == [keys, keys]  # one call; once more after the script was loaded again
+    assert store.script(combined).sha != "0" * 40
 
 
 @override_settings(WR_RATE_LIMITS={"protected": {"algorithm": "fixed_window", "window_seconds": 60, "max_requests": 2}})

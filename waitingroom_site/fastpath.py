@@ -2,43 +2,54 @@
 
 Every waiting visitor polls, and a sale's opening minute brings thousands of joins a second.
 
-* **Status polls** are authenticated by their ticket alone and touch no database. `HotPathWSGI` (the WSGI
-  application gunicorn serves, see wsgi.py) answers them before Django's request handling starts: no
-  request object, middleware chain or request signals (about a fifth of a poll's cost, bench/RESULTS.md).
-  It keeps what matters from the skipped layers: the Host header is checked against ALLOWED_HOSTS,
-  requests due an SSL redirect go to Django, and responses carry the headers SecurityMiddleware adds
-  (taken from SecurityMiddleware itself at startup, so they cannot drift apart).
+* **Status polls** (and a stateless queue's window) are authenticated by their ticket alone and touch no
+  database. `HotPathASGI`, the application the web server runs (granian, ASGI; see web.py), answers them
+  on its event loop: the ticket check, then one script in Redis through redis.asyncio, while other polls
+  of the same process wait on theirs (bench/RESULTS.md: a thread per request spent a third of the time
+  handing the GIL around). It keeps what matters from the layers it skips: the Host header is checked
+  against ALLOWED_HOSTS, requests due an SSL redirect go to Django, and responses carry the headers
+  SecurityMiddleware adds (taken from SecurityMiddleware itself at startup, so they cannot drift apart).
+  The code is the API view's (queueing/api/answers.py: the same plan, run from the event loop).
+* **Everything else** goes to Django's WSGI handler in a pool of threads (a2wsgi), its body read in full
+  on the event loop first: a body that trickles in costs a coroutine, not a thread.
 * **Joins** without a session cookie cannot come from a signed-in user, so `FastPathMiddleware` sends
-  them straight to `join_fast`, past sessions, authentication, CSRF, messages and DRF's dispatch. They
-  stay inside Django's request handling because a join may use the database (priority codes). Joins
+  them straight to `join_fast`, past sessions, authentication, CSRF, messages and DRF's dispatch. Joins
   with a session cookie take the full stack, so a signed-in user joins as themselves (CSRF checked).
-  The middleware also serves status polls that reach Django (the test client, an ASGI server).
-
-Both run the same code as the DRF views at those URLs (documented in the schema).
+  The middleware also serves status polls that reach Django (the test client, gunicorn).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 import re
-from collections.abc import Callable, Iterable
-from http import HTTPStatus
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 import redis
+from a2wsgi import WSGIMiddleware
 from django.conf import settings
+from django.db import connection
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.http.request import split_domain_port, validate_host
 from django.middleware.security import SecurityMiddleware
 
-from queueing.api.answers import Answer, join_fast, status_answer, status_fast, window_answer, window_fast
+from queueing import modes, signing_keys
+from queueing.api.answers import Answer, astatus_answer, awindow_answer, join_fast, status_fast, window_fast
+from queueing.api.errors import error_body
 
 _SLUG = r"([a-z0-9](?:[a-z0-9-]{0,48}[a-z0-9])?)"
 STATUS_PATH = re.compile(rf"^/api/v1/queues/{_SLUG}/status$")
 JOIN_PATH = re.compile(rf"^/api/v1/queues/{_SLUG}/join$")
 WINDOW_PATH = re.compile(rf"^/api/v1/queues/{_SLUG}/window$")
 
+logger = logging.getLogger(__name__)
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 class FastPathMiddleware:
@@ -70,70 +81,169 @@ class _SecureProbe:
         return self.secure
 
 
-def _security_headers(secure: bool) -> list[tuple[str, str]]:
+def _security_headers(secure: bool) -> list[tuple[bytes, bytes]]:
     """The headers SecurityMiddleware adds to a JSON response, for a secure or a plain request."""
     response = HttpResponse(content_type="application/json")
     before = set(response.headers)
     SecurityMiddleware(lambda request: response).process_response(_SecureProbe(secure), response)  # type: ignore[arg-type]
-    return [(name, value) for name, value in response.headers.items() if name not in before]
+    return [(name.encode(), value.encode()) for name, value in response.headers.items() if name not in before]
 
 
-class HotPathWSGI:
-    """Answers GET status polls (and stateless queues' window reads) itself; everything else goes to
-    Django's WSGI handler."""
+# A request body is read in full before Django sees it; one bigger than this, or slower than that, is
+# refused (nothing the product accepts comes near either: a join's body is a few hundred bytes).
+BODY_MAX_BYTES = 4 * 1024 * 1024
+BODY_SECONDS = 30.0
 
-    def __init__(self, django_app: WSGIApp) -> None:
+
+class HotPathASGI:
+    """Answers GET status polls (and stateless queues' window reads) on the event loop; everything else
+    goes to Django's WSGI handler, in a pool of `threads` threads."""
+
+    def __init__(self, django_app: WSGIApp, *, threads: int = 32) -> None:
         self.django_app = django_app
+        self.django = WSGIMiddleware(django_app, workers=threads)  # type: ignore[arg-type]
         self.headers = {secure: _security_headers(secure) for secure in (False, True)}
 
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "")
-        get = environ["REQUEST_METHOD"] == "GET"
-        status_match = STATUS_PATH.match(path) if get else None
-        window_match = WINDOW_PATH.match(path) if get and status_match is None else None
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            return await _lifespan(receive, send)
+        if scope["type"] != "http":
+            return None  # websockets are the websocket server's (asgi.py)
+        if scope["method"] == "GET" and await self._hot(scope, send):
+            return None
+        body = await _body(receive)
+        if isinstance(body, int):
+            return await _respond(send, _refusal(body), [])
+        return await self.django(scope, _replay(body, receive), send)  # type: ignore[arg-type]
+
+    async def _hot(self, scope: Scope, send: Send) -> bool:
+        """Answer a status poll or a window read here; False to leave the request to Django."""
+        path = scope["path"]
+        status_match = STATUS_PATH.match(path)
+        window_match = WINDOW_PATH.match(path) if status_match is None else None
         if status_match is None and window_match is None:
-            return self.django_app(environ, start_response)
-        secure = _is_secure(environ)
-        if (settings.SECURE_SSL_REDIRECT and not secure) or not _host_allowed(environ):
-            return self.django_app(environ, start_response)  # Django redirects, or refuses the host
-        try:
-            if status_match is not None:
-                answer = status_answer(environ.get("HTTP_AUTHORIZATION", ""), status_match.group(1))
-            else:
-                answer = window_answer(window_match.group(1))  # type: ignore[union-attr]
-        except redis.RedisError:
-            answer = Answer.unavailable()
-        body = json.dumps(answer.body, separators=(",", ":")).encode()
-        headers = [
-            ("Content-Type", "application/json"),
-            ("Content-Length", str(len(body))),
-            *answer.headers.items(),
-            *self.headers[secure],
-        ]
-        start_response(f"{answer.status} {HTTPStatus(answer.status).phrase}", headers)
-        return [body]
+            return False
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+        secure = _is_secure(scope, headers)
+        if (settings.SECURE_SSL_REDIRECT and not secure) or not _host_allowed(scope, headers):
+            return False  # Django redirects, or refuses the host
+        if status_match is not None:
+            answer = await astatus_answer(headers.get("authorization", ""), status_match.group(1))
+        else:
+            answer = await awindow_answer(window_match.group(1))  # type: ignore[union-attr]
+        if answer is None:
+            return False  # the queue's policy must be synced from the database: Django's path does
+        await _respond(send, answer, self.headers[secure])
+        return True
 
 
-def _is_secure(environ: dict[str, Any]) -> bool:
+async def _respond(send: Send, answer: Answer, extra: list[tuple[bytes, bytes]]) -> None:
+    body = json.dumps(answer.body, separators=(",", ":")).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *((name.encode(), value.encode()) for name, value in answer.headers.items()),
+        *extra,
+    ]
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            # Admitted visitors' polls sign access tokens on the event loop, which never reads the database.
+            try:
+                await asyncio.to_thread(_keys_load)
+            except Exception:  # the database is not there yet: those polls take Django's path until it is
+                logger.exception("Loading the signing keys at startup failed")
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            with contextlib.suppress(redis.RedisError):
+                await modes.aclose()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def _body(receive: Receive) -> bytes | int:
+    """The request's body, read in full; or the status to refuse it with (413 too big, 408 too slow, 400
+    the client went away)."""
+    chunks: list[bytes] = []
+    size = 0
+
+    async def read() -> bytes | int:
+        nonlocal size
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return 400
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > BODY_MAX_BYTES:
+                return 413
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    try:
+        return await asyncio.wait_for(read(), BODY_SECONDS)
+    except TimeoutError:
+        return 408
+
+
+def _refusal(status: int) -> Answer:
+    codes = {408: "request_timeout", 413: "request_too_large", 400: "bad_request"}
+    messages = {
+        408: "The request's body did not arrive in time.",
+        413: "The request's body is too large.",
+        400: "The request ended before its body.",
+    }
+    return Answer(status, error_body(codes[status], messages[status]))
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive() that gives the body read ahead as one message, then waits on the client (a disconnect)."""
+    given = False
+
+    async def replay() -> MutableMapping[str, Any]:
+        nonlocal given
+        if given:
+            return await receive()
+        given = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+def _keys_load() -> None:
+    try:
+        signing_keys.key_ring()
+    finally:
+        connection.close()
+
+
+def _is_secure(scope: Scope, headers: dict[str, str]) -> bool:
+    """As HttpRequest.is_secure() decides (the proxy's header if one is trusted, else the scheme)."""
     proxy_header = settings.SECURE_PROXY_SSL_HEADER
     if proxy_header:
         header, secure_value = proxy_header
-        forwarded = environ.get(header)
+        forwarded = headers.get(header.removeprefix("HTTP_").replace("_", "-").lower())
         if forwarded is not None:
             return bool(forwarded.split(",")[0].strip() == secure_value)
-    return bool(environ.get("wsgi.url_scheme") == "https")
+    return bool(scope.get("scheme") == "https")
 
 
-def _host_allowed(environ: dict[str, Any]) -> bool:
+def _host_allowed(scope: Scope, headers: dict[str, str]) -> bool:
     """As HttpRequest.get_host() decides (forwarded host if trusted, else Host, else the server's name)."""
-    if settings.USE_X_FORWARDED_HOST and "HTTP_X_FORWARDED_HOST" in environ:
-        host = environ["HTTP_X_FORWARDED_HOST"]
-    elif "HTTP_HOST" in environ:
-        host = environ["HTTP_HOST"]
+    if settings.USE_X_FORWARDED_HOST and "x-forwarded-host" in headers:
+        host = headers["x-forwarded-host"]
+    elif "host" in headers:
+        host = headers["host"]
     else:
-        host = environ.get("SERVER_NAME", "")
-        port = str(environ.get("SERVER_PORT", ""))
-        if port and port != ("443" if environ.get("wsgi.url_scheme") == "https" else "80"):
+        server = scope.get("server") or ("", None)
+        host, port = str(server[0]), str(server[1] or "")
+        if port and port != ("443" if scope.get("scheme") == "https" else "80"):
             host = f"{host}:{port}"
     domain, _ = split_domain_port(host)
     allowed = settings.ALLOWED_HOSTS

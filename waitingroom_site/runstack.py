@@ -88,11 +88,12 @@ def _bin(name: str) -> str:
 
 
 def web_command(args: argparse.Namespace) -> list[str]:
-    """HTTP: the WSGI application (Django under an ASGI server costs more per request here, since its ASGI
-    handler runs each request in a thread; bench/RESULTS.md). Served by granian by default: a request whose
-    body trickles in holds one of its many threads (hundreds per worker), where it held one of gunicorn's
-    few sync workers (three slow bodies froze every request for 30 s); and it serves polls faster. gunicorn
-    stays available (`--web-server gunicorn`): it is what compose runs, behind nginx, which buffers bodies."""
+    """HTTP: granian (HTTP in Rust) running web.py, an ASGI application that answers status polls, window
+    reads and joins on its event loop, with redis.asyncio, and hands everything else to Django's WSGI
+    handler in threads (bench/RESULTS.md: twice the polls of the WSGI application under granian's threads,
+    four times gunicorn's). Bodies are read on the event loop before a thread is taken, so a body that
+    trickles in holds nothing (three slow bodies froze gunicorn's three sync workers for 30 s). gunicorn
+    stays available (`--web-server gunicorn`, Django's WSGI application, for comparison)."""
     if args.web_server == "gunicorn":
         return [
             _bin("gunicorn"),
@@ -106,7 +107,7 @@ def web_command(args: argparse.Namespace) -> list[str]:
         ]
     return [
         _bin("granian"),
-        *("--interface", "wsgi", "--http", "1", "--no-ws"),
+        *("--interface", "asgi", "--http", "1", "--no-ws", "--loop", "uvloop"),
         *("--host", args.host, "--port", str(args.port)),
         *("--workers", str(args.web_workers)),
         "--respawn-failed-workers",  # a web worker that dies is replaced; the others keep serving
@@ -114,7 +115,7 @@ def web_command(args: argparse.Namespace) -> list[str]:
         *("--http1-header-read-timeout", "10000"),  # headers that trickle in are cut off after 10 s
         *("--log-level", "warning"),
         "--access-log" if args.access_log else "--no-access-log",
-        "waitingroom_site.wsgi:application",
+        "waitingroom_site.web:application",
     ]
 
 

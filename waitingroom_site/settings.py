@@ -352,6 +352,9 @@ WR_RESTORE_HOLD_SECONDS = envint("WR_RESTORE_HOLD_SECONDS", 60)
 # how often one full collection runs over everything (queueing.consumers._Collector). 0 turns it off.
 WR_WS_GC_FREEZE_SECONDS = envint("WR_WS_GC_FREEZE_SECONDS", 10)
 WR_WS_GC_FULL_SECONDS = envint("WR_WS_GC_FULL_SECONDS", 900)
+# The web server (web.py): threads per process for everything but the hot paths (pages, admin, the API
+# beyond status, window and joins), which run on the event loop. Bodies are read before a thread is taken.
+WR_WEB_THREADS = envint("WR_WEB_THREADS", 32)
 # Rate limiting (queueing/ratelimit.py): the limiter per scope, by algorithm and its parameters; a scope
 # left out (or None) is not limited. WR_RATE_LIMITS (JSON) replaces the whole table.
 #   join, challenge: per client address · status, neighbours: per ticket · protected: per API key ·

@@ -1,5 +1,5 @@
-"""The WSGI application gunicorn serves: Django, with status polls answered in front of it
-(fastpath.HotPathWSGI)."""
+"""Django's WSGI application, for a WSGI server (`runstack --web-server gunicorn`). The product's own web
+server runs web.py (ASGI), which answers the hot paths on its event loop and hands the rest to this."""
 
 import os
 
@@ -7,8 +7,4 @@ from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "waitingroom_site.settings")
 
-django_application = get_wsgi_application()
-
-from waitingroom_site.fastpath import HotPathWSGI  # noqa: E402  (needs Django set up)
-
-application = HotPathWSGI(django_application)
+application = get_wsgi_application()

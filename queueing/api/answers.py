@@ -23,7 +23,7 @@ from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse
 from rest_framework.response import Response
 
-from .. import modes, pow, ratelimit, realtime, selectors, services, tokens
+from .. import modes, pow, ratelimit, realtime, selectors, services, signing_keys, tokens
 from ..models import Queue
 from ..visitors import (
     InvalidVisitorId,
@@ -301,8 +301,8 @@ GONE = {
 def status_answer(authorization: str, slug: str) -> Answer:
     """A whole status poll: one ticket check and one Redis round trip, no SQL.
 
-    Shared by StatusView (the documented DRF view) and status_fast (what servers run, see fastpath.py).
-    Redis errors propagate (each caller maps them to a 503).
+    Shared by StatusView (the documented DRF view) and status_fast (Django's fast path). Redis errors
+    propagate (each caller maps them to a 503). The web server's event loop runs `astatus_answer`.
     """
     try:
         claims = ticket_claims(authorization, slug)
@@ -311,11 +311,39 @@ def status_answer(authorization: str, slug: str) -> Answer:
     try:
         # The ticket's rate limiter runs in the same Redis round trip as the poll.
         view = modes.status(claims, limit_scope="status")
-    except ratelimit.Limited as exc:
-        return Answer.error(rate_limited(exc.decision))
-    except selectors.TicketGone:
-        return Answer(200, {"ticket_id": claims.ticket_id, **GONE})
+    except (ratelimit.Limited, selectors.TicketGone) as exc:
+        return _status_refused(claims, exc)
+    return _status_ok(view)
+
+
+async def astatus_answer(authorization: str, slug: str) -> Answer | None:
+    """`status_answer` from the web server's event loop (fastpath.HotPathASGI): the same ticket check, the
+    same plan and the same answers. None when the queue's policy is missing from Redis, or an admitted
+    visitor's access token needs signing keys this process has not loaded: the request then takes the
+    synchronous path, which reads the database. A Redis error is a 503."""
+    try:
+        claims = ticket_claims(authorization, slug)
+    except ApiError as exc:
+        return Answer.error(exc)
+    try:
+        view = await modes.astatus(claims, limit_scope="status")
+    except (ratelimit.Limited, selectors.TicketGone) as exc:
+        return _status_refused(claims, exc)
+    except (selectors.PolicyMissing, signing_keys.KeysNotLoaded):
+        return None
+    except redis.RedisError:
+        return Answer.unavailable()
+    return _status_ok(view)
+
+
+def _status_ok(view: selectors.TicketView) -> Answer:
     return Answer(200, view.payload(), _poll_headers(view))
+
+
+def _status_refused(claims: tokens.VisitorClaims, exc: Exception) -> Answer:
+    if isinstance(exc, ratelimit.Limited):
+        return Answer.error(rate_limited(exc.decision))
+    return Answer(200, {"ticket_id": claims.ticket_id, **GONE})
 
 
 def status_fast(request: HttpRequest, slug: str) -> HttpResponse:
@@ -337,6 +365,22 @@ def window_answer(slug: str, address: str = "") -> Answer:
         return Answer.error(ApiError("not_found", f"Queue '{slug}' is not a stateless queue (or does not exist)."))
     except ratelimit.Limited as exc:
         return Answer.error(rate_limited(exc.decision))
+    return _window_ok(window)
+
+
+async def awindow_answer(slug: str) -> Answer | None:
+    """`window_answer` from the web server's event loop, for a live stateless queue; None for anything else
+    (a miss: the synchronous path remembers it and may ask the database). A Redis error is a 503."""
+    try:
+        window = await modes.awindow_public(slug)
+    except selectors.PolicyMissing:
+        return None
+    except redis.RedisError:
+        return Answer.unavailable()
+    return _window_ok(window)
+
+
+def _window_ok(window: dict[str, Any]) -> Answer:
     due, interval = window["next_step_in"], window["window_interval"]
     max_age = max(1, min(math.ceil(interval), math.ceil(due) if due is not None else math.ceil(interval)))
     return Answer(200, window, {"Cache-Control": f"public, max-age={max_age}"})

@@ -19,4 +19,5 @@ for i = 1, #ARGV, 2 do
   end
 end
 if #fields > 0 then redis.call('HSET', K_CFG, unpack(fields)) end
+policy_pack()
 return {redis.call('HGET', K_CFG, 'live_epoch'), redis.call('HGET', K_ST, 'seq')}

@@ -33,6 +33,7 @@ for _, counter in ipairs({'seq', 'fence'}) do
 end
 redis.call('HSET', K_CFG, 'live_epoch', epoch, 'epoch', epoch, 'seq_max', seq_max, 'epoch_floor', floor,
   'restore_until_ms', restore_until, 'restore_hold_until_ms', hold)
+policy_pack()
 redis.call('DEL', K_RESTORE)
 for i = 6, #ARGV, 2 do
   redis.call('HSET', K_RESTORE, ARGV[i], ARGV[i + 1])

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from django.conf import settings
 
 from .. import clock, ratelimit, realtime, store, tokens
 from ..store import QueueFigures, TicketReply, TicketState, TicketStatus
+
+T = TypeVar("T")
 
 
 class TicketGone(Exception):
@@ -179,15 +181,54 @@ def ticket_view(slug: str, reply: TicketReply, *, now_ms: int | None = None) -> 
     )
 
 
-def ticket_status_get(*, claims: tokens.TicketClaims, now: float | None = None, limit_scope: str = "") -> TicketView:
-    """A ticket's state; the poll also counts as the visitor's heartbeat. One Redis round trip (with
-    the ticket's rate limiter in it when `limit_scope` is given).
+@dataclass(frozen=True)
+class Polled(Generic[T]):
+    """A visitor's read as its plan read it, and the events it must publish (a poll that brought a parked
+    visitor back to its place moved those behind it) before its answer, or its `refusal`, is given."""
 
-    TicketGone when the queue does not know the ticket (finished long ago, or replaced by the visitor's
-    newer ticket); the API reports that as `expired`.
-    """
+    value: T
+    messages: list[realtime.Message] = field(default_factory=list)
+    refusal: Exception | None = None
+
+    def outcome(self) -> T:
+        if self.refusal is not None:
+            raise self.refusal
+        return self.value
+
+
+def polled(plan: store.Plan[Polled[T]]) -> T:
+    """Run a visitor's read (its plan) and publish what it moved: from synchronous code."""
+    result = store.execute(plan)
+    realtime.send(result.messages)
+    return result.outcome()
+
+
+async def apolled(plan: store.Plan[Polled[T]]) -> T:
+    """The same from the web server's event loop (the hot path): the same plan, the same reading."""
+    result = await store.aexecute(plan)
+    await realtime.asend(result.messages)
+    return result.outcome()
+
+
+def limit_decided(limited: store.LimitReply | None) -> None:
+    """ratelimit.Limited when the limiter that ran with a read refused it."""
+    if limited is not None:
+        decision = ratelimit.decision_from(limited)
+        if not decision.allowed:
+            raise ratelimit.Limited(decision)
+
+
+def ticket_status_plan(
+    *, claims: tokens.TicketClaims, now: float | None = None, limit_scope: str = ""
+) -> store.Plan[Polled[TicketView]]:
+    """A ticket's state; the poll also counts as the visitor's heartbeat. One Redis round trip, one script
+    (with the ticket's rate limiter in it when `limit_scope` is given).
+
+    Reading it raises TicketGone when the queue does not know the ticket (finished long ago, or replaced
+    by the visitor's newer ticket; the API reports that as `expired`), PolicyMissing when Redis lost the
+    queue's policy, ratelimit.Limited."""
     restore = store.Restore(claims.epoch, claims.priority, claims.placement, claims.issued_at * 1000)
-    return visitor_status_get(
+    return visitor_status_plan(
         slug=claims.slug,
         visitor_key=claims.visitor_key,
         seq=claims.seq,
@@ -195,6 +236,39 @@ def ticket_status_get(*, claims: tokens.TicketClaims, now: float | None = None, 
         limit_scope=limit_scope,
         restore=restore,
     )
+
+
+def ticket_status_get(*, claims: tokens.TicketClaims, now: float | None = None, limit_scope: str = "") -> TicketView:
+    """ticket_status_plan, run."""
+    return polled(ticket_status_plan(claims=claims, now=now, limit_scope=limit_scope))
+
+
+def visitor_status_plan(
+    *,
+    slug: str,
+    visitor_key: str,
+    seq: int = 0,
+    now: float | None = None,
+    limit_scope: str = "",
+    restore: store.Restore = store.NO_RESTORE,
+) -> store.Plan[Polled[TicketView]]:
+    """As ticket_status_plan; seq 0 means whatever ticket the visitor has (the no-JavaScript page)."""
+    now_ms = clock.now_ms(now)
+    call = ratelimit.prepare(limit_scope, visitor_key, now=now, queue=slug) if limit_scope else None
+
+    def read(replies: tuple[TicketReply, store.LimitReply | None]) -> Polled[TicketView]:
+        reply, limited = replies
+        limit_decided(limited)
+        if reply.outcome == "no_config":
+            raise PolicyMissing(slug)  # rare: Redis lost the policy
+        # A parked visitor came back to its place: the only way a poll moves anyone.
+        messages = realtime.queue_move(slug, reply.moves) if reply.moves.seq else []
+        if reply.outcome != "ok":
+            return Polled(None, messages, TicketGone(slug))  # type: ignore[arg-type]
+        return Polled(ticket_view(slug, reply, now_ms=now_ms), messages)
+
+    plan = store.status_plan(slug, visitor_key=visitor_key, seq=seq, now_ms=now_ms, limit=call, restore=restore)
+    return plan.then(read)
 
 
 def visitor_status_get(
@@ -206,29 +280,11 @@ def visitor_status_get(
     limit_scope: str = "",
     restore: store.Restore = store.NO_RESTORE,
 ) -> TicketView:
-    """As ticket_status_get; seq 0 means whatever ticket the visitor has (the no-JavaScript page).
-
-    With `limit_scope`, the visitor's rate limiter in that scope runs in the same Redis round trip;
-    ratelimit.Limited when it refuses."""
-    now_ms = clock.now_ms(now)
-    call = ratelimit.prepare(limit_scope, visitor_key, now=now) if limit_scope else None
-    if call is None:
-        reply = store.status(slug, visitor_key=visitor_key, seq=seq, now_ms=now_ms, restore=restore)
-    else:
-        reply, limited = store.status_limited(
-            slug, visitor_key=visitor_key, seq=seq, now_ms=now_ms, limit=call, restore=restore
-        )
-        decision = ratelimit.decision_from(limited)
-        if not decision.allowed:
-            raise ratelimit.Limited(decision)
-    if reply.outcome == "no_config":
-        raise PolicyMissing(slug)  # rare: Redis lost the policy
-    if reply.moves.seq:
-        # A parked visitor came back to its place: the only way a poll moves anyone.
-        realtime.send(realtime.queue_move(slug, reply.moves))
-    if reply.outcome != "ok":
-        raise TicketGone(slug)
-    return ticket_view(slug, reply, now_ms=now_ms)
+    """visitor_status_plan, run."""
+    plan = visitor_status_plan(
+        slug=slug, visitor_key=visitor_key, seq=seq, now=now, limit_scope=limit_scope, restore=restore
+    )
+    return polled(plan)
 
 
 @dataclass(frozen=True)
@@ -242,4 +298,3 @@ def ticket_neighbours_get(*, claims: tokens.TicketClaims, before: int = 3, after
     """The few visitors around this one in line (seed 004's visual line), in one round trip."""
     _, rows = store.neighbours(claims.slug, visitor_key=claims.visitor_key, seq=claims.seq, before=before, after=after)
     return [NeighbourView(row.rank + 1, row.display_name, row.is_me) for row in rows]
-

@@ -11,7 +11,7 @@ from typing import Any
 from django.conf import settings
 
 from .. import clock, ratelimit, shuffle, store, tokens
-from .tickets import PolicyMissing, TicketView, with_query
+from .tickets import PolicyMissing, Polled, TicketView, limit_decided, polled, with_query
 
 RATE_TAU_S = 30  # as in lua/_lib.lua
 
@@ -111,23 +111,29 @@ def position_view(
     )
 
 
+def position_status_plan(
+    *, claims: tokens.PositionClaims, now: float | None = None, limit_scope: str = ""
+) -> store.Plan[Polled[TicketView]]:
+    """A stateless ticket's status: one Redis read (with the ticket's rate limiter in the same script when
+    `limit_scope` is given; ratelimit.Limited when it refuses). PolicyMissing without a live window."""
+    slug = claims.slug
+    call = ratelimit.prepare(limit_scope, claims.ticket_id, now=now, queue=slug) if limit_scope else None
+
+    def read(replies: tuple[store.Window, store.LimitReply | None]) -> Polled[TicketView]:
+        window, limited = replies
+        limit_decided(limited)
+        if not window.live:
+            raise PolicyMissing(slug)
+        return Polled(position_view(slug, claims, window, now_ms=clock.now_ms(now)))
+
+    return store.window_read_plan(slug, ticket_epoch=claims.epoch, limit=call).then(read)
+
+
 def position_status_get(
     *, claims: tokens.PositionClaims, now: float | None = None, limit_scope: str = ""
 ) -> TicketView:
-    """A stateless ticket's status: one Redis read (with the ticket's rate limiter in the same round trip
-    when `limit_scope` is given; ratelimit.Limited when it refuses). PolicyMissing without a live window."""
-    slug = claims.slug
-    call = ratelimit.prepare(limit_scope, claims.ticket_id, now=now) if limit_scope else None
-    if call is None:
-        window = store.window_read(slug, ticket_epoch=claims.epoch)
-    else:
-        window, limited = store.window_read_limited(slug, ticket_epoch=claims.epoch, limit=call)
-        decision = ratelimit.decision_from(limited)
-        if not decision.allowed:
-            raise ratelimit.Limited(decision)
-    if not window.live:
-        raise PolicyMissing(slug)
-    return position_view(slug, claims, window, now_ms=clock.now_ms(now))
+    """position_status_plan, run."""
+    return polled(position_status_plan(claims=claims, now=now, limit_scope=limit_scope))
 
 
 def window_public(window: store.Window, *, now_ms: int) -> dict[str, Any]:
@@ -153,11 +159,19 @@ def window_public(window: store.Window, *, now_ms: int) -> dict[str, Any]:
     }
 
 
-def window_public_get(*, slug: str, now: float | None = None) -> dict[str, Any]:
-    """The window endpoint's answer (one HMGET; no ticket, no per-visitor state). PolicyMissing without a
+def window_public_plan(*, slug: str, now: float | None = None) -> store.Plan[Polled[dict[str, Any]]]:
+    """The window endpoint's answer (one read; no ticket, no per-visitor state). PolicyMissing without a
     live window (a tracked or unknown queue, or lost state)."""
-    window = store.window_read(slug)
-    if not window.live:
-        raise PolicyMissing(slug)
-    return window_public(window, now_ms=clock.now_ms(now))
 
+    def read(replies: tuple[store.Window, store.LimitReply | None]) -> Polled[dict[str, Any]]:
+        window = replies[0]
+        if not window.live:
+            raise PolicyMissing(slug)
+        return Polled(window_public(window, now_ms=clock.now_ms(now)))
+
+    return store.window_read_plan(slug).then(read)
+
+
+def window_public_get(*, slug: str, now: float | None = None) -> dict[str, Any]:
+    """window_public_plan, run."""
+    return polled(window_public_plan(slug=slug, now=now))

@@ -34,7 +34,7 @@ from .admission import (
     prequeue_entries,
     reorder,
 )
-from .connection import LUA_DIR, client, script
+from .connection import LUA_DIR, Plan, aclose, aexecute, apublish, client, execute, script
 from .health import KEEP_SECONDS as HEALTH_KEEP_SECONDS
 from .health import HealthCounts, health_report, health_slice_key, health_window
 from .inspect import (
@@ -87,7 +87,7 @@ from .tracked import (
     revoke,
     session_start,
     status,
-    status_limited,
+    status_plan,
 )
 from .viewers import VIEWERS_FRESH_SECONDS, viewers_count, viewers_report
 from .window import (
@@ -101,7 +101,7 @@ from .window import (
     window_live_state,
     window_prequeue_close,
     window_read,
-    window_read_limited,
+    window_read_plan,
     window_tick,
     window_token_bind,
 )
@@ -127,6 +127,7 @@ __all__ = [
     "Moves",
     "Neighbour",
     "OutflowAdaptReply",
+    "Plan",
     "PrequeueEntry",
     "QueueFigures",
     "QueueKeys",
@@ -140,9 +141,12 @@ __all__ = [
     "WaitSample",
     "Window",
     "WindowStep",
+    "aclose",
     "admit",
+    "aexecute",
     "alive_key",
     "alive_mark",
+    "apublish",
     "away_members",
     "beat_lease",
     "capacity_report",
@@ -152,6 +156,7 @@ __all__ = [
     "config_read",
     "config_write",
     "epoch_start",
+    "execute",
     "finished_journal",
     "health_report",
     "health_slice_key",
@@ -185,7 +190,7 @@ __all__ = [
     "slot_members",
     "snapshot",
     "status",
-    "status_limited",
+    "status_plan",
     "ticket_id",
     "ticket_records",
     "viewers_count",
@@ -199,7 +204,7 @@ __all__ = [
     "window_live_state",
     "window_prequeue_close",
     "window_read",
-    "window_read_limited",
+    "window_read_plan",
     "window_tick",
     "window_token_bind",
 ]

@@ -5,21 +5,33 @@ Each atomic transition is one Lua file in `lua/` (the header of each lists its K
 EVALSHA; a server that does not know a script (NOSCRIPT after a restart or SCRIPT FLUSH) gets it loaded
 and the call retried once, here and only here: `run` for one script (redis-py's `Script` does it),
 `run_together` for a pipeline of several.
+
+The visitor hot path's round trips are `Plan`s: the script calls as data and a pure function that reads
+their replies. Several calls in one plan run as one script (`combined`: one EVALSHA, one atomic step, all
+keys under one hash tag). A plan runs the same from synchronous code (`execute`, redis-py) and from the
+web server's event loop (`aexecute`, redis.asyncio): the logic exists once, the drivers are a few lines.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
+import hiredis
 import redis
+import redis.asyncio
 from django.conf import settings
 from redis.commands.core import Script
+
+T = TypeVar("T")
+U = TypeVar("U")
 
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 
@@ -51,6 +63,15 @@ class _Connection:
                     self._client, self._pid, self._url = client, os.getpid(), url
         assert self._client is not None
         return self._client, self._scripts
+
+    def script(self, name: str) -> Script:
+        client, scripts = self.get()
+        found = scripts.get(name)
+        if found is None:  # a combination of scripts (see `combined`), registered when first asked for
+            with self._lock:
+                found = scripts.get(name) or client.register_script(_combined_source(tuple(name.split("+"))))
+                scripts[name] = found
+        return found
 
 
 _connection = _Connection()
@@ -115,9 +136,31 @@ def _plain_sources() -> dict[str, str]:
     }
 
 
+def _combined_source(names: tuple[str, ...]) -> str:
+    """Several scripts as one: each runs as a function of its own KEYS and ARGV, in order, and the reply
+    is the list of their replies. ARGV starts with each script's number of keys and of arguments."""
+    sources = {**_sources(), **_plain_sources()}
+    parts = [f"local function script_{i}(KEYS, ARGV)\n{sources[name]}\nend\n" for i, name in enumerate(names)]
+    return (
+        f"-- combined: {' + '.join(names)}\n"
+        + "".join(parts)
+        + f"""local scripts, replies = {{{", ".join(f"script_{i}" for i in range(len(names)))}}}, {{}}
+local k, a = 1, {2 * len(names)} + 1
+for i, run in ipairs(scripts) do
+  local nk, na, keys, argv = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i]), {{}}, {{}}
+  for j = 1, nk do keys[j] = KEYS[k + j - 1] end
+  for j = 1, na do argv[j] = ARGV[a + j - 1] end
+  k, a = k + nk, a + na
+  replies[i] = run(keys, argv)
+end
+return replies
+"""
+    )
+
+
 def script(name: str) -> Script:
-    """The registered script object (tests use it to exercise NOSCRIPT recovery)."""
-    return _connection.get()[1][name]
+    """The registered script object (tests use it to exercise NOSCRIPT recovery); 'a+b' is `combined`."""
+    return _connection.script(name)
 
 
 def run(name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -147,3 +190,108 @@ def run_together(calls: list[ScriptCall], then: Callable[[Any], None] | None = N
             for name, _, _ in calls:
                 scripts[name].sha = client.script_load(scripts[name].script)
     raise AssertionError("unreachable")
+
+
+def combined(calls: Sequence[ScriptCall]) -> ScriptCall:
+    """Several script calls as one call of their combination (one EVALSHA; its reply lists theirs)."""
+    if len(calls) == 1:
+        return calls[0]
+    keys = [key for _, call_keys, _ in calls for key in call_keys]
+    counts = [count for _, call_keys, call_args in calls for count in (len(call_keys), len(call_args))]
+    args = [*counts, *(arg for _, _, call_args in calls for arg in call_args)]
+    return "+".join(name for name, _, _ in calls), keys, args
+
+
+@dataclass(frozen=True)
+class Plan(Generic[T]):
+    """One round trip as data: script calls (run as one script) and how to read their replies."""
+
+    calls: tuple[ScriptCall, ...]
+    read: Callable[[list[Any]], T]
+
+    def then(self, after: Callable[[T], U]) -> Plan[U]:
+        return Plan(self.calls, lambda replies: after(self.read(replies)))
+
+
+def _replies(calls: Sequence[ScriptCall], reply: Any) -> list[Any]:
+    return list(reply) if len(calls) > 1 else [reply]
+
+
+def execute(plan: Plan[T]) -> T:
+    """Run a plan from synchronous code."""
+    return plan.read(_replies(plan.calls, run(*combined(plan.calls))))
+
+
+class _HiredisPacking:
+    """redis.asyncio packs commands in Python (the synchronous client uses hiredis): a status poll's thirty
+    arguments cost more to pack than the rest of the poll's Python. Packed by hiredis, byte for byte the same."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        if isinstance(args[0], str) and " " in args[0]:  # 'SCRIPT LOAD': the words go as arguments
+            args = (*args[0].split(), *args[1:])
+        return [hiredis.pack_command(args)]
+
+
+@lru_cache(maxsize=8)
+def _hiredis_packing(connection_class: type) -> type:
+    """The client's connection class (plain, TLS or unix socket, as its URL says), packing with hiredis."""
+    return type(f"Hiredis{connection_class.__name__}", (_HiredisPacking, connection_class), {})
+
+
+class _AsyncConnection:
+    """The event loop's client (redis.asyncio, hiredis), one per loop: the web server's hot path. A loop
+    belongs to one process (a forked child runs a loop of its own)."""
+
+    def __init__(self) -> None:
+        self._clients: dict[asyncio.AbstractEventLoop, tuple[str, redis.asyncio.Redis]] = {}
+
+    def get(self) -> redis.asyncio.Redis:
+        loop, url = asyncio.get_running_loop(), settings.REDIS_URL
+        found = self._clients.get(loop)
+        if found is None or found[0] != url:
+            client = redis.asyncio.Redis.from_url(
+                url,
+                decode_responses=True,
+                socket_timeout=5,
+                socket_connect_timeout=3,
+                # No periodic PING before a command: a connection found dead is retried on a new one
+                # (redis-py's default retry), and the hot path does not pay for the check.
+                health_check_interval=0,
+            )
+            pool = client.connection_pool
+            pool.connection_class = _hiredis_packing(pool.connection_class)  # type: ignore[arg-type]
+            found = self._clients[loop] = (url, client)
+        return found[1]
+
+    async def close(self) -> None:
+        """Close this loop's client (the web server's shutdown)."""
+        found = self._clients.pop(asyncio.get_running_loop(), None)
+        if found is not None:
+            await found[1].aclose()
+
+
+_async_connection = _AsyncConnection()
+aclose = _async_connection.close
+
+
+async def arun(name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    """`run` from the event loop: EVALSHA, and on NOSCRIPT the script loaded and the call retried once."""
+    client, found = _async_connection.get(), script(name)
+    try:
+        return await client.evalsha(found.sha, len(keys), *keys, *args)
+    except redis.exceptions.NoScriptError:
+        found.sha = await client.script_load(found.script)
+        return await client.evalsha(found.sha, len(keys), *keys, *args)
+
+
+async def aexecute(plan: Plan[T]) -> T:
+    """Run a plan from the event loop."""
+    return plan.read(_replies(plan.calls, await arun(*combined(plan.calls))))
+
+
+async def apublish(messages: Sequence[tuple[str, bytes]]) -> None:
+    """PUBLISH each (channel, payload) from the event loop, in one round trip."""
+    pipe = _async_connection.get().pipeline(transaction=False)
+    for channel, payload in messages:
+        pipe.publish(channel, payload)
+    await pipe.execute()

@@ -64,8 +64,12 @@ def queue_config_pattern() -> tuple[str, str]:
     return f"{settings.WR_REDIS_PREFIX}:{{*}}:cfg", f"{settings.WR_REDIS_PREFIX}:{{"
 
 
-def limit_key(scope: str, ident: str) -> str:
-    """The key of one limited subject (a client address, a ticket, an API key, a user) in one scope."""
+def limit_key(scope: str, ident: str, *, queue: str = "") -> str:
+    """The key of one limited subject (a client address, a ticket, an API key, a user) in one scope. A
+    subject of one `queue` (a ticket) has its key under the queue's hash tag, so its limiter can run in
+    the same script as the queue's own work (store.combined)."""
+    if queue:
+        return queue_keys(queue).tagged(f"rl:{scope}:{ident}")
     return f"{settings.WR_REDIS_PREFIX}:rl:{scope}:{{{ident}}}"
 
 

@@ -1,7 +1,7 @@
 """Limiter plumbing: the five rate-limiting scripts (lua/limits/), one key per limited subject.
 
 The algorithms and their arguments are the domain's (`queueing/ratelimit.py`); here they are run, alone
-(`limit_hit`) or in the same round trip as other work (`LimitCall`, see tracked.status_limited).
+(`limit_hit`) or in the same round trip as other work (`LimitCall`, see tracked.status_plan).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .connection import run
+from .connection import ScriptCall, run
 from .keys import limit_key
 from .replies import Reply
 
@@ -26,6 +26,10 @@ class LimitCall(NamedTuple):
     @property
     def script(self) -> str:
         return f"limits/{self.algorithm}"
+
+    @property
+    def call(self) -> ScriptCall:
+        return self.script, [self.key], self.args
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .connection import run, run_together
+from .connection import Plan, ScriptCall, execute, run
 from .keys import queue_keys
 from .limits import LimitCall, LimitReply
 from .replies import Reply, converters_of, maybe, optional, whole
@@ -162,23 +162,26 @@ class Restore(NamedTuple):
 NO_RESTORE = Restore(0, 0, None, 0)
 
 
+def status_plan(
+    slug: str,
+    *,
+    visitor_key: str,
+    seq: int,
+    now_ms: int,
+    limit: LimitCall | None = None,
+    restore: Restore = NO_RESTORE,
+) -> Plan[tuple[TicketReply, LimitReply | None]]:
+    """A status poll, with its rate limiter in the same script when `limit` is given (the limiter runs
+    first; a refused poll still counts as the visitor's heartbeat). The limiter's key must share the
+    queue's hash tag (ratelimit.prepare's `queue`)."""
+    poll: ScriptCall = ("status", queue_keys(slug).script_keys(), (visitor_key, seq, now_ms, *restore.args()))
+    if limit is None:
+        return Plan((poll,), lambda replies: (TicketReply.parse(replies[0]), None))
+    return Plan((limit.call, poll), lambda replies: (TicketReply.parse(replies[1]), LimitReply.parse(replies[0])))
+
+
 def status(slug: str, *, visitor_key: str, seq: int, now_ms: int, restore: Restore = NO_RESTORE) -> TicketReply:
-    args = (visitor_key, seq, now_ms, *restore.args())
-    return TicketReply.parse(run("status", queue_keys(slug).script_keys(), args))
-
-
-def status_limited(
-    slug: str, *, visitor_key: str, seq: int, now_ms: int, limit: LimitCall, restore: Restore = NO_RESTORE
-) -> tuple[TicketReply, LimitReply]:
-    """A status poll and its rate limiter in one round trip (the limiter runs first; a refused poll
-    still counts as the visitor's heartbeat)."""
-    limited, reply = run_together(
-        [
-            (limit.script, [limit.key], limit.args),
-            ("status", queue_keys(slug).script_keys(), (visitor_key, seq, now_ms, *restore.args())),
-        ]
-    )
-    return TicketReply.parse(reply), LimitReply.parse(limited)
+    return execute(status_plan(slug, visitor_key=visitor_key, seq=seq, now_ms=now_ms, restore=restore))[0]
 
 
 @dataclass(frozen=True)
@@ -245,7 +248,6 @@ def session_start(
     keys = queue_keys(slug)
     args = (visitor_key, seq, fence, now_ms, epoch, expires_ms, binding, "1" if rebind else "0")
     return SessionReply.parse(run("session_start", [*keys.script_keys(), keys.tagged(f"bind:{visitor_key}")], args))
-
 
 
 @dataclass(frozen=True)

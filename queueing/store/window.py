@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .connection import client, run, run_together
+from .connection import Plan, ScriptCall, client, run
 from .keys import queue_keys
 from .limits import LimitCall, LimitReply
 from .replies import Reply
@@ -115,22 +115,24 @@ class Window:
         )
 
 
-def window_read(slug: str, *, ticket_epoch: int = 0) -> Window:
-    """The window in one HMGET (with the gap of the asking ticket's epoch)."""
-    raw = client().hmget(queue_keys(slug).win, [*WINDOW_FIELDS, f"gap:{ticket_epoch}"])
+def window_read_plan(
+    slug: str, *, ticket_epoch: int = 0, limit: LimitCall | None = None
+) -> Plan[tuple[Window, LimitReply | None]]:
+    """The window (with the gap of the asking ticket's epoch), and the ticket's rate limiter in the same
+    script when `limit` is given (its key under the queue's hash tag)."""
+    read: ScriptCall = ("window/read", [queue_keys(slug).win], [*WINDOW_FIELDS, f"gap:{ticket_epoch}"])
+    if limit is None:
+        return Plan((read,), lambda replies: (_window(replies[0]), None))
+    return Plan((limit.call, read), lambda replies: (_window(replies[1]), LimitReply.parse(replies[0])))
+
+
+def _window(raw: Sequence[Any]) -> Window:
     return Window.parse(raw[:-1], raw[-1])
 
 
-def window_read_limited(
-    slug: str, *, ticket_epoch: int, limit: LimitCall
-) -> tuple[Window, LimitReply]:
-    """The window and the asking ticket's rate limiter, in one round trip."""
-    fields = [*WINDOW_FIELDS, f"gap:{ticket_epoch}"]
-    limited, raw = run_together(
-        [(limit.script, [limit.key], limit.args)],
-        then=lambda pipe: pipe.hmget(queue_keys(slug).win, fields),
-    )
-    return Window.parse(raw[:-1], raw[-1]), LimitReply.parse(limited)
+def window_read(slug: str, *, ticket_epoch: int = 0) -> Window:
+    """The window in one HMGET (with the gap of the asking ticket's epoch)."""
+    return _window(client().hmget(queue_keys(slug).win, [*WINDOW_FIELDS, f"gap:{ticket_epoch}"]))
 
 
 def window_join(

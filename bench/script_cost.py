@@ -1,0 +1,153 @@
+"""Redis time per call of the hot path's scripts (issue 14), on a dedicated redis-server this script starts:
+INFO commandstats' `usec` for EVALSHA over N calls, pipelined 500 per round trip, with a queue of
+--tickets waiting visitors polling in rotation and the default status limiter.
+
+    .venv/bin/python bench/script_cost.py [--tickets 1000] [--calls 5000]
+
+Prints µs per call for: the status poll with its limiter (one script: what a poll runs), the status
+script alone, the token-bucket limiter alone, a join (a new visitor each call), and the window read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tickets", type=int, default=1000)
+    parser.add_argument("--calls", type=int, default=5000)
+    args = parser.parse_args()
+    directory = Path(tempfile.mkdtemp(prefix="wrbench-scripts-"))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            shutil.which("redis-server") or "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(directory),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        os.environ.update(
+            DJANGO_SETTINGS_MODULE="waitingroom_site.settings",
+            DEBUG="1",
+            HTTPS="0",
+            SECRET_KEY="bench-" + "x" * 50,
+            DATABASE_URL=f"sqlite:///{directory / 'db.sqlite3'}",
+            REDIS_URL=f"redis://127.0.0.1:{port}/0",
+            WR_REDIS_PREFIX="bench",
+        )
+        os.chdir(ROOT)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.05)
+        print(json.dumps(measure(args.tickets, args.calls), indent=2))
+    finally:
+        server.terminate()
+        server.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def measure(tickets: int, calls: int) -> dict[str, Any]:
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from queueing import ratelimit, selectors, services, store, tokens
+    from queueing.store.connection import combined
+
+    call_command("migrate", verbosity=0)
+    changes = {"name": "bench", "target_url": "https://shop.example/", "capacity": 1, "state": "paused"}
+    services.queue_configure(slug="bench", changes=changes, actor_label="bench")
+    client = store.client()
+    claims = []
+    for i in range(tickets):
+        joined = services.queue_join(slug="bench", visitor_key=tokens.visitor_key(f"bench:{i}"))
+        raw = tokens.ticket_issue(
+            slug="bench", ticket_id=joined.ticket.ticket_id, seq=joined.ticket.seq, priority=0, epoch=1
+        )
+        claims.append(tokens.visitor_ticket_decode(raw, slug="bench"))
+
+    def per_call(name: str, call: Any) -> float:
+        found = store.script(name)
+        client.script_load(found.script)
+        client.config_resetstat()
+        pipe = client.pipeline(transaction=False)
+        for i in range(calls):
+            _, keys, argv = call(i)
+            pipe.evalsha(found.sha, len(keys), *keys, *argv)
+            if i % 500 == 499:
+                pipe.execute()
+        pipe.execute()
+        stats = client.info("commandstats")["cmdstat_evalsha"]
+        assert stats["calls"] == calls and not stats.get("failed_calls"), stats
+        return round(float(stats["usec"]) / calls, 2)
+
+    def poll(scope: str) -> Any:
+        return lambda i: combined(selectors.ticket_status_plan(claims=claims[i % tickets], limit_scope=scope).calls)
+
+    def limit_call(ident: str) -> Any:
+        found = ratelimit.prepare("status", ident, queue="bench")
+        assert found is not None
+        return found.call
+
+    with_limit = poll("status")(0)[0]
+    limiter = ratelimit.scope_limiter("status")
+    assert limiter is not None
+    keys = store.queue_keys("bench")
+    results = {
+        "redis_version": client.info("server")["redis_version"],
+        "waiting": client.zcard(keys.line),
+        f"status with its limiter ({with_limit})": per_call(with_limit, poll("status")),
+        "status alone": per_call("status", poll("")),
+        f"limiter alone (limits/{limiter.algorithm})": per_call(
+            f"limits/{limiter.algorithm}",
+            lambda i: limit_call(claims[i % tickets].visitor_key),
+        ),
+        "join (a new visitor each call)": per_call(
+            "join",
+            lambda i: (
+                "join",
+                [*keys.script_keys(), keys.tagged("addr:"), keys.tagged("pow:")],
+                (tokens.visitor_key(f"join:{uuid.uuid4()}"), int(time.time() * 1000), 0, "", 0, 0, 0),
+            ),
+        ),
+        "window read (window/read)": per_call("window/read", lambda i: store.window_read_plan("bench").calls[0]),
+    }
+    return results
+
+
+if __name__ == "__main__":
+    main()
