@@ -342,32 +342,29 @@ def _delete_prefix(url: str, prefix: str) -> None:
     client.close()
 
 
-def redis_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
-    """On a dedicated redis-server: memory per waiting ticket, and the admission script's cost."""
-    directory = Path(tempfile.mkdtemp(prefix="wrbench-redis-"))
-    binary = shutil.which("redis-server") or devredis.server_binary()
+def dedicated_redis(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A redis-server of the benchmark's own (no persistence) on a free port, answering: (process, URL)."""
     port = free_port()
     server = subprocess.Popen(
         [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(directory),
+            shutil.which("redis-server") or devredis.server_binary(),
+            *("--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"),
+            *("--dir", str(directory)),
         ],
         stdout=subprocess.DEVNULL,
         start_new_session=True,
     )
     url = f"redis://127.0.0.1:{port}/0"
+    while not devredis.answers(url):
+        time.sleep(0.05)
+    return server, url
+
+
+def redis_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
+    """On a dedicated redis-server: memory per waiting ticket, and the admission script's cost."""
+    directory = Path(tempfile.mkdtemp(prefix="wrbench-redis-"))
+    server, url = dedicated_redis(directory)
     try:
-        while not devredis.answers(url):
-            time.sleep(0.05)
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "waitingroom_site.settings")
         os.environ.setdefault("SECRET_KEY", "bench-" + "x" * 50)
         os.environ["REDIS_URL"] = url

@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from http_bench import dedicated_redis  # noqa: E402  (it puts the project root on sys.path)
 
 
 def main() -> None:
@@ -34,25 +34,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=5000)
     args = parser.parse_args()
     directory = Path(tempfile.mkdtemp(prefix="wrbench-scripts-"))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen(
-        [
-            shutil.which("redis-server") or "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(directory),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
+    server, url = dedicated_redis(directory)
     try:
         os.environ.update(
             DJANGO_SETTINGS_MODULE="waitingroom_site.settings",
@@ -60,18 +42,10 @@ def main() -> None:
             HTTPS="0",
             SECRET_KEY="bench-" + "x" * 50,
             DATABASE_URL=f"sqlite:///{directory / 'db.sqlite3'}",
-            REDIS_URL=f"redis://127.0.0.1:{port}/0",
+            REDIS_URL=url,
             WR_REDIS_PREFIX="bench",
         )
         os.chdir(ROOT)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.05)
         print(json.dumps(measure(args.tickets, args.calls), indent=2))
     finally:
         server.terminate()

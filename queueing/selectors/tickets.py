@@ -238,11 +238,6 @@ def ticket_status_plan(
     )
 
 
-def ticket_status_get(*, claims: tokens.TicketClaims, now: float | None = None, limit_scope: str = "") -> TicketView:
-    """ticket_status_plan, run."""
-    return polled(ticket_status_plan(claims=claims, now=now, limit_scope=limit_scope))
-
-
 def visitor_status_plan(
     *,
     slug: str,

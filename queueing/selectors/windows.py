@@ -129,13 +129,6 @@ def position_status_plan(
     return store.window_read_plan(slug, ticket_epoch=claims.epoch, limit=call).then(read)
 
 
-def position_status_get(
-    *, claims: tokens.PositionClaims, now: float | None = None, limit_scope: str = ""
-) -> TicketView:
-    """position_status_plan, run."""
-    return polled(position_status_plan(claims=claims, now=now, limit_scope=limit_scope))
-
-
 def window_public(window: store.Window, *, now_ms: int) -> dict[str, Any]:
     """What anyone may know of a stateless queue's window: enough for a client holding its place to tell
     its own state without asking (the window endpoint, the `window` event)."""
