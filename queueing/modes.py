@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, ClassVar, Generic, TypeVar
 
-from . import caching, pow, realtime, selectors, services, store, tokens
+from channels.db import database_sync_to_async
+
+from . import caching, pow, realtime, selectors, services, signing_keys, store, tokens
 from .models import Queue
 from .selectors import NeighbourView, Polled, TicketGone, TicketView
 from .visitors import VisitorIdentity
@@ -143,8 +145,11 @@ class Tracked(QueueMode[tokens.TicketClaims]):
             address=visit.address,
             proof=visit.proof,
         )
-        view = selectors.ticket_view(visit.slug, result.reply)
-        return Joined(result.created, self._ticket(visit.slug, view), view, visitor_cookie=identity.new_cookie)
+        return self.joined(visit.slug, result, identity)
+
+    def joined(self, slug: str, result: services.JoinResult, identity: VisitorIdentity) -> Joined:
+        view = selectors.ticket_view(slug, result.reply)
+        return Joined(result.created, self._ticket(slug, view), view, visitor_cookie=identity.new_cookie)
 
     @staticmethod
     def _ticket(slug: str, view: TicketView) -> str:
@@ -286,6 +291,47 @@ def join(visit: Visit) -> Joined:
     except services.WrongMode:
         selectors.queue_mode_forget(visit.slug)
     return of_queue(visit.slug).join(visit)  # a second WrongMode: the queue flips back and forth
+
+
+async def _in_thread(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Synchronous code that may read the database, run from the event loop in a thread of its own (its
+    database connection closed as after a request)."""
+    result: T = await database_sync_to_async(call, thread_sensitive=False)(*args, **kwargs)
+    return result
+
+
+async def ajoin(visit: Visit, *, limit: store.LimitCall | None = None) -> Joined | None:
+    """`join` from the web server's event loop, for the common join: a visitor who is not signed in, with
+    no priority code and no keys from before a rotation of the secret, to a queue this process does not
+    know to be stateless. None for any other: the caller hands it to the synchronous path before anything
+    was counted. The join's rate limiter (`limit`) runs in the join's own script (ratelimit.Limited).
+
+    Past the script, what needs the database runs in a thread, here: the rest of a join Redis could not
+    take (its policy lost, or the queue turned stateless: the synchronous join, without the limiter, which
+    has counted it), admitting the visitors a join freed room for, signing an admitted visitor's access
+    token before this process has its keys. Refusals are raised as `join` raises them."""
+    identity = visit.identify()
+    if selectors.queue_mode_known(visit.slug) not in (None, TRACKED.name) or visit.priority_code or identity.former:
+        return None
+    plan = services.join_plan(
+        slug=visit.slug,
+        visitor_key=identity.key,
+        display_name=visit.display_name,
+        address=visit.address,
+        proof=visit.proof,
+        limit=limit,
+    )
+    polled = await store.aexecute(plan)
+    if services.needs_sync(polled.value.reply) or isinstance(polled.refusal, services.WrongMode):
+        return await _in_thread(join, visit)
+    await realtime.asend(polled.messages)
+    result = polled.outcome()
+    if result.ticket.freed:
+        await _in_thread(services.queue_admit, slug=visit.slug)
+    try:
+        return TRACKED.joined(visit.slug, result, identity)
+    except signing_keys.KeysNotLoaded:
+        return await _in_thread(TRACKED.joined, visit.slug, result, identity)
 
 
 async def aclose() -> None:

@@ -200,9 +200,10 @@ def prepare(scope: str, ident: str, *, now: float | None = None, queue: str = ""
     return store.LimitCall(limiter.algorithm, key, limiter.arguments(now_ms(now)))
 
 
-def hit(scope: str, ident: str, *, now: float | None = None) -> Decision:
-    """Count one request of `ident` (a client address, ticket, API key or user) in `scope`."""
-    call = prepare(scope, ident, now=now)
+def hit(scope: str, ident: str, *, now: float | None = None, queue: str = "") -> Decision:
+    """Count one request of `ident` (a client address, ticket, API key or user) in `scope` (with `queue`:
+    for that queue alone, as `prepare`)."""
+    call = prepare(scope, ident, now=now, queue=queue)
     if call is None:
         return Decision(True, 0, float("inf"))
     return decision_from(store.limit_hit(call.algorithm, call.key, *call.args))

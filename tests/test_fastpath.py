@@ -243,3 +243,195 @@ def test_a_join_without_a_session_skips_the_session_machinery(make_queue):
     assert response.status_code == 201
     assert not hasattr(response.wsgi_request, "session")
     assert "csrftoken" not in response.cookies
+
+
+# --- Joins on the event loop ----------------------------------------------------------------------------
+
+
+class DjangoCalls:
+    """Django's handler, counting the requests it is given (the event loop answered the rest)."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        self.paths.append(environ["PATH_INFO"])
+        return django_application(environ, start_response)
+
+
+@pytest.fixture
+def counted() -> tuple[HotPathASGI, DjangoCalls]:
+    django = DjangoCalls()
+    return HotPathASGI(django, threads=4), django
+
+
+async def join(
+    app: Any, slug: str, *, body: bytes = b"{}", headers: dict[str, str] | None = None, cookies: Any = None
+) -> httpx.Response:
+    transport = httpx.ASGITransport(app=app, client=("203.0.113.9", 5000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver", cookies=cookies) as client:
+        return await client.post(
+            f"/api/v1/queues/{slug}/join",
+            content=body,
+            headers={"Content-Type": "application/json", **(headers or {})},
+        )
+
+
+@pytest.fixture
+def paused(make_queue, settings):
+    settings.ALLOWED_HOSTS = ["testserver"]
+    return make_queue(state="paused").slug
+
+
+@pytest.mark.asyncio
+async def test_a_join_is_answered_on_the_event_loop_as_django_answers_it(paused, counted):
+    from queueing import tokens
+
+    app, django = counted
+    first = await join(app, paused)
+    assert first.status_code == 201 and django.paths == []
+    body = first.json()
+    assert body["status"] == "waiting" and body["position"] == 1 and body["ws_url"] == f"ws://testserver/ws/queues/{paused}/"
+    assert tokens.visitor_ticket_decode(body["ticket"], slug=paused).ticket_id == body["ticket_id"]
+    assert int(first.headers["retry-after"]) >= 1 and first.headers["x-content-type-options"] == "nosniff"
+    cookie = first.headers["set-cookie"]
+    assert cookie.startswith("wr_visitor=") and "HttpOnly" in cookie and "SameSite=Lax" in cookie
+    # The cookie is the visitor: joining again with it is the same ticket (200), and no new cookie.
+    again = await join(app, paused, cookies=first.cookies)
+    assert again.status_code == 200 and again.json()["ticket_id"] == body["ticket_id"]
+    assert "set-cookie" not in again.headers
+    # Django's path (the test client) gives the same visitor the same ticket, and the same fields.
+    visitor = {"X-Visitor-Id": str(uuid.uuid4())}
+    fast = (await join(app, paused, headers=visitor)).json()
+    slow = await asyncio.to_thread(
+        lambda: APIClient().post(f"/api/v1/queues/{paused}/join", format="json", HTTP_X_VISITOR_ID=visitor["X-Visitor-Id"])
+    )
+    assert slow.status_code == 200 and slow.json()["ticket_id"] == fast["ticket_id"]
+    assert set(slow.json()) == set(fast) and django.paths == []
+
+
+@pytest.mark.asyncio
+async def test_the_join_and_its_rate_limiter_are_one_script_and_a_refused_join_joins_nobody(paused, counted, settings):
+    app, django = counted
+    settings.WR_RATE_LIMITS = {"join": {"algorithm": "fixed_window", "window_seconds": 60, "max_requests": 2}}
+    codes = [(await join(app, paused, headers={"X-Visitor-Id": str(uuid.uuid4())})).status_code for _ in range(3)]
+    assert codes == [201, 201, 429] and django.paths == []
+    assert store.client().zcard(store.queue_keys(paused).line) == 2  # the refused join took no place
+    keys = list(store.client().scan_iter(match="*rl:join:fixed_window:*"))
+    assert len(keys) == 1 and f"{{{paused}}}" in keys[0]  # per address and queue, one slot with the queue
+    # Django's path counts in the same bucket.
+    refused = await asyncio.to_thread(
+        lambda: APIClient(REMOTE_ADDR="203.0.113.9").post(
+            f"/api/v1/queues/{paused}/join", format="json", HTTP_X_VISITOR_ID=str(uuid.uuid4())
+        )
+    )
+    assert refused.status_code == 429 and int(refused.headers["Retry-After"]) >= 1
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "code"),
+    [
+        (b"{not json", {}, 400, "malformed_json"),
+        (b'{"colour": "red"}', {}, 400, "unknown_fields"),
+        (b'{"priority_code": "nope-nope-nope"}', {}, 400, "invalid_priority_code"),
+        (b"{}", {"X-Visitor-Id": "1234"}, 400, "invalid_visitor_id"),
+        (b"{}", {"Origin": "https://evil.example"}, 403, "cross_site_refused"),
+        (b'{"pow_challenge": "forged", "pow_nonce": "1"}', {}, 201, ""),  # no gate: a bad proof is ignored
+    ],
+)
+async def test_any_other_join_takes_djangos_path_and_gets_its_answer(paused, counted, body, headers, status, code):
+    app, django = counted
+    response = await join(app, paused, body=body, headers=headers)
+    assert response.status_code == status, response.text
+    assert response.json().get("error", {}).get("code", "") == code
+    assert django.paths == [f"/api/v1/queues/{paused}/join"]
+
+
+@pytest.mark.asyncio
+async def test_a_join_with_a_session_takes_djangos_path(paused, counted):
+    app, django = counted
+    response = await join(app, paused, cookies={"sessionid": "whatever"})
+    assert response.status_code == 201 and django.paths == [f"/api/v1/queues/{paused}/join"]
+
+
+@pytest.mark.asyncio
+async def test_refusals_on_the_event_loop_are_the_apis(make_queue, counted, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    settings.ALLOWED_HOSTS = ["testserver"]
+    app, django = counted
+    closed = await asyncio.to_thread(make_queue, state="closed")
+    response = await join(app, closed.slug)
+    assert (response.status_code, response.json()["error"]["code"]) == (409, "queue_closed")
+    starts = timezone.now() + timedelta(hours=2)
+    early = await asyncio.to_thread(
+        make_queue, state="open", prequeue_opens_at=starts - timedelta(hours=1), starts_at=starts
+    )
+    response = await join(app, early.slug)  # its opening time is in the database: read in a thread
+    assert (response.status_code, response.json()["error"]["code"]) == (409, "queue_not_open")
+    assert response.json()["error"]["opens_at"] and 3000 < int(response.headers["retry-after"]) <= 3600
+    gated = await asyncio.to_thread(make_queue, state="paused", pow_difficulty=4)
+    response = await join(app, gated.slug)
+    assert (response.status_code, response.json()["error"]["code"]) == (428, "proof_of_work_required")
+    from queueing import pow
+
+    challenge = response.json()["error"]["challenge"]
+    solved = json_body(pow_challenge=challenge, pow_nonce=pow.solve(challenge, 4))
+    assert (await join(app, gated.slug, body=solved)).status_code == 201  # a proof that checks out: here
+    assert django.paths == []
+
+
+def json_body(**fields: str) -> bytes:
+    import json
+
+    return json.dumps(fields).encode()
+
+
+@pytest.mark.asyncio
+async def test_a_join_whose_policy_redis_lost_is_finished_in_a_thread_and_counted_once(paused, counted, settings):
+    app, django = counted
+    settings.WR_RATE_LIMITS = {"join": {"algorithm": "fixed_window", "window_seconds": 60, "max_requests": 2}}
+    store.client().delete(store.queue_keys(paused).cfg)  # lost: the database has it, the loop cannot read it
+    codes = [(await join(app, paused, headers={"X-Visitor-Id": str(uuid.uuid4())})).status_code for _ in range(3)]
+    assert codes == [201, 201, 429] and django.paths == []
+    assert store.client().hget(store.queue_keys(paused).cfg, "live_epoch")  # synced again
+
+
+@pytest.mark.asyncio
+async def test_a_stateless_queue_is_joined_in_a_thread_then_by_django(make_queue, counted, settings):
+    from queueing import selectors
+
+    settings.ALLOWED_HOSTS = ["testserver"]
+    app, django = counted
+    queue = await asyncio.to_thread(make_queue, state="open", mode="stateless")
+    selectors.queue_mode_forget(queue.slug)
+    first = await join(app, queue.slug)  # the mode unknown here: the tracked script says so, a thread joins
+    assert first.status_code == 201 and first.json()["status"] in ("waiting", "admitted")
+    assert django.paths == [] and "wr_pos_" in first.headers["set-cookie"]
+    second = await join(app, queue.slug)  # the mode known now: Django's path
+    assert second.status_code == 201 and django.paths == [f"/api/v1/queues/{queue.slug}/join"]
+    assert second.json()["ticket_id"] != first.json()["ticket_id"]
+
+
+@pytest.mark.asyncio
+async def test_parallel_joins_of_one_visitor_on_the_event_loop_hold_one_ticket(paused, counted):
+    app, _ = counted
+    visitor = {"X-Visitor-Id": str(uuid.uuid4())}
+    answers = await asyncio.gather(*(join(app, paused, headers=visitor) for _ in range(20)))
+    assert sorted(a.status_code for a in answers) == [200] * 19 + [201]
+    assert len({a.json()["ticket_id"] for a in answers}) == 1
+    assert store.client().zcard(store.queue_keys(paused).line) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_join_with_redis_out_of_reach_is_a_503_in_the_error_shape(paused, counted, settings):
+    app, _ = counted
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings.REDIS_URL = f"redis://127.0.0.1:{port}/0"
+    response = await join(app, paused, headers={"X-Visitor-Id": str(uuid.uuid4())})
+    assert response.status_code == 503 and response.json()["error"]["code"] == "service_unavailable"

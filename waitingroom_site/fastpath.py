@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import logging
 import re
@@ -31,13 +32,23 @@ from typing import Any
 import redis
 from a2wsgi import WSGIMiddleware
 from django.conf import settings
+from django.core.exceptions import DisallowedHost
+from django.core.handlers.asgi import ASGIRequest
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.http.request import split_domain_port, validate_host
 from django.middleware.security import SecurityMiddleware
 
 from queueing import modes, signing_keys
-from queueing.api.answers import Answer, astatus_answer, awindow_answer, join_fast, status_fast, window_fast
+from queueing.api.answers import (
+    Answer,
+    ajoin_answer,
+    astatus_answer,
+    awindow_answer,
+    join_fast,
+    status_fast,
+    window_fast,
+)
 from queueing.api.errors import error_body
 
 _SLUG = r"([a-z0-9](?:[a-z0-9-]{0,48}[a-z0-9])?)"
@@ -114,7 +125,30 @@ class HotPathASGI:
         body = await _body(receive)
         if isinstance(body, int):
             return await _respond(send, _refusal(body), [])
+        if scope["method"] == "POST" and await self._join(scope, body, send):
+            return None
         return await self.django(scope, _replay(body, receive), send)  # type: ignore[arg-type]
+
+    async def _join(self, scope: Scope, body: bytes, send: Send) -> bool:
+        """Answer a join here (answers.ajoin_answer says which); False to leave it to Django."""
+        match = JOIN_PATH.match(scope["path"])
+        if match is None:
+            return False
+        request = ASGIRequest(scope, io.BytesIO(body))
+        if settings.SESSION_COOKIE_NAME in request.COOKIES:
+            return False  # perhaps a signed-in user: Django's full stack (CSRF, the user's identity)
+        secure = request.is_secure()
+        try:
+            request.get_host()
+        except DisallowedHost:
+            return False  # Django refuses it
+        if settings.SECURE_SSL_REDIRECT and not secure:
+            return False
+        answer = await ajoin_answer(request, match.group(1))
+        if answer is None:
+            return False
+        await _respond(send, answer, self.headers[secure])
+        return True
 
     async def _hot(self, scope: Scope, send: Send) -> bool:
         """Answer a status poll or a window read here; False to leave the request to Django."""
@@ -143,6 +177,7 @@ async def _respond(send: Send, answer: Answer, extra: list[tuple[bytes, bytes]])
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
         *((name.encode(), value.encode()) for name, value in answer.headers.items()),
+        *((b"set-cookie", cookie.encode()) for cookie in answer.set_cookies()),
         *extra,
     ]
     await send({"type": "http.response.start", "status": answer.status, "headers": headers})

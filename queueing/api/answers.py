@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import redis
+from channels.db import database_sync_to_async
 from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse
 from rest_framework.response import Response
@@ -74,6 +75,14 @@ class Answer:
             visitor_cookie_set(response, self.visitor_cookie)
         if self.position_cookie:
             position_cookie_set(response, *self.position_cookie)
+
+    def set_cookies(self) -> list[str]:
+        """The Set-Cookie header values of the answer's cookies (as Django's handlers write them)."""
+        if not (self.visitor_cookie or self.position_cookie):
+            return []
+        response = HttpResponse()
+        self.cookies_set(response)
+        return [cookie.output(header="").strip() for cookie in response.cookies.values()]
 
     def plain(self) -> HttpResponse:
         response = HttpResponse(
@@ -134,7 +143,7 @@ def join_answer(
                 "Joins from another site's page are refused. An API client sends JSON with its own X-Visitor-Id.",
             )
         address = client_address(request.META)
-        limit("join", address)
+        limit("join", address, queue=slug)  # as ajoin_answer counts it, in the join's own script
         fields = s.join_request_validate(data)
         try:
             proof = _proof(slug, fields)
@@ -157,8 +166,49 @@ def join_answer(
             raise rate_limited(exc.decision) from exc
     except ApiError as exc:
         return Answer.error(exc)
-    ticket, ws_url = joined.ticket, _ws_url(request, slug)
-    body = {"ticket": ticket, **joined.view.payload(ahead=False), "ws_url": ws_url}
+    return _joined(request, slug, joined, cross_site=cross_site)
+
+
+async def ajoin_answer(request: HttpRequest, slug: str) -> Answer | None:
+    """`join_answer` from the web server's event loop (fastpath.HotPathASGI; `request` built from the ASGI
+    scope, its body read), for the common join: not cross-site, a JSON body that validates, no priority
+    code, a proof of work (if any) that checks out, a valid identity. None for any other join, before
+    anything is counted: join_fast then answers it as ever.
+
+    The same steps as join_answer, with the join's rate limiter in the join's own script (one round trip),
+    and the same answers; what needs the database (a pre-queue's opening time, a new challenge) in a thread."""
+    try:
+        if _cross_site(request):
+            return None
+        fields = s.join_request_validate(json_body(request))
+        proof = _proof_shown(slug, fields)
+        identity = _identify(request, None)
+    except (ApiError, pow.InvalidProof):
+        return None
+    if fields["priority_code"]:
+        return None
+    address = client_address(request.META)
+    visit = modes.Visit(
+        slug=slug, identify=lambda: identity, address=address, display_name=fields["display_name"], proof=proof
+    )
+    try:
+        try:
+            joined = await modes.ajoin(visit, limit=ratelimit.prepare("join", address, queue=slug))
+        except services.JOIN_REFUSALS as exc:
+            if isinstance(exc, services.QueueNotOpen | services.ProofOfWorkRequired):
+                raise await database_sync_to_async(_join_refused, thread_sensitive=False)(slug, exc) from exc
+            raise _join_refused(slug, exc) from exc
+        except ratelimit.Limited as exc:
+            raise rate_limited(exc.decision) from exc
+    except ApiError as exc:
+        return Answer.error(exc)
+    except redis.RedisError:
+        return Answer.unavailable()
+    return None if joined is None else _joined(request, slug, joined, cross_site=False)
+
+
+def _joined(request: HttpRequest, slug: str, joined: modes.Joined, *, cross_site: bool) -> Answer:
+    body = {"ticket": joined.ticket, **joined.view.payload(ahead=False), "ws_url": _ws_url(request, slug)}
     if body["status"] == "active":
         body["status"] = "admitted"  # to a joiner, a live session is simply "go through"
     return Answer(
@@ -191,13 +241,18 @@ def _api_client(request: HttpRequest) -> bool:
     return content_type == "application/json" and bool(request.META.get("HTTP_X_VISITOR_ID"))
 
 
+def _proof_shown(slug: str, fields: dict[str, Any]) -> pow.Solved | None:
+    """The join's solved challenge, if it shows one (pow.InvalidProof if it does not check out)."""
+    if not (fields["pow_challenge"] or fields["pow_nonce"]):
+        return None
+    return pow.solution_check(slug, fields["pow_challenge"], fields["pow_nonce"])
+
+
 def _proof(slug: str, fields: dict[str, Any]) -> pow.Solved | None:
     """The join's solved challenge. One that does not check out is refused only by a queue whose gate is on:
     elsewhere it is ignored (QueueNotFound for no queue at all)."""
-    if not (fields["pow_challenge"] or fields["pow_nonce"]):
-        return None
     try:
-        return pow.solution_check(slug, fields["pow_challenge"], fields["pow_nonce"])
+        return _proof_shown(slug, fields)
     except pow.InvalidProof as exc:
         if services.pow_difficulty_get(slug=slug) > 0:
             raise ApiError("invalid_proof_of_work", str(exc)) from exc

@@ -41,10 +41,11 @@ def rate_limited(decision: ratelimit.Decision) -> ApiError:
     )
 
 
-def limit(scope: str, ident: str) -> None:
-    """Count a request of `ident` in `scope`; ApiError rate_limited (429) when it is over the limit. A few
-    scopes have a default limit in code (selectors.DEFAULT_LIMITS) while settings name none."""
-    decision = selectors.limit_hit(scope, ident)
+def limit(scope: str, ident: str, *, queue: str = "") -> None:
+    """Count a request of `ident` in `scope` (with `queue`: counted for that queue alone, its key under the
+    queue's hash tag); ApiError rate_limited (429) when it is over the limit. A few scopes have a default
+    limit in code (selectors.DEFAULT_LIMITS) while settings name none."""
+    decision = selectors.limit_hit(scope, ident, queue=queue)
     if not decision.allowed:
         raise rate_limited(decision)
 

@@ -29,12 +29,12 @@ def _default_limiter(scope: str) -> ratelimit.Limiter:
     return ratelimit.limiter_from_config(DEFAULT_LIMITS[scope])
 
 
-def limit_hit(scope: str, ident: str, *, now: float | None = None) -> ratelimit.Decision:
+def limit_hit(scope: str, ident: str, *, now: float | None = None, queue: str = "") -> ratelimit.Decision:
     """Count one request of `ident` in `scope`: the limiter settings name, else the default above."""
     if scope in settings.WR_RATE_LIMITS or scope not in DEFAULT_LIMITS:
-        return ratelimit.hit(scope, ident, now=now)
+        return ratelimit.hit(scope, ident, now=now, queue=queue)
     limiter = _default_limiter(scope)
-    key = store.limit_key(f"{scope}:{limiter.algorithm}", ident)  # as ratelimit.prepare names it
+    key = store.limit_key(f"{scope}:{limiter.algorithm}", ident, queue=queue)  # as ratelimit.prepare names it
     return ratelimit.decision_from(store.limit_hit(limiter.algorithm, key, *limiter.arguments(now_ms(now))))
 
 

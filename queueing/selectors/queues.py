@@ -223,20 +223,26 @@ _modes: dict[str, tuple[float, str]] = {}
 def queue_mode_get(slug: str) -> str:
     """A queue's mode (tracked | stateless), as mirrored in Redis; remembered per process for a moment
     (a join must know which way to go; the scripts refuse the wrong one, so a stale answer costs a retry)."""
-    now = time.monotonic()
-    cached = _modes.get(slug)
-    if cached is not None and now - cached[0] < MODE_CACHE_SECONDS:
-        return cached[1]
+    known = queue_mode_known(slug)
+    if known is not None:
+        return known
     mode = store.config_read(slug).get("mode")
     if mode is None:
         queue = Queue.objects.filter(slug=slug).only("mode").first()
         mode = queue.mode if queue is not None else Queue.Mode.TRACKED
     if len(_modes) > 10_000:
         _modes.clear()
-    _modes[slug] = (now, mode)
+    _modes[slug] = (time.monotonic(), mode)
     return mode
+
+
+def queue_mode_known(slug: str) -> str | None:
+    """The queue's mode if this process remembers it (no I/O; None: it does not, or no longer)."""
+    cached = _modes.get(slug)
+    if cached is not None and time.monotonic() - cached[0] < MODE_CACHE_SECONDS:
+        return cached[1]
+    return None
 
 
 def queue_mode_forget(slug: str) -> None:
     _modes.pop(slug, None)
-

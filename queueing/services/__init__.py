@@ -73,6 +73,7 @@ from .errors import (
 )
 from .joins import (
     JoinResult,
+    join_plan,
     pow_challenge_issue,
     pow_difficulty_get,
     priority_code_release,
@@ -133,6 +134,7 @@ __all__ = [
     "browser_digest",
     "capacity_report",
     "instance_id",
+    "join_plan",
     "needs_sync",
     "outflow_adaptation_reset",
     "pow_challenge_issue",

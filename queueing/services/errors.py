@@ -10,10 +10,6 @@ class QueueNotOpen(Exception):
 class ProofOfWorkRequired(Exception):
     """The queue's gate is on and the join showed no (or too little) proof of work."""
 
-    def __init__(self, difficulty: int) -> None:
-        super().__init__(difficulty)
-        self.difficulty = difficulty
-
 
 class ProofOfWorkReused(Exception):
     """The challenge was already spent on a join."""

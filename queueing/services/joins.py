@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from .. import clock, pow, realtime, selectors, store, tokens
 from ..models import PriorityCode, PriorityLevel
+from ..selectors import Polled
 from .admission import queue_admit
 from .errors import (
     InvalidPriorityCode,
@@ -97,53 +98,97 @@ def queue_join(
     """
     if priority_code:
         priority = max(priority, priority_code_reserve(slug=slug, code=priority_code, address=address))
-    try:
-        reply = with_policy(
-            slug,
-            lambda: store.join(
-                slug,
-                visitor_key=visitor_key,
-                now_ms=clock.now_ms(now),
-                priority=priority,
-                display_name=display_name,
-                address=address,
-                pow_bits=proof.bits if proof else 0,
-                pow_id=proof.challenge_id if proof else "",
-                pow_ttl_ms=pow.CHALLENGE_TTL_SECONDS * 1000 + 1000,
-            ),
-            needs_sync,
+
+    def joined() -> Polled[JoinResult]:
+        plan = join_plan(
+            slug=slug,
+            visitor_key=visitor_key,
+            priority=priority,
+            display_name=display_name,
+            address=address,
+            proof=proof,
+            now=now,
         )
+        return store.execute(plan)
+
+    try:
+        polled = with_policy(slug, joined, lambda polled: needs_sync(polled.value.reply))
+        realtime.send(polled.messages)
+        result = polled.outcome()
     except Exception:
         if priority_code:
             priority_code_release(slug=slug, code=priority_code)
         raise
-    if priority_code and reply.outcome != "created":
+    if priority_code and not result.created:
         priority_code_release(slug=slug, code=priority_code)
-    if reply.outcome in ("stateless", "no_config"):
-        # Still no policy after the sync: the tracked scripts keep no live state for this queue, as after a
-        # switch to stateless mode (the mode's new epoch is live only in the window).
-        raise WrongMode(slug)
-    realtime.send(realtime.queue_move(slug, reply.moves, reply.figures.waiting if reply.figures else None))
-    if reply.outcome == "closed":
-        raise QueueClosed(slug)
-    if reply.outcome == "not_open":
-        raise QueueNotOpen(slug)
-    if reply.outcome == "capped":
-        raise TicketCapReached(slug)
-    if reply.outcome == "pow_required":
-        raise ProofOfWorkRequired(store.pow_difficulty(slug))
-    if reply.outcome == "pow_reused":
-        raise ProofOfWorkReused(slug)
+    if result.ticket.freed:
+        queue_admit(slug=slug, now=now)
+    return result
+
+
+def join_plan(
+    *,
+    slug: str,
+    visitor_key: str,
+    priority: int = 0,
+    display_name: str = "",
+    address: str = "",
+    proof: pow.Solved | None = None,
+    now: float | None = None,
+    limit: store.LimitCall | None = None,
+) -> store.Plan[Polled[JoinResult]]:
+    """A join as one round trip's plan (with `limit`, the join's rate limiter first in the same script).
+
+    Reading it gives the result, the events to publish (the new place in line) and the refusal, if the
+    queue refused the join (closed, full, not open, capped, proof of work; WrongMode when Redis has no
+    tracked policy for the queue: see `needs_sync`). ratelimit.Limited is raised at once: nothing ran."""
+    plan = store.join_plan(
+        slug,
+        visitor_key=visitor_key,
+        now_ms=clock.now_ms(now),
+        priority=priority,
+        display_name=display_name,
+        address=address,
+        pow_bits=proof.bits if proof else 0,
+        pow_id=proof.challenge_id if proof else "",
+        pow_ttl_ms=pow.CHALLENGE_TTL_SECONDS * 1000 + 1000,
+        limit=limit,
+    )
+
+    def read(replies: tuple[store.TicketReply | None, store.LimitReply | None]) -> Polled[JoinResult]:
+        reply, limited = replies
+        selectors.limit_decided(limited)
+        assert reply is not None
+        result = JoinResult(created=reply.outcome == "created", reply=reply)
+        if reply.outcome in ("stateless", "no_config", "no_seq"):
+            # no_config and no_seq: the caller syncs the policy and joins again. Still no policy after the
+            # sync: the tracked scripts keep no live state for this queue, as after a switch to stateless
+            # mode (the mode's new epoch is live only in the window).
+            return Polled(result, [], WrongMode(slug))
+        messages = realtime.queue_move(slug, reply.moves, reply.figures.waiting if reply.figures else None)
+        return Polled(result, messages, _refusal(slug, reply))
+
+    return plan.then(read)
+
+
+def _refusal(slug: str, reply: store.TicketReply) -> Exception | None:
+    """Why the join script refused a join (None: it did not)."""
+    refusals: dict[str, type[Exception]] = {
+        "closed": QueueClosed,
+        "not_open": QueueNotOpen,
+        "capped": TicketCapReached,
+        "pow_required": ProofOfWorkRequired,
+        "pow_reused": ProofOfWorkReused,
+    }
+    if reply.outcome in refusals:
+        return refusals[reply.outcome](slug)
     if reply.outcome == "full":
         figures = reply.figures
         retry = 30
         if figures is not None and figures.outflow_per_minute > 0:
             retry = max(5, min(300, int(60 * 10 / figures.outflow_per_minute)))
-        raise QueueFull(retry)
-    assert reply.ticket is not None
-    if reply.ticket.freed:
-        queue_admit(slug=slug, now=now)
-    return JoinResult(created=reply.outcome == "created", reply=reply)
+        return QueueFull(retry)
+    return None
 
 
 def queue_join_stateless(*, slug: str, proof: pow.Solved | None = None, now: float | None = None) -> store.Window:
@@ -165,7 +210,7 @@ def queue_join_stateless(*, slug: str, proof: pow.Solved | None = None, now: flo
     if outcome == "not_open":
         raise QueueNotOpen(slug)
     if outcome == "pow_required":
-        raise ProofOfWorkRequired(store.pow_difficulty(slug))
+        raise ProofOfWorkRequired(slug)
     if outcome == "pow_reused":
         raise ProofOfWorkReused(slug)
     if outcome == "full":
@@ -193,4 +238,3 @@ def ticket_leave(*, slug: str, claims: tokens.TicketClaims, now: float | None = 
     if reply.freed:
         queue_admit(slug=slug, now=now)
     return reply.result == "left"
-

@@ -69,7 +69,9 @@ class _Connection:
         found = scripts.get(name)
         if found is None:  # a combination of scripts (see `combined`), registered when first asked for
             with self._lock:
-                found = scripts.get(name) or client.register_script(_combined_source(tuple(name.split("+"))))
+                gated = GATE in name
+                names = tuple(name.split(GATE if gated else "+"))
+                found = scripts.get(name) or client.register_script(_combined_source(names, gated=gated))
                 scripts[name] = found
         return found
 
@@ -136,9 +138,15 @@ def _plain_sources() -> dict[str, str]:
     }
 
 
-def _combined_source(names: tuple[str, ...]) -> str:
+GATE = "&"  # in a combination's name: each script runs only if the limiter before it allowed the request
+
+
+def _combined_source(names: tuple[str, ...], *, gated: bool = False) -> str:
     """Several scripts as one: each runs as a function of its own KEYS and ARGV, in order, and the reply
-    is the list of their replies. ARGV starts with each script's number of keys and of arguments."""
+    is the list of their replies. ARGV starts with each script's number of keys and of arguments.
+    `gated`: every script but the last is a rate limiter, and a refusal ends the run there (the reply
+    lists the replies so far; a limiter's reply starts with allowed 0|1)."""
+    stop = "  if replies[i][1] == 0 then return replies end\n" if gated else ""
     sources = {**_sources(), **_plain_sources()}
     parts = [f"local function script_{i}(KEYS, ARGV)\n{sources[name]}\nend\n" for i, name in enumerate(names)]
     return (
@@ -152,7 +160,7 @@ for i, run in ipairs(scripts) do
   for j = 1, na do argv[j] = ARGV[a + j - 1] end
   k, a = k + nk, a + na
   replies[i] = run(keys, argv)
-end
+{stop}end
 return replies
 """
     )
@@ -192,25 +200,33 @@ def run_together(calls: list[ScriptCall], then: Callable[[Any], None] | None = N
     raise AssertionError("unreachable")
 
 
-def combined(calls: Sequence[ScriptCall]) -> ScriptCall:
-    """Several script calls as one call of their combination (one EVALSHA; its reply lists theirs)."""
+def combined(calls: Sequence[ScriptCall], *, gated: bool = False) -> ScriptCall:
+    """Several script calls as one call of their combination (one EVALSHA; its reply lists theirs).
+    `gated`: the calls before the last are rate limiters, and the rest run only while they allow."""
     if len(calls) == 1:
         return calls[0]
     keys = [key for _, call_keys, _ in calls for key in call_keys]
     counts = [count for _, call_keys, call_args in calls for count in (len(call_keys), len(call_args))]
     args = [*counts, *(arg for _, _, call_args in calls for arg in call_args)]
-    return "+".join(name for name, _, _ in calls), keys, args
+    return (GATE if gated else "+").join(name for name, _, _ in calls), keys, args
 
 
 @dataclass(frozen=True)
 class Plan(Generic[T]):
-    """One round trip as data: script calls (run as one script) and how to read their replies."""
+    """One round trip as data: script calls (run as one script) and how to read their replies. A `gated`
+    plan's first calls are rate limiters: a refusal stops it there, and `read` gets fewer replies."""
 
     calls: tuple[ScriptCall, ...]
     read: Callable[[list[Any]], T]
+    gated: bool = False
 
     def then(self, after: Callable[[T], U]) -> Plan[U]:
-        return Plan(self.calls, lambda replies: after(self.read(replies)))
+        return Plan(self.calls, lambda replies: after(self.read(replies)), self.gated)
+
+    @property
+    def call(self) -> ScriptCall:
+        """The plan's calls as one."""
+        return combined(self.calls, gated=self.gated)
 
 
 def _replies(calls: Sequence[ScriptCall], reply: Any) -> list[Any]:
@@ -219,7 +235,7 @@ def _replies(calls: Sequence[ScriptCall], reply: Any) -> list[Any]:
 
 def execute(plan: Plan[T]) -> T:
     """Run a plan from synchronous code."""
-    return plan.read(_replies(plan.calls, run(*combined(plan.calls))))
+    return plan.read(_replies(plan.calls, run(*plan.call)))
 
 
 class _HiredisPacking:
@@ -286,7 +302,7 @@ async def arun(name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
 
 async def aexecute(plan: Plan[T]) -> T:
     """Run a plan from the event loop."""
-    return plan.read(_replies(plan.calls, await arun(*combined(plan.calls))))
+    return plan.read(_replies(plan.calls, await arun(*plan.call)))
 
 
 async def apublish(messages: Sequence[tuple[str, bytes]]) -> None:

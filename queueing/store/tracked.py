@@ -127,7 +127,7 @@ class TicketReply(Reply):
     CONVERT = {"ticket": maybe(TicketState.parse), "figures": maybe(QueueFigures.parse), "moves": Moves.parse}
 
 
-def join(
+def join_plan(
     slug: str,
     *,
     visitor_key: str,
@@ -138,13 +138,31 @@ def join(
     pow_bits: int = 0,
     pow_id: str = "",
     pow_ttl_ms: int = 0,
-) -> TicketReply:
+    limit: LimitCall | None = None,
+) -> Plan[tuple[TicketReply | None, LimitReply | None]]:
     """A join. With `address`, the queue's per-address cap (if it has one) applies; with a solved
-    proof-of-work challenge (`pow_bits` shown, `pow_id` its id), the queue's gate (if on) lets it in once."""
+    proof-of-work challenge (`pow_bits` shown, `pow_id` its id), the queue's gate (if on) lets it in once.
+    With `limit`, its rate limiter runs first in the same script, and a refused join goes no further (its
+    reply is then None). The limiter's key must share the queue's hash tag (ratelimit.prepare's `queue`)."""
     keys = queue_keys(slug)
     all_keys = [*keys.script_keys(), keys.tagged(f"addr:{address}"), keys.tagged(f"pow:{pow_id}")]  # KEYS[12], [13]
     args = (visitor_key, now_ms, priority, display_name, int(bool(address)), pow_bits, pow_ttl_ms)
-    return TicketReply.parse(run("join", all_keys, args))
+    call: ScriptCall = ("join", all_keys, args)
+    if limit is None:
+        return Plan((call,), lambda replies: (TicketReply.parse(replies[0]), None))
+
+    def read(replies: list[Any]) -> tuple[TicketReply | None, LimitReply | None]:
+        joined = TicketReply.parse(replies[1]) if len(replies) > 1 else None
+        return joined, LimitReply.parse(replies[0])
+
+    return Plan((limit.call, call), read, gated=True)
+
+
+def join(slug: str, **arguments: Any) -> TicketReply:
+    """join_plan without a limiter, run."""
+    reply = execute(join_plan(slug, **arguments))[0]
+    assert reply is not None
+    return reply
 
 
 class Restore(NamedTuple):
