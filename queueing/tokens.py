@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import json
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import lru_cache
@@ -198,17 +199,28 @@ class TicketClaims:
     issued_at: int = 0  # seconds since the epoch
 
 
+def _visitor_issue(slug: str, token_type: str, claims: dict[str, Any]) -> str:
+    """A visitor ticket as TicketToken would issue it (type, exp, iat, jti, then `claims`), signed by the
+    backend directly: a join signs one, and simplejwt's Token (datetimes, a setting lookup per claim)
+    cost several times the signature (bench/RESULTS.md)."""
+    now = int(time.time())
+    payload = {
+        "token_type": token_type,
+        "exp": now + int(settings.WR_TICKET_LIFETIME.total_seconds()),
+        "iat": now,
+        "jti": uuid.uuid4().hex,
+        **claims,
+    }
+    return _ticket_backend(_ticket_keys(), slug).encode(payload)
+
+
 def ticket_issue(
     *, slug: str, ticket_id: str, seq: int, priority: int, epoch: int, placement: float | None = None
 ) -> str:
-    token = TicketToken(slug=slug)
-    token["tid"] = ticket_id
-    token["seq"] = seq
-    token["pri"] = priority
-    token["ep"] = epoch
+    claims: dict[str, Any] = {"tid": ticket_id, "seq": seq, "pri": priority, "ep": epoch}
     if placement is not None:
-        token["pl"] = placement
-    return str(token)
+        claims["pl"] = placement
+    return _visitor_issue(slug, TicketToken.token_type, claims)
 
 
 def visitor_ticket_decode(raw: str, *, slug: str) -> VisitorClaims:
@@ -283,10 +295,7 @@ VisitorClaims = TicketClaims | PositionClaims
 
 
 def position_issue(*, slug: str, number: int, epoch: int) -> str:
-    token = PositionToken(slug=slug)
-    token["sub"] = str(number)
-    token["ep"] = epoch
-    return str(token)
+    return _visitor_issue(slug, PositionToken.token_type, {"sub": str(number), "ep": epoch})
 
 
 # --- Access tokens ----------------------------------------------------------------------------------

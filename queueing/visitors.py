@@ -38,11 +38,15 @@ _ALPHABETS = ("0123456789abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXY
 _SEQUENCES = (*_ALPHABETS, *(alphabet[::-1] for alphabet in _ALPHABETS))
 
 
+# Every RUN consecutive characters of an alphabet, up or down: one set lookup per place in a value.
+_RUNS = frozenset(seq[i : i + RUN] for seq in _SEQUENCES for i in range(len(seq) - RUN + 1))
+
+
 def _has_run(value: str) -> bool:
     """A character repeated RUN times, or RUN consecutive characters of an alphabet, up or down."""
     if _REPEATED.search(value):
         return True
-    return any(value[i : i + RUN] in seq for i in range(len(value) - RUN + 1) for seq in _SEQUENCES)
+    return any(value[i : i + RUN] in _RUNS for i in range(len(value) - RUN + 1))
 
 
 def _is_periodic(value: str) -> bool:
@@ -93,7 +97,7 @@ def visitor_identity(request: HttpRequest, user: Any = None) -> VisitorIdentity:
     if user is not None and getattr(user, "is_authenticated", False):
         return _identity(f"user:{user.pk}", user)
     cookie = request.get_signed_cookie(settings.WR_VISITOR_COOKIE, default=None, salt=COOKIE_SALT)
-    return anonymous_identity(cookie, request.headers.get("X-Visitor-Id"))
+    return anonymous_identity(cookie, request.META.get("HTTP_X_VISITOR_ID"))
 
 
 def anonymous_identity(cookie: str | None, header: str | None) -> VisitorIdentity:

@@ -291,7 +291,11 @@ async def test_a_join_is_answered_on_the_event_loop_as_django_answers_it(paused,
     first = await join(app, paused)
     assert first.status_code == 201 and django.paths == []
     body = first.json()
-    assert body["status"] == "waiting" and body["position"] == 1 and body["ws_url"] == f"ws://testserver/ws/queues/{paused}/"
+    assert (
+        body["status"] == "waiting"
+        and body["position"] == 1
+        and body["ws_url"] == f"ws://testserver/ws/queues/{paused}/"
+    )
     assert tokens.visitor_ticket_decode(body["ticket"], slug=paused).ticket_id == body["ticket_id"]
     assert int(first.headers["retry-after"]) >= 1 and first.headers["x-content-type-options"] == "nosniff"
     cookie = first.headers["set-cookie"]
@@ -304,7 +308,9 @@ async def test_a_join_is_answered_on_the_event_loop_as_django_answers_it(paused,
     visitor = {"X-Visitor-Id": str(uuid.uuid4())}
     fast = (await join(app, paused, headers=visitor)).json()
     slow = await asyncio.to_thread(
-        lambda: APIClient().post(f"/api/v1/queues/{paused}/join", format="json", HTTP_X_VISITOR_ID=visitor["X-Visitor-Id"])
+        lambda: APIClient().post(
+            f"/api/v1/queues/{paused}/join", format="json", HTTP_X_VISITOR_ID=visitor["X-Visitor-Id"]
+        )
     )
     assert slow.status_code == 200 and slow.json()["ticket_id"] == fast["ticket_id"]
     assert set(slow.json()) == set(fast) and django.paths == []

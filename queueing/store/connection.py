@@ -256,12 +256,17 @@ def _hiredis_packing(connection_class: type) -> type:
 
 class _AsyncConnection:
     """The event loop's client (redis.asyncio, hiredis), one per loop: the web server's hot path. A loop
-    belongs to one process (a forked child runs a loop of its own)."""
+    belongs to one process (a forked child runs a loop of its own).
+
+    The hot path's scripts (`arun`) go over connections of its own (`_Lane`), not through the client's
+    pool: redis-py 8's command path (a lock, a liveness probe of the socket and four metric hooks per
+    checkout, a retry wrapper, an event dispatch per release) cost a third of a status poll's Python
+    (bench/RESULTS.md). A lane sends one packed EVALSHA and reads one reply, nothing else."""
 
     def __init__(self) -> None:
-        self._clients: dict[asyncio.AbstractEventLoop, tuple[str, redis.asyncio.Redis]] = {}
+        self._clients: dict[asyncio.AbstractEventLoop, tuple[str, redis.asyncio.Redis, _Lane]] = {}
 
-    def get(self) -> redis.asyncio.Redis:
+    def _get(self) -> tuple[redis.asyncio.Redis, _Lane]:
         loop, url = asyncio.get_running_loop(), settings.REDIS_URL
         found = self._clients.get(loop)
         if found is None or found[0] != url:
@@ -276,14 +281,66 @@ class _AsyncConnection:
             )
             pool = client.connection_pool
             pool.connection_class = _hiredis_packing(pool.connection_class)  # type: ignore[arg-type]
-            found = self._clients[loop] = (url, client)
-        return found[1]
+            found = self._clients[loop] = (url, client, _Lane(pool))
+        return found[1], found[2]
+
+    def get(self) -> redis.asyncio.Redis:
+        return self._get()[0]
+
+    def lane(self) -> _Lane:
+        return self._get()[1]
 
     async def close(self) -> None:
-        """Close this loop's client (the web server's shutdown)."""
+        """Close this loop's client and lane (the web server's shutdown)."""
         found = self._clients.pop(asyncio.get_running_loop(), None)
         if found is not None:
+            await found[2].close()
             await found[1].aclose()
+
+
+class _Lane:
+    """Connections for one command and its reply at a time, each made as the client's pool makes them
+    (same address, credentials, database, timeouts, TLS and hiredis packing) and kept while they work.
+
+    A connection that fails is dropped, never reused. A command on a kept connection that finds it closed
+    (Redis restarted, an idle timeout) is sent once more on a new one: it cannot have run."""
+
+    def __init__(self, pool: redis.asyncio.ConnectionPool) -> None:
+        self._pool = pool
+        self._idle: list[redis.asyncio.connection.AbstractConnection] = []
+
+    async def command(self, *args: Any) -> Any:
+        reused = bool(self._idle)
+        try:
+            return await self._once(args)
+        except (redis.exceptions.ConnectionError, ConnectionError):
+            if not reused:
+                raise
+        return await self._once(args)
+
+    async def _once(self, args: tuple[Any, ...]) -> Any:
+        connection = self._idle.pop() if self._idle else await self._connected()
+        try:
+            await connection.send_packed_command(connection.pack_command(*args), check_health=False)
+            reply = await connection.read_response()
+        except redis.exceptions.ResponseError:
+            self._idle.append(connection)  # an error reply (NOSCRIPT, a script's error): the connection is fine
+            raise
+        except BaseException:
+            await connection.disconnect(nowait=True)
+            raise
+        self._idle.append(connection)
+        return reply
+
+    async def _connected(self) -> redis.asyncio.connection.AbstractConnection:
+        connection: redis.asyncio.connection.AbstractConnection = self._pool.make_connection()  # type: ignore[no-untyped-call]
+        await connection.connect()  # type: ignore[no-untyped-call]
+        return connection
+
+    async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            await connection.disconnect()
 
 
 _async_connection = _AsyncConnection()
@@ -292,12 +349,12 @@ aclose = _async_connection.close
 
 async def arun(name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
     """`run` from the event loop: EVALSHA, and on NOSCRIPT the script loaded and the call retried once."""
-    client, found = _async_connection.get(), script(name)
+    lane, found = _async_connection.lane(), script(name)
     try:
-        return await client.evalsha(found.sha, len(keys), *keys, *args)
+        return await lane.command("EVALSHA", found.sha, len(keys), *keys, *args)
     except redis.exceptions.NoScriptError:
-        found.sha = await client.script_load(found.script)
-        return await client.evalsha(found.sha, len(keys), *keys, *args)
+        found.sha = await lane.command("SCRIPT", "LOAD", found.script)
+        return await lane.command("EVALSHA", found.sha, len(keys), *keys, *args)
 
 
 async def aexecute(plan: Plan[T]) -> T:
