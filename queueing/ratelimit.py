@@ -181,10 +181,18 @@ def _scope_limiter(scope: str, config_key: str) -> Limiter | None:
     return limiter_from_config(config) if config else None
 
 
+_in_force: dict[str, tuple[dict[str, Any], Limiter | None]] = {}
+
+
 def scope_limiter(scope: str) -> Limiter | None:
     """The limiter settings configure for a scope (cached per configuration), or None: unlimited."""
     config = settings.WR_RATE_LIMITS.get(scope)
-    return _scope_limiter(scope, repr(sorted(config.items())) if config else "")
+    known = _in_force.get(scope)
+    if known is not None and known[0] == (config or {}):  # a poll asks: comparing beats building a cache key
+        return known[1]
+    limiter = _scope_limiter(scope, repr(sorted(config.items())) if config else "")
+    _in_force[scope] = (dict(config or {}), limiter)
+    return limiter
 
 
 def prepare(scope: str, ident: str, *, now: float | None = None, queue: str = "") -> store.LimitCall | None:

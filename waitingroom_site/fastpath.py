@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import io
 import json
@@ -286,8 +287,15 @@ def _host_allowed(scope: Scope, headers: dict[str, str]) -> bool:
         host, port = str(server[0]), str(server[1] or "")
         if port and port != ("443" if scope.get("scheme") == "https" else "80"):
             host = f"{host}:{port}"
-    domain, _ = split_domain_port(host)
     allowed = settings.ALLOWED_HOSTS
     if settings.DEBUG and not allowed:
         allowed = [".localhost", "127.0.0.1", "[::1]"]
+    return _allowed(host, tuple(allowed))
+
+
+@functools.lru_cache(maxsize=256)
+def _allowed(host: str, allowed: tuple[str, ...]) -> bool:
+    """A crowd sends a handful of Host values: each checked once (a client's made-up ones push out the
+    least recent, not the real ones)."""
+    domain, _ = split_domain_port(host)
     return bool(domain) and validate_host(domain, allowed)

@@ -5,6 +5,7 @@ One function builds every key under `settings.WR_REDIS_PREFIX`, so tests can cha
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -82,6 +83,9 @@ def parse_ticket_id(value: str) -> tuple[int, str] | None:
     seq, dot, visitor_key = value.partition(".")
     if not dot or len(seq) != SEQ_DIGITS or not seq.isdigit() or not visitor_key:
         return None
-    if len(visitor_key) > 64 or not all(c.isalnum() or c in "-_" for c in visitor_key):
+    if _VISITOR_KEY.fullmatch(visitor_key) is None:
         return None
     return int(seq), visitor_key
+
+
+_VISITOR_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")

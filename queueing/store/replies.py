@@ -37,6 +37,7 @@ BY_TYPE: dict[Any, Callable[[Any], Any]] = {str: text, int: int, float: float, b
 
 
 _converters: dict[type, tuple[Callable[[Any], Any], ...]] = {}
+_names: dict[type, tuple[str, ...]] = {}
 
 
 def converters_of(cls: type) -> tuple[Callable[[Any], Any], ...]:
@@ -47,6 +48,7 @@ def converters_of(cls: type) -> tuple[Callable[[Any], Any], ...]:
         convert: dict[str, Callable[[Any], Any]] = getattr(cls, "CONVERT", {})
         fields = dataclasses.fields(cls)
         found = _converters[cls] = tuple(convert.get(f.name) or BY_TYPE[hints[f.name]] for f in fields)
+        _names[cls] = tuple(f.name for f in fields)
     return found
 
 
@@ -60,8 +62,11 @@ class Reply:
         converters = converters_of(cls)
         if len(raw) != len(converters):
             raise ValueError(f"{cls.__name__} has {len(converters)} fields; the reply has {len(raw)}")
-        # Checked above, so zip need not check again (a status poll parses three replies).
-        return cls(*[convert(value) for convert, value in zip(converters, raw, strict=False)])
+        # Every field is given, so the frozen dataclass's __init__ (a call to object.__setattr__ per field,
+        # most of the cost of reading a poll's three replies) has nothing to add: its fields are set at once.
+        reply = object.__new__(cls)
+        reply.__dict__.update(zip(_names[cls], map(_apply, converters, raw), strict=False))
+        return reply
 
     # A reply still reads as the array it came from: unpacked, or indexed in the script's order.
     def __iter__(self) -> Iterator[Any]:
@@ -69,6 +74,10 @@ class Reply:
 
     def __getitem__(self, index: int) -> Any:
         return tuple(self)[index]
+
+
+def _apply(convert: Callable[[Any], Any], value: Any) -> Any:
+    return convert(value)
 
 
 def maybe(parse: Callable[[Sequence[Any]], Any]) -> Callable[[Any], Any]:
