@@ -298,8 +298,11 @@ def http_benchmarks(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
         for _ in range(args.rounds):
             rounds["status"].append(wrk(base, status_script, **run))
             rounds["reference_status"].append(wrk(ref_base, status_script, **run))
-            rounds["join"].append(wrk(base, JOIN_LUA.replace("QUEUE", QUEUE), **run))
+            if not args.skip_join:
+                rounds["join"].append(wrk(base, JOIN_LUA.replace("QUEUE", QUEUE), **run))
         for name, runs in rounds.items():
+            if not runs:
+                continue
             results[name] = median_run(runs)
             results[name]["rounds_rps"] = [r["requests_per_second"] for r in runs]
         results["waiting_after_join_runs"] = int(
@@ -461,6 +464,7 @@ def main() -> None:
     parser.add_argument("--asgi-compare", action="store_true")
     parser.add_argument("--skip-http", action="store_true")
     parser.add_argument("--skip-redis", action="store_true")
+    parser.add_argument("--skip-join", action="store_true", help="status and the reference only (process scaling)")
     args = parser.parse_args()
     if not shutil.which("wrk") and not args.skip_http:
         raise SystemExit("wrk is needed: apt-get install wrk")

@@ -1,5 +1,6 @@
 """Stateless mode benchmark (issue 6): joins, status polls and window reads per second over HTTP, and Redis
-memory after 1,000,000 joins against tracked mode's.
+memory after 1,000,000 joins against tracked mode's. Each HTTP figure is also given as a ratio to the
+framework-free reference (bench/reference_app.py: a ticket check and one Redis GET), run in the same rounds.
 
 Starts the product the way bin/run does (`python -m waitingroom_site.runstack --setup`), creates a stateless
 queue and a tracked one, and drives both with wrk on 127.0.0.1 in interleaved rounds (the median round is
@@ -44,6 +45,7 @@ from http_bench import (
     machine,
     median_run,
     start,
+    start_uvicorn,
     stop,
     wait_healthy,
     wrk,
@@ -81,7 +83,7 @@ def http_benchmarks(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
     var = OUT / "var-stateless"
     shutil.rmtree(var, ignore_errors=True)
     var.mkdir(parents=True)
-    port = free_port()
+    port, ref_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DJANGO_")}
     env.update(
         DJANGO_SETTINGS_MODULE="waitingroom_site.settings",
@@ -95,11 +97,19 @@ def http_benchmarks(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
         CELERY_TASK_DEFAULT_QUEUE=f"{prefix}-tasks",
         LOG_LEVEL="WARNING",
         WR_RATE_LIMITS=BENCH_RATE_LIMITS,
+        # The reference (bench/reference_app.py) checks the stateless queue's tickets with the same key.
+        WR_TICKET_SIGNING_KEY=secrets.token_hex(32),
+        BENCH_REDIS_URL=redis_url,
+        BENCH_QUEUE="wide",
+        BENCH_REFERENCE_KEY=f"{prefix}:reference",
     )
     command = [sys.executable, "-m", "waitingroom_site.runstack", "--setup", "--port", str(port)]
-    command += ["--var-dir", str(var), "--web-workers", str(args.web_workers)]
+    command += ["--var-dir", str(var)]
+    if args.web_workers:
+        command += ["--web-workers", str(args.web_workers)]
     stack = start(command, env, var / "stack.log")
-    results: dict[str, Any] = {"web_workers": args.web_workers}
+    processes = [stack]
+    results: dict[str, Any] = {"web_workers": args.web_workers or "default"}
     try:
         base = f"http://127.0.0.1:{port}"
         wait_healthy(f"{base}/healthz")
@@ -114,6 +124,11 @@ def http_benchmarks(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
             path = f"/api/v1/queues/{slug}/status"
             return STATUS_LUA.replace("TICKETS_FILE", str(tickets)).replace("STATUS_PATH", path)
 
+        subprocess.run(["redis-cli", "-u", redis_url, "set", f"{prefix}:reference", "1"], capture_output=True)
+        reference = start_uvicorn("bench.reference_app:app", ref_port, args.reference_workers, env, var / "ref.log")
+        processes.append(reference)
+        ref_base = f"http://127.0.0.1:{ref_port}"
+        wait_healthy(ref_base + "/")
         scripts = {
             "stateless_join": JOIN_LUA.replace("QUEUE", "wide"),
             "stateless_status": status("wide", stateless_tickets),
@@ -124,18 +139,25 @@ def http_benchmarks(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
         run = {"duration": args.duration, "connections": args.connections, "threads": args.wrk_threads}
         for script in scripts.values():
             wrk(base, script, **{**run, "duration": 2})  # warm every worker up on every path
-        rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in scripts}
+        reference_script = scripts["stateless_status"]
+        wrk(ref_base, reference_script, **{**run, "duration": 2})
+        rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in [*scripts, "reference_status"]}
         for _ in range(args.rounds):
             for name, script in scripts.items():
                 rounds[name].append(wrk(base, script, **run))
+            rounds["reference_status"].append(wrk(ref_base, reference_script, **run))
         for name, runs in rounds.items():
             results[name] = median_run(runs)
             results[name]["rounds_rps"] = [r["requests_per_second"] for r in runs]
+        reference_rps = results["reference_status"]["requests_per_second"]
+        for name in scripts:
+            results[f"{name}_vs_reference"] = round(results[name]["requests_per_second"] / reference_rps, 3)
         window = httpx.get(f"{base}/api/v1/queues/wide/window")
         results["window_cache_control"] = window.headers.get("cache-control")
         results["window_issued_after_runs"] = window.json()["issued"]
     finally:
-        stop(stack)
+        for process in processes:
+            stop(process)
         import redis
 
         client = redis.Redis.from_url(redis_url)
@@ -248,7 +270,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--wrk-threads", type=int, default=2)
-    parser.add_argument("--web-workers", type=int, default=(os.cpu_count() or 1) + 1)
+    parser.add_argument("--web-workers", type=int, default=0, help="0: bin/run's default for the server")
+    parser.add_argument("--reference-workers", type=int, default=2)
     parser.add_argument("--tickets", type=int, default=2000)
     parser.add_argument("--memory-joins", type=int, default=1_000_000)
     parser.add_argument("--skip-http", action="store_true")

@@ -222,10 +222,14 @@ class Stateless(QueueMode[tokens.PositionClaims]):
         held = self.held(visit.slug, identity=None, held_ticket=visit.held_ticket)
         if held is not None and not held.is_finished:
             return Joined(False, visit.held_ticket, held, position_cookie=True)
-        window = services.queue_join_stateless(slug=visit.slug, proof=visit.proof)
-        claims = tokens.PositionClaims(visit.slug, window.next_number, window.epoch, int(time.time()))
-        ticket = tokens.position_issue(slug=visit.slug, number=claims.number, epoch=claims.epoch)
-        return Joined(True, ticket, selectors.position_view(visit.slug, claims, window), position_cookie=True)
+        return self.joined(visit.slug, services.queue_join_stateless(slug=visit.slug, proof=visit.proof))
+
+    @staticmethod
+    def joined(slug: str, window: store.Window) -> Joined:
+        """The new number's ticket (the window as the join left it)."""
+        claims = tokens.PositionClaims(slug, window.next_number, window.epoch, int(time.time()))
+        ticket = tokens.position_issue(slug=slug, number=claims.number, epoch=claims.epoch)
+        return Joined(True, ticket, selectors.position_view(slug, claims, window), position_cookie=True)
 
     def holder(self, claims: tokens.PositionClaims) -> str:
         return claims.ticket_id
@@ -302,16 +306,22 @@ async def _in_thread(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 async def ajoin(visit: Visit, *, limit: store.LimitCall | None = None) -> Joined | None:
     """`join` from the web server's event loop, for the common join: a visitor who is not signed in, with
-    no priority code and no keys from before a rotation of the secret, to a queue this process does not
-    know to be stateless. None for any other: the caller hands it to the synchronous path before anything
-    was counted. The join's rate limiter (`limit`) runs in the join's own script (ratelimit.Limited).
+    no priority code, no keys from before a rotation of the secret, and (to a stateless queue) no ticket
+    held already. None for any other: the caller hands it to the synchronous path before anything was
+    counted. The join's rate limiter (`limit`) runs in the join's own script (ratelimit.Limited).
 
-    Past the script, what needs the database runs in a thread, here: the rest of a join Redis could not
-    take (its policy lost, or the queue turned stateless: the synchronous join, without the limiter, which
-    has counted it), admitting the visitors a join freed room for, signing an admitted visitor's access
-    token before this process has its keys. Refusals are raised as `join` raises them."""
+    The queue's mode is taken as this process last knew it (tracked when it does not know). Past the
+    script, what needs the database runs in a thread, here: the rest of a join Redis could not take (its
+    policy lost, or the queue's mode not the one tried: the synchronous join, without the limiter, which
+    has counted it), admitting the visitors a join freed room for, signing an access token before this
+    process has its keys. Refusals are raised as `join` raises them."""
     identity = visit.identify()
-    if selectors.queue_mode_known(visit.slug) not in (None, TRACKED.name) or visit.priority_code or identity.former:
+    if visit.priority_code or identity.former:
+        return None
+    mode = selectors.queue_mode_known(visit.slug)
+    if mode == STATELESS.name:
+        return None if visit.held_ticket else await _ajoin_stateless(visit, limit)
+    if mode not in (None, TRACKED.name):
         return None
     plan = services.join_plan(
         slug=visit.slug,
@@ -328,10 +338,24 @@ async def ajoin(visit: Visit, *, limit: store.LimitCall | None = None) -> Joined
     result = polled.outcome()
     if result.ticket.freed:
         await _in_thread(services.queue_admit, slug=visit.slug)
+    return await _signed(TRACKED.joined, visit.slug, result, identity)
+
+
+async def _ajoin_stateless(visit: Visit, limit: store.LimitCall | None) -> Joined:
+    polled = await store.aexecute(services.stateless_join_plan(slug=visit.slug, proof=visit.proof, limit=limit))
+    if isinstance(polled.refusal, services.WrongMode):
+        return await _in_thread(join, visit)
+    _, window = polled.outcome()
+    return await _signed(STATELESS.joined, visit.slug, window)
+
+
+async def _signed(joined: Callable[..., Joined], *args: Any) -> Joined:
+    """A join's outcome with its tokens signed: here, or in a thread while this process has no signing keys
+    (an access token for a visitor let through at once; loading them reads the database)."""
     try:
-        return TRACKED.joined(visit.slug, result, identity)
+        return joined(*args)
     except signing_keys.KeysNotLoaded:
-        return await _in_thread(TRACKED.joined, visit.slug, result, identity)
+        return await _in_thread(joined, *args)
 
 
 async def aclose() -> None:

@@ -407,19 +407,29 @@ async def test_a_join_whose_policy_redis_lost_is_finished_in_a_thread_and_counte
 
 
 @pytest.mark.asyncio
-async def test_a_stateless_queue_is_joined_in_a_thread_then_by_django(make_queue, counted, settings):
-    from queueing import selectors
+async def test_a_stateless_queue_is_joined_on_the_event_loop_once_its_mode_is_known(make_queue, counted, settings):
+    from queueing import selectors, tokens
 
     settings.ALLOWED_HOSTS = ["testserver"]
+    settings.WR_RATE_LIMITS = {"join": {"algorithm": "fixed_window", "window_seconds": 60, "max_requests": 3}}
     app, django = counted
     queue = await asyncio.to_thread(make_queue, state="open", mode="stateless")
     selectors.queue_mode_forget(queue.slug)
     first = await join(app, queue.slug)  # the mode unknown here: the tracked script says so, a thread joins
-    assert first.status_code == 201 and first.json()["status"] in ("waiting", "admitted")
-    assert django.paths == [] and "wr_pos_" in first.headers["set-cookie"]
-    second = await join(app, queue.slug)  # the mode known now: Django's path
-    assert second.status_code == 201 and django.paths == [f"/api/v1/queues/{queue.slug}/join"]
-    assert second.json()["ticket_id"] != first.json()["ticket_id"]
+    assert first.status_code == 201 and django.paths == [] and f"wr_pos_{queue.slug}=" in first.headers["set-cookie"]
+    second = await join(app, queue.slug)  # the mode known now: the stateless script, here
+    assert second.status_code == 201 and django.paths == []
+    numbers = [tokens.visitor_ticket_decode(r.json()["ticket"], slug=queue.slug) for r in (first, second)]
+    assert numbers[1].number == numbers[0].number + 1  # type: ignore[union-attr]
+    # A browser holding its number (the cookie) keeps it: Django's path decides.
+    again = await join(app, queue.slug, cookies=first.cookies)
+    assert again.status_code == 200 and again.json()["ticket"] == first.json()["ticket"]
+    assert django.paths == [f"/api/v1/queues/{queue.slug}/join"]
+    # The limiter counted each join once (three), in the stateless script too: the fourth joins nobody.
+    issued = store.client().hget(store.queue_keys(queue.slug).win, "next")
+    assert issued is not None
+    refused = await join(app, queue.slug)
+    assert refused.status_code == 429 and store.client().hget(store.queue_keys(queue.slug).win, "next") == issued
 
 
 @pytest.mark.asyncio

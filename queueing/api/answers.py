@@ -189,7 +189,12 @@ async def ajoin_answer(request: HttpRequest, slug: str) -> Answer | None:
         return None
     address = client_address(request.META)
     visit = modes.Visit(
-        slug=slug, identify=lambda: identity, address=address, display_name=fields["display_name"], proof=proof
+        slug=slug,
+        identify=lambda: identity,
+        held_ticket=request.COOKIES.get(position_cookie_name(slug), ""),
+        address=address,
+        display_name=fields["display_name"],
+        proof=proof,
     )
     try:
         try:

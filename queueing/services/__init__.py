@@ -81,6 +81,7 @@ from .joins import (
     priority_for_user,
     queue_join,
     queue_join_stateless,
+    stateless_join_plan,
     ticket_leave,
 )
 from .liveness import beat_alive_mark, beat_lease_hold, worker_alive_mark
@@ -172,6 +173,7 @@ __all__ = [
     "session_verify",
     "shuffle_commit_ensure",
     "site_health_report",
+    "stateless_join_plan",
     "ticket_leave",
     "viewers_report",
     "wait_samples_drop",

@@ -194,30 +194,54 @@ def _refusal(slug: str, reply: store.TicketReply) -> Exception | None:
 def queue_join_stateless(*, slug: str, proof: pow.Solved | None = None, now: float | None = None) -> store.Window:
     """A new number in a stateless queue (SPEC 4): an increment in Redis, nothing stored per visitor.
     Returns the window as the join left it; the number is `window.next_number`."""
-    outcome, window = with_policy(
+    polled = with_policy(
         slug,
-        lambda: store.window_join(
-            slug,
-            now_ms=clock.now_ms(now),
-            pow_bits=proof.bits if proof else 0,
-            pow_id=proof.challenge_id if proof else "",
-            pow_ttl_ms=pow.CHALLENGE_TTL_SECONDS * 1000 + 1000,
-        ),
-        lambda reply: reply[0] in ("no_config", "no_seq"),
+        lambda: store.execute(stateless_join_plan(slug=slug, proof=proof, now=now)),
+        lambda polled: polled.value[0] in ("no_config", "no_seq"),
     )
-    if outcome == "closed":
-        raise QueueClosed(slug)
-    if outcome == "not_open":
-        raise QueueNotOpen(slug)
-    if outcome == "pow_required":
-        raise ProofOfWorkRequired(slug)
-    if outcome == "pow_reused":
-        raise ProofOfWorkReused(slug)
+    return polled.outcome()[1]
+
+
+def stateless_join_plan(
+    *, slug: str, proof: pow.Solved | None = None, now: float | None = None, limit: store.LimitCall | None = None
+) -> store.Plan[Polled[tuple[str, store.Window]]]:
+    """A stateless join as one round trip's plan (with `limit`, the join's rate limiter first in the same
+    script). Reading it gives (outcome, window) and the refusal, if the queue refused the join; no_config
+    and no_seq: the caller syncs the policy and joins again (still no_config after that: WrongMode, the
+    queue is not, or no longer, stateless). ratelimit.Limited is raised at once: nothing ran."""
+    plan = store.window_join_plan(
+        slug,
+        now_ms=clock.now_ms(now),
+        pow_bits=proof.bits if proof else 0,
+        pow_id=proof.challenge_id if proof else "",
+        pow_ttl_ms=pow.CHALLENGE_TTL_SECONDS * 1000 + 1000,
+        limit=limit,
+    )
+
+    def read(
+        replies: tuple[tuple[str, store.Window] | None, store.LimitReply | None],
+    ) -> Polled[tuple[str, store.Window]]:
+        joined, limited = replies
+        selectors.limit_decided(limited)
+        assert joined is not None
+        return Polled(joined, [], _stateless_refusal(slug, *joined))
+
+    return plan.then(read)
+
+
+def _stateless_refusal(slug: str, outcome: str, window: store.Window) -> Exception | None:
+    """Why window/join.lua refused a join (None: it did not)."""
     if outcome == "full":
-        raise QueueFull(max(5, min(300, window.interval_ms // 1000)))
-    if outcome == "no_config":
-        raise WrongMode(slug)  # synced, yet no window: the queue is not (or no longer) stateless
-    return window
+        return QueueFull(max(5, min(300, window.interval_ms // 1000)))
+    if outcome in ("no_config", "no_seq"):
+        return WrongMode(slug)
+    refusals: dict[str, type[Exception]] = {
+        "closed": QueueClosed,
+        "not_open": QueueNotOpen,
+        "pow_required": ProofOfWorkRequired,
+        "pow_reused": ProofOfWorkReused,
+    }
+    return refusals[outcome](slug) if outcome in refusals else None
 
 
 def pow_difficulty_get(*, slug: str) -> int:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .connection import Plan, ScriptCall, client, run
+from .connection import Plan, ScriptCall, client, execute, run
 from .keys import queue_keys
 from .limits import LimitCall, LimitReply
 from .replies import Reply
@@ -135,15 +135,39 @@ def window_read(slug: str, *, ticket_epoch: int = 0) -> Window:
     return _window(client().hmget(queue_keys(slug).win, [*WINDOW_FIELDS, f"gap:{ticket_epoch}"]))
 
 
+def window_join_plan(
+    slug: str, *, now_ms: int, pow_bits: int = 0, pow_id: str = "", pow_ttl_ms: int = 0, limit: LimitCall | None = None
+) -> Plan[tuple[tuple[str, Window] | None, LimitReply | None]]:
+    """A stateless join: (outcome, the window after it; when created, the ticket's number is its
+    `next_number`, read in the same atomic script). With `limit`, its rate limiter first in the same
+    script, and a refused join goes no further (None; the limiter's key under the queue's hash tag)."""
+    keys = queue_keys(slug)
+    call: ScriptCall = (
+        "window/join",
+        [keys.win, keys.tagged(f"pow:{pow_id}")],
+        [now_ms, pow_bits, pow_ttl_ms, *WINDOW_FIELDS],
+    )
+
+    def joined(reply: Any) -> tuple[str, Window]:
+        outcome, raw = reply
+        return str(outcome), Window.parse(raw or [None] * len(WINDOW_FIELDS))
+
+    if limit is None:
+        return Plan((call,), lambda replies: (joined(replies[0]), None))
+    return Plan(
+        (limit.call, call),
+        lambda replies: (joined(replies[1]) if len(replies) > 1 else None, LimitReply.parse(replies[0])),
+        gated=True,
+    )
+
+
 def window_join(
     slug: str, *, now_ms: int, pow_bits: int = 0, pow_id: str = "", pow_ttl_ms: int = 0
 ) -> tuple[str, Window]:
-    """A stateless join: (outcome, the window after it; when created, the ticket's number is its
-    `next_number`, read in the same atomic script)."""
-    keys = queue_keys(slug)
-    args = [now_ms, pow_bits, pow_ttl_ms, *WINDOW_FIELDS]
-    outcome, raw = run("window/join", [keys.win, keys.tagged(f"pow:{pow_id}")], args)
-    return str(outcome), Window.parse(raw or [None] * len(WINDOW_FIELDS))
+    """window_join_plan without a limiter, run."""
+    joined = execute(window_join_plan(slug, now_ms=now_ms, pow_bits=pow_bits, pow_id=pow_id, pow_ttl_ms=pow_ttl_ms))[0]
+    assert joined is not None
+    return joined
 
 
 @dataclass(frozen=True)
