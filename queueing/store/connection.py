@@ -254,6 +254,10 @@ def _hiredis_packing(connection_class: type) -> type:
     return type(f"Hiredis{connection_class.__name__}", (_HiredisPacking, connection_class), {})
 
 
+# The longest the event loop's scripts wait for Redis's reply before the request is answered 503.
+LANE_TIMEOUT_SECONDS = 5.0
+
+
 class _AsyncConnection:
     """The event loop's client (redis.asyncio, hiredis), one per loop: the web server's hot path. A loop
     belongs to one process (a forked child runs a loop of its own).
@@ -281,7 +285,7 @@ class _AsyncConnection:
             )
             pool = client.connection_pool
             pool.connection_class = _hiredis_packing(pool.connection_class)  # type: ignore[arg-type]
-            found = self._clients[loop] = (url, client, _Lane(pool))
+            found = self._clients[loop] = (url, client, _Lane(pool, timeout=LANE_TIMEOUT_SECONDS))
         return found[1], found[2]
 
     def get(self) -> redis.asyncio.Redis:
@@ -300,14 +304,22 @@ class _AsyncConnection:
 
 class _Lane:
     """Connections for one command and its reply at a time, each made as the client's pool makes them
-    (same address, credentials, database, timeouts, TLS and hiredis packing) and kept while they work.
+    (same address, credentials, database, TLS and hiredis packing) and kept while they work.
 
     A connection that fails is dropped, never reused. A command on a kept connection that finds it closed
-    (Redis restarted, an idle timeout) is sent once more on a new one: it cannot have run."""
+    (Redis restarted, an idle timeout) is sent once more on a new one: it cannot have run. A command that
+    gets no reply within `timeout` seconds fails with redis's TimeoutError: a watchdog, once a second,
+    closes connections that have waited that long (a deadline per command, as redis-py keeps it, costs a
+    task or a timer per command: a tenth of a poll's Python)."""
 
-    def __init__(self, pool: redis.asyncio.ConnectionPool) -> None:
+    def __init__(self, pool: redis.asyncio.ConnectionPool, *, timeout: float = 5.0) -> None:
         self._pool = pool
+        self._timeout = timeout
+        self._loop = asyncio.get_running_loop()
         self._idle: list[redis.asyncio.connection.AbstractConnection] = []
+        self._busy: dict[redis.asyncio.connection.AbstractConnection, float] = {}
+        self._expired: set[redis.asyncio.connection.AbstractConnection] = set()
+        self._watchdog: asyncio.Task[None] | None = None
 
     async def command(self, *args: Any) -> Any:
         reused = bool(self._idle)
@@ -320,24 +332,45 @@ class _Lane:
 
     async def _once(self, args: tuple[Any, ...]) -> Any:
         connection = self._idle.pop() if self._idle else await self._connected()
+        self._busy[connection] = self._loop.time()
+        if self._watchdog is None:
+            self._watchdog = self._loop.create_task(self._watch())
         try:
             await connection.send_packed_command(connection.pack_command(*args), check_health=False)
             reply = await connection.read_response()
         except redis.exceptions.ResponseError:
             self._idle.append(connection)  # an error reply (NOSCRIPT, a script's error): the connection is fine
             raise
-        except BaseException:
+        except BaseException as exc:
             await connection.disconnect(nowait=True)
+            if connection in self._expired:
+                self._expired.discard(connection)
+                raise redis.exceptions.TimeoutError(f"No reply from Redis in {self._timeout} s") from exc
             raise
+        finally:
+            self._busy.pop(connection, None)
         self._idle.append(connection)
         return reply
 
     async def _connected(self) -> redis.asyncio.connection.AbstractConnection:
         connection: redis.asyncio.connection.AbstractConnection = self._pool.make_connection()  # type: ignore[no-untyped-call]
         await connection.connect()  # type: ignore[no-untyped-call]
+        connection.socket_timeout = None  # the watchdog's deadline instead (connecting keeps its own)
         return connection
 
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self._timeout / 2))
+            late = self._loop.time() - self._timeout
+            for connection, since in list(self._busy.items()):
+                if since < late and self._busy.pop(connection, None) is not None:
+                    self._expired.add(connection)
+                    await connection.disconnect(nowait=True)
+
     async def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         idle, self._idle = self._idle, []
         for connection in idle:
             await connection.disconnect()
