@@ -10,12 +10,14 @@ Every waiting visitor polls, and a sale's opening minute brings thousands of joi
   against ALLOWED_HOSTS, requests due an SSL redirect go to Django, and responses carry the headers
   SecurityMiddleware adds (taken from SecurityMiddleware itself at startup, so they cannot drift apart).
   The code is the API view's (queueing/api/answers.py: the same plan, run from the event loop).
+* **Joins** without a session cookie cannot come from a signed-in user. The common one (answers.
+  ajoin_answer says which) is answered on the event loop too: the join's rate limiter and the join in one
+  script. The others go to Django, where `FastPathMiddleware` sends them straight to `join_fast`, past
+  sessions, authentication, CSRF, messages and DRF's dispatch. Joins with a session cookie take the full
+  stack, so a signed-in user joins as themselves (CSRF checked). The middleware also serves status polls
+  that reach Django (the test client, gunicorn).
 * **Everything else** goes to Django's WSGI handler in a pool of threads (a2wsgi), its body read in full
   on the event loop first: a body that trickles in costs a coroutine, not a thread.
-* **Joins** without a session cookie cannot come from a signed-in user, so `FastPathMiddleware` sends
-  them straight to `join_fast`, past sessions, authentication, CSRF, messages and DRF's dispatch. Joins
-  with a session cookie take the full stack, so a signed-in user joins as themselves (CSRF checked).
-  The middleware also serves status polls that reach Django (the test client, gunicorn).
 """
 
 from __future__ import annotations

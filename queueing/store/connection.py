@@ -155,11 +155,9 @@ def _combined_source(names: tuple[str, ...], *, gated: bool = False) -> str:
         + f"""local scripts, replies = {{{", ".join(f"script_{i}" for i in range(len(names)))}}}, {{}}
 local k, a = 1, {2 * len(names)} + 1
 for i, run in ipairs(scripts) do
-  local nk, na, keys, argv = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i]), {{}}, {{}}
-  for j = 1, nk do keys[j] = KEYS[k + j - 1] end
-  for j = 1, na do argv[j] = ARGV[a + j - 1] end
+  local nk, na = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
+  replies[i] = run({{unpack(KEYS, k, k + nk - 1)}}, {{unpack(ARGV, a, a + na - 1)}})
   k, a = k + nk, a + na
-  replies[i] = run(keys, argv)
 {stop}end
 return replies
 """
