@@ -99,13 +99,13 @@ def measure(tickets: int, calls: int) -> dict[str, Any]:
 
     with_limit = poll("status")(0)[0]
 
-    def joined(i: int) -> Any:
+    def join_call(i: int) -> Any:
         # Each from an address of its own (the join limit is per address): every join goes through.
         limit = ratelimit.prepare("join", f"198.51.{i // 256 % 256}.{i % 256}", queue="bench")
         visitor = tokens.visitor_key(f"join:{uuid.uuid4()}")
         return services.join_plan(slug="bench", visitor_key=visitor, limit=limit)
 
-    join_with_limit = joined(0).call[0]
+    join_with_limit = join_call(0).call[0]
     limiter = ratelimit.scope_limiter("status")
     assert limiter is not None
     keys = store.queue_keys("bench")
@@ -127,7 +127,7 @@ def measure(tickets: int, calls: int) -> dict[str, Any]:
             ),
         ),
         f"join with its limiter, as the event loop runs it ({join_with_limit})": per_call(
-            join_with_limit, lambda i: joined(i).call
+            join_with_limit, lambda i: join_call(i).call
         ),
         "window read (window/read)": per_call("window/read", lambda i: store.window_read_plan("bench").calls[0]),
     }
