@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from . import store
+from . import conf, store
 from .clock import now_ms
 
 ROUNDINGS = ("down", "up", "none")
@@ -186,7 +186,7 @@ _in_force: dict[str, tuple[dict[str, Any], Limiter | None]] = {}
 
 def scope_limiter(scope: str) -> Limiter | None:
     """The limiter settings configure for a scope (cached per configuration), or None: unlimited."""
-    config = settings.WR_RATE_LIMITS.get(scope)
+    config = conf.hot().WR_RATE_LIMITS.get(scope)
     known = _in_force.get(scope)
     if known is not None and known[0] == (config or {}):  # a poll asks: comparing beats building a cache key
         return known[1]

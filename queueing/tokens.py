@@ -31,7 +31,7 @@ from rest_framework_simplejwt.exceptions import (
 )
 from rest_framework_simplejwt.tokens import Token
 
-from . import store
+from . import conf, store
 from .signing_keys import (
     ACCESS_ALGORITHM,
     key_ring,
@@ -94,9 +94,10 @@ def _ticket_signing_key() -> str:
 def _ticket_keys() -> tuple[str, ...]:
     """The key tickets are signed with, then the keys a ticket signed before a rotation of SECRET_KEY may
     carry (derived from each of SECRET_KEY_FALLBACKS): waiting visitors keep their places."""
-    if settings.WR_TICKET_SIGNING_KEY:
-        return (settings.WR_TICKET_SIGNING_KEY,)
-    secret_keys = (settings.SECRET_KEY, *settings.SECRET_KEY_FALLBACKS)
+    hot = conf.hot()
+    if hot.WR_TICKET_SIGNING_KEY:
+        return (hot.WR_TICKET_SIGNING_KEY,)
+    secret_keys = (hot.SECRET_KEY, *hot.SECRET_KEY_FALLBACKS)
     return tuple(_derive(secret, "waitingroom.ticket").hex() for secret in secret_keys)
 
 
@@ -206,7 +207,7 @@ def _visitor_issue(slug: str, token_type: str, claims: dict[str, Any]) -> str:
     now = int(time.time())
     payload = {
         "token_type": token_type,
-        "exp": now + int(settings.WR_TICKET_LIFETIME.total_seconds()),
+        "exp": now + int(conf.hot().WR_TICKET_LIFETIME.total_seconds()),
         "iat": now,
         "jti": uuid.uuid4().hex,
         **claims,

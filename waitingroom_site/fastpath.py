@@ -43,7 +43,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.http.request import split_domain_port, validate_host
 from django.middleware.security import SecurityMiddleware
 
-from queueing import modes, signing_keys
+from queueing import conf, modes, signing_keys
 from queueing.api.answers import (
     Answer,
     ajoin_answer,
@@ -163,7 +163,7 @@ class HotPathASGI:
             return False
         headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
         secure = _is_secure(scope, headers)
-        if (settings.SECURE_SSL_REDIRECT and not secure) or not _host_allowed(scope, headers):
+        if (conf.hot().SECURE_SSL_REDIRECT and not secure) or not _host_allowed(scope, headers):
             return False  # Django redirects, or refuses the host
         if status_match is not None:
             answer = await astatus_answer(headers.get("authorization", ""), status_match.group(1))
@@ -269,7 +269,7 @@ def _keys_load() -> None:
 
 def _is_secure(scope: Scope, headers: dict[str, str]) -> bool:
     """As HttpRequest.is_secure() decides (the proxy's header if one is trusted, else the scheme)."""
-    proxy_header = settings.SECURE_PROXY_SSL_HEADER
+    proxy_header = conf.hot().SECURE_PROXY_SSL_HEADER
     if proxy_header:
         header, secure_value = proxy_header
         forwarded = headers.get(header.removeprefix("HTTP_").replace("_", "-").lower())
@@ -280,7 +280,8 @@ def _is_secure(scope: Scope, headers: dict[str, str]) -> bool:
 
 def _host_allowed(scope: Scope, headers: dict[str, str]) -> bool:
     """As HttpRequest.get_host() decides (forwarded host if trusted, else Host, else the server's name)."""
-    if settings.USE_X_FORWARDED_HOST and "x-forwarded-host" in headers:
+    hot = conf.hot()
+    if hot.USE_X_FORWARDED_HOST and "x-forwarded-host" in headers:
         host = headers["x-forwarded-host"]
     elif "host" in headers:
         host = headers["host"]
@@ -289,8 +290,8 @@ def _host_allowed(scope: Scope, headers: dict[str, str]) -> bool:
         host, port = str(server[0]), str(server[1] or "")
         if port and port != ("443" if scope.get("scheme") == "https" else "80"):
             host = f"{host}:{port}"
-    allowed = settings.ALLOWED_HOSTS
-    if settings.DEBUG and not allowed:
+    allowed = hot.ALLOWED_HOSTS
+    if hot.DEBUG and not allowed:
         allowed = [".localhost", "127.0.0.1", "[::1]"]
     return _allowed(host, tuple(allowed))
 

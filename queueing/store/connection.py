@@ -30,6 +30,8 @@ import redis.asyncio
 from django.conf import settings
 from redis.commands.core import Script
 
+from .. import conf
+
 T = TypeVar("T")
 U = TypeVar("U")
 
@@ -47,7 +49,7 @@ class _Connection:
         self._scripts: dict[str, Script] = {}
 
     def get(self) -> tuple[redis.Redis, dict[str, Script]]:
-        url = settings.REDIS_URL
+        url = conf.hot().REDIS_URL
         if self._client is None or self._pid != os.getpid() or self._url != url:
             with self._lock:
                 if self._client is None or self._pid != os.getpid() or self._url != url:
@@ -269,7 +271,7 @@ class _AsyncConnection:
         self._clients: dict[asyncio.AbstractEventLoop, tuple[str, redis.asyncio.Redis, _Lane]] = {}
 
     def _get(self) -> tuple[redis.asyncio.Redis, _Lane]:
-        loop, url = asyncio.get_running_loop(), settings.REDIS_URL
+        loop, url = asyncio.get_running_loop(), conf.hot().REDIS_URL
         found = self._clients.get(loop)
         if found is None or found[0] != url:
             client = redis.asyncio.Redis.from_url(

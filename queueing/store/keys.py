@@ -11,6 +11,8 @@ from functools import lru_cache
 
 from django.conf import settings
 
+from .. import conf
+
 SEQ_DIGITS = 10
 
 
@@ -52,7 +54,7 @@ def _queue_keys(prefix: str, slug: str) -> QueueKeys:
 
 
 def queue_keys(slug: str) -> QueueKeys:
-    return _queue_keys(settings.WR_REDIS_PREFIX, slug)
+    return _queue_keys(conf.hot().WR_REDIS_PREFIX, slug)
 
 
 def key_pattern() -> str:
