@@ -101,7 +101,7 @@ def measure(tickets: int, calls: int) -> dict[str, Any]:
 
     def join_call(i: int) -> Any:
         # Each from an address of its own (the join limit is per address): every join goes through.
-        limit = ratelimit.prepare("join", f"198.51.{i // 256 % 256}.{i % 256}", queue="bench")
+        limit = ratelimit.prepare("join", f"198.51.{i // 256 % 256}.{i % 256}")
         visitor = tokens.visitor_key(f"join:{uuid.uuid4()}")
         return services.join_plan(slug="bench", visitor_key=visitor, limit=limit)
 

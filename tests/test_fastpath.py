@@ -324,7 +324,7 @@ async def test_the_join_and_its_rate_limiter_are_one_script_and_a_refused_join_j
     assert codes == [201, 201, 429] and django.paths == []
     assert store.client().zcard(store.queue_keys(paused).line) == 2  # the refused join took no place
     keys = list(store.client().scan_iter(match="*rl:join:fixed_window:*"))
-    assert len(keys) == 1 and f"{{{paused}}}" in keys[0]  # per address and queue, one slot with the queue
+    assert len(keys) == 1 and "{203.0.113.9}" in keys[0]  # per address, whichever queue it joins
     # Django's path counts in the same bucket.
     refused = await asyncio.to_thread(
         lambda: APIClient(REMOTE_ADDR="203.0.113.9").post(
@@ -451,3 +451,20 @@ async def test_a_join_with_redis_out_of_reach_is_a_503_in_the_error_shape(paused
     settings.REDIS_URL = f"redis://127.0.0.1:{port}/0"
     response = await join(app, paused, headers={"X-Visitor-Id": str(uuid.uuid4())})
     assert response.status_code == 503 and response.json()["error"]["code"] == "service_unavailable"
+
+
+@pytest.mark.asyncio
+async def test_the_join_limit_counts_an_address_across_queues_so_made_up_slugs_are_refused_cheaply(
+    make_queue, counted, settings
+):
+    settings.ALLOWED_HOSTS = ["testserver"]
+    settings.WR_RATE_LIMITS = {"join": {"algorithm": "fixed_window", "window_seconds": 60, "max_requests": 3}}
+    app, django = counted
+    first, second = [await asyncio.to_thread(make_queue, state="paused") for _ in range(2)]
+    assert (await join(app, first.slug)).status_code == 201
+    assert (await join(app, second.slug)).status_code == 201
+    missing = await join(app, "no-such-queue")  # its policy is nowhere: the database says so, in a thread
+    assert (missing.status_code, missing.json()["error"]["code"]) == (404, "queue_not_found")
+    refused = await join(app, "another-made-up-one")  # the address's allowance is spent, whatever the slug
+    assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+    assert django.paths == []

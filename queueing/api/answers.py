@@ -143,7 +143,7 @@ def join_answer(
                 "Joins from another site's page are refused. An API client sends JSON with its own X-Visitor-Id.",
             )
         address = client_address(request.META)
-        limit("join", address, queue=slug)  # as ajoin_answer counts it, in the join's own script
+        limit("join", address)  # as ajoin_answer counts it, in the join's own script
         fields = s.join_request_validate(data)
         try:
             proof = _proof(slug, fields)
@@ -198,7 +198,8 @@ async def ajoin_answer(request: HttpRequest, slug: str) -> Answer | None:
     )
     try:
         try:
-            joined = await modes.ajoin(visit, limit=ratelimit.prepare("join", address, queue=slug))
+            # Per address across queues, as join_answer counts it: made-up slugs get no fresh allowance.
+            joined = await modes.ajoin(visit, limit=ratelimit.prepare("join", address))
         except services.JOIN_REFUSALS as exc:
             if isinstance(exc, services.QueueNotOpen | services.ProofOfWorkRequired):
                 raise await database_sync_to_async(_join_refused, thread_sensitive=False)(slug, exc) from exc

@@ -143,7 +143,8 @@ def join_plan(
     """A join. With `address`, the queue's per-address cap (if it has one) applies; with a solved
     proof-of-work challenge (`pow_bits` shown, `pow_id` its id), the queue's gate (if on) lets it in once.
     With `limit`, its rate limiter runs first in the same script, and a refused join goes no further (its
-    reply is then None). The limiter's key must share the queue's hash tag (ratelimit.prepare's `queue`)."""
+    reply is then None). The join limiter's key is per client address, outside the queue's hash tag: one
+    Redis runs it in the same script; a cluster (issue 16) needs it in the queue's slot or apart."""
     keys = queue_keys(slug)
     all_keys = [*keys.script_keys(), keys.tagged(f"addr:{address}"), keys.tagged(f"pow:{pow_id}")]  # KEYS[12], [13]
     args = (visitor_key, now_ms, priority, display_name, int(bool(address)), pow_bits, pow_ttl_ms)
