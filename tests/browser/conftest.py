@@ -16,7 +16,10 @@ ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "screenshots"
 PHONE = {"width": 390, "height": 844}
 
 
-@pytest.fixture(scope="session")
+# Per package, not per session: Playwright's synchronous API runs an event loop on the main thread while
+# it is open, and asyncio tests that run after the browser tests (pytest-django orders tests by database
+# use) could not start their own.
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Browser]:
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
