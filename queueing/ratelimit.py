@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, ClassVar
 
 from django.conf import settings
@@ -175,23 +174,18 @@ def limiter_from_config(config: dict[str, Any]) -> Limiter:
         raise ImproperlyConfigured(f"Rate limit {name}: {exc}") from exc
 
 
-@lru_cache(maxsize=64)
-def _scope_limiter(scope: str, config_key: str) -> Limiter | None:
-    config = settings.WR_RATE_LIMITS.get(scope)
-    return limiter_from_config(config) if config else None
-
-
 _in_force: dict[str, tuple[dict[str, Any], Limiter | None]] = {}
 
 
 def scope_limiter(scope: str) -> Limiter | None:
-    """The limiter settings configure for a scope (cached per configuration), or None: unlimited."""
-    config = conf.hot().WR_RATE_LIMITS.get(scope)
+    """The limiter settings configure for a scope (kept while its configuration stays the same: a poll
+    asks, and comparing the configuration costs less than building a limiter), or None: unlimited."""
+    config = conf.hot().WR_RATE_LIMITS.get(scope) or {}
     known = _in_force.get(scope)
-    if known is not None and known[0] == (config or {}):  # a poll asks: comparing beats building a cache key
+    if known is not None and known[0] == config:
         return known[1]
-    limiter = _scope_limiter(scope, repr(sorted(config.items())) if config else "")
-    _in_force[scope] = (dict(config or {}), limiter)
+    limiter = limiter_from_config(config) if config else None
+    _in_force[scope] = (dict(config), limiter)
     return limiter
 
 

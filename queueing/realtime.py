@@ -35,12 +35,9 @@ Message = tuple[str, Event]  # (group, event)
 def socket_url(request: HttpRequest, path: str) -> str:
     """Where a browser opens a websocket: WR_WS_BASE_URL (the websocket server, when it has an address
     of its own), else the host the page came from."""
-    return socket_url_for(request.is_secure(), request.get_host(), path)
-
-
-def socket_url_for(secure: bool, host: str, path: str) -> str:
-    """`socket_url` for a request that came in over TLS or not (`secure`) to `host` (as get_host() says)."""
-    base = settings.WR_WS_BASE_URL or f"{'wss' if secure else 'ws'}://{host}"
+    base = settings.WR_WS_BASE_URL
+    if not base:
+        base = f"{'wss' if request.is_secure() else 'ws'}://{request.get_host()}"
     return f"{base.rstrip('/')}{path}"
 
 

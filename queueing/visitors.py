@@ -16,7 +16,6 @@ from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
-from django.core import signing
 from django.http import HttpRequest
 
 from .tokens import former_visitor_keys, visitor_key
@@ -97,29 +96,14 @@ def visitor_identity(request: HttpRequest, user: Any = None) -> VisitorIdentity:
     if user is not None and getattr(user, "is_authenticated", False):
         return _identity(f"user:{user.pk}", user)
     cookie = request.get_signed_cookie(settings.WR_VISITOR_COOKIE, default=None, salt=COOKIE_SALT)
-    return anonymous_identity(cookie, request.META.get("HTTP_X_VISITOR_ID"))
-
-
-def anonymous_identity(cookie: str | None, header: str | None) -> VisitorIdentity:
-    """A visitor who is not signed in: the visitor cookie's value (verified), else the X-Visitor-Id header,
-    else a fresh identity. InvalidVisitorId on a bad header."""
     if cookie:
         return _identity(f"cookie:{cookie}")
+    header = request.META.get("HTTP_X_VISITOR_ID")
     if header is not None:
         visitor_id_check(header)
         return _identity(f"header:{header}")
     fresh = random_visitor_id()
     return VisitorIdentity(visitor_key(f"cookie:{fresh}"), None, fresh)
-
-
-def visitor_cookie_value(raw: str | None) -> str | None:
-    """The visitor cookie's value if its signature holds (as request.get_signed_cookie reads it)."""
-    if raw is None:
-        return None
-    try:
-        return signing.get_cookie_signer(salt=settings.WR_VISITOR_COOKIE + COOKIE_SALT).unsign(raw)
-    except signing.BadSignature:
-        return None
 
 
 def random_visitor_id() -> str:

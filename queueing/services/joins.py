@@ -171,17 +171,20 @@ def join_plan(
     return plan.then(read)
 
 
+# What join.lua and window/join.lua answer when they refuse a join (a stateless queue is never capped).
+REFUSED_BY: dict[str, type[Exception]] = {
+    "closed": QueueClosed,
+    "not_open": QueueNotOpen,
+    "capped": TicketCapReached,
+    "pow_required": ProofOfWorkRequired,
+    "pow_reused": ProofOfWorkReused,
+}
+
+
 def _refusal(slug: str, reply: store.TicketReply) -> Exception | None:
     """Why the join script refused a join (None: it did not)."""
-    refusals: dict[str, type[Exception]] = {
-        "closed": QueueClosed,
-        "not_open": QueueNotOpen,
-        "capped": TicketCapReached,
-        "pow_required": ProofOfWorkRequired,
-        "pow_reused": ProofOfWorkReused,
-    }
-    if reply.outcome in refusals:
-        return refusals[reply.outcome](slug)
+    if reply.outcome in REFUSED_BY:
+        return REFUSED_BY[reply.outcome](slug)
     if reply.outcome == "full":
         figures = reply.figures
         retry = 30
@@ -235,13 +238,7 @@ def _stateless_refusal(slug: str, outcome: str, window: store.Window) -> Excepti
         return QueueFull(max(5, min(300, window.interval_ms // 1000)))
     if outcome in ("no_config", "no_seq"):
         return WrongMode(slug)
-    refusals: dict[str, type[Exception]] = {
-        "closed": QueueClosed,
-        "not_open": QueueNotOpen,
-        "pow_required": ProofOfWorkRequired,
-        "pow_reused": ProofOfWorkReused,
-    }
-    return refusals[outcome](slug) if outcome in refusals else None
+    return REFUSED_BY[outcome](slug) if outcome in REFUSED_BY else None
 
 
 def pow_difficulty_get(*, slug: str) -> int:

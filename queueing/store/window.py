@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .connection import Plan, ScriptCall, client, execute, run
+from .connection import Plan, ScriptCall, client, run
 from .keys import queue_keys
 from .limits import LimitCall, LimitReply
 from .replies import Reply
@@ -159,15 +159,6 @@ def window_join_plan(
         lambda replies: (joined(replies[1]) if len(replies) > 1 else None, LimitReply.parse(replies[0])),
         gated=True,
     )
-
-
-def window_join(
-    slug: str, *, now_ms: int, pow_bits: int = 0, pow_id: str = "", pow_ttl_ms: int = 0
-) -> tuple[str, Window]:
-    """window_join_plan without a limiter, run."""
-    joined = execute(window_join_plan(slug, now_ms=now_ms, pow_bits=pow_bits, pow_id=pow_id, pow_ttl_ms=pow_ttl_ms))[0]
-    assert joined is not None
-    return joined
 
 
 @dataclass(frozen=True)
