@@ -277,9 +277,17 @@ def _params(limiter: ratelimit.Limiter) -> dict[str, Any]:
 
 
 @override_settings(WR_RATE_LIMITS=STATUS_LIMIT)
+@pytest.mark.parametrize(
+    "limit",
+    [
+        {"algorithm": "token_bucket", "capacity": 10, "refill_per_second": 1},  # the default: in status.lua
+        {"algorithm": "sliding_window_counter", "fixed_window_seconds": 60, "max_requests": 120},
+    ],
+)
 def test_the_status_limiter_rides_in_the_polls_round_trip_and_survives_a_server_that_lost_its_scripts(
-    make_queue, monkeypatch
+    make_queue, monkeypatch, settings, limit
 ):
+    settings.WR_RATE_LIMITS = {**settings.WR_RATE_LIMITS, "status": limit}
     queue = make_queue(state="paused")
     client = Client()
     ticket = join(client, queue.slug).json()["ticket"]
@@ -292,12 +300,15 @@ def test_the_status_limiter_rides_in_the_polls_round_trip_and_survives_a_server_
 
     limiter = ratelimit.scope_limiter("status")
     assert limiter is not None
-    combined = f"limits/{limiter.algorithm}+status"  # one script: the limiter, then the poll
+    in_record = limiter.algorithm == "token_bucket"
+    # One script: the poll with its bucket, or the limiter and then the poll.
+    combined = "status" if in_record else f"limits/{limiter.algorithm}+status"
     monkeypatch.setattr(store.client(), "evalsha", counting_evalsha)
     monkeypatch.setattr(store.script(combined), "sha", "0" * 40)  # as after a Redis restart
     answer = client.get(f"/api/v1/queues/{queue.slug}/status", HTTP_AUTHORIZATION=f"Bearer {ticket}")
     assert answer.status_code == 200 and answer.json()["position"] == 1
-    keys = len(store.queue_keys(queue.slug).script_keys()) + 1  # the queue's keys and the limiter's
+    # The queue's keys, and the limiter's when it has one.
+    keys = len(store.queue_keys(queue.slug).script_keys()) + (0 if in_record else 1)
     assert sent == [keys, keys]  # one call; once more after the script was loaded again
     assert store.script(combined).sha != "0" * 40
 
@@ -408,3 +419,64 @@ def test_a_page_asking_for_its_neighbours_as_often_as_it_does_is_never_limited_b
         for _ in range(10)
     ]
     assert 429 in codes  # a script asking without pause is not served for long
+
+
+# --- The status limiter's bucket in the ticket's record (status.lua) ---------------------------------------
+
+BUCKET_OF_10 = {"status": {"algorithm": "token_bucket", "capacity": 10, "refill_per_second": 0.001}}
+
+
+def _status(client: Client, slug: str, ticket: str) -> Any:
+    return client.get(f"/api/v1/queues/{slug}/status", HTTP_AUTHORIZATION=f"Bearer {ticket}")
+
+
+@override_settings(WR_RATE_LIMITS=BUCKET_OF_10)
+def test_fifty_parallel_polls_of_one_ticket_pass_exactly_its_bucket_and_the_others_tickets_are_untouched(make_queue):
+    queue = make_queue(state="paused")
+    mine, theirs = (join(Client(), queue.slug).json()["ticket"] for _ in range(2))
+    with ThreadPoolExecutor(50) as pool:
+        codes = list(pool.map(lambda _: _status(Client(), queue.slug, mine).status_code, range(50)))
+    assert sorted(set(codes)) == [200, 429] and codes.count(200) == 10
+    assert _status(Client(), queue.slug, theirs).status_code == 200
+    assert list(store.client().scan_iter(match="*rl:status:*")) == []  # no key per poller: ~100 B each saved
+
+
+@override_settings(WR_RATE_LIMITS=BUCKET_OF_10)
+def test_a_refused_poll_still_counts_as_presence_and_the_record_stays_a_plain_array(make_queue, monkeypatch):
+    from queueing.store import inspect
+
+    queue = make_queue(state="paused")
+    client = Client()
+    ticket = join(client, queue.slug).json()["ticket"]
+    for _ in range(10):
+        assert _status(client, queue.slug, ticket).status_code == 200
+    (before,) = inspect.ticket_records(queue.slug)
+    assert before.line_score is None  # the places before the bucket hold `false`, not a score
+    later = time.time() + 5
+    monkeypatch.setattr(time, "time", lambda: later)
+    _refused(_status(client, queue.slug, ticket))
+    (after,) = inspect.ticket_records(queue.slug)
+    assert after.seen_s == int(later) > before.seen_s  # the heartbeat of a refused poll was kept
+    assert (after.status, after.seq) == (before.status, before.seq)
+
+
+@override_settings(WR_RATE_LIMITS={"status": {"algorithm": "token_bucket", "capacity": 2, "refill_per_second": 1}})
+def test_the_bucket_in_the_record_refills_at_its_rate_and_a_new_ticket_starts_full(make_queue, monkeypatch):
+    queue = make_queue(state="paused")
+    client = Client()
+    ticket = join(client, queue.slug).json()["ticket"]
+    clock = [time.time()]
+    monkeypatch.setattr(ratelimit, "now_ms", lambda now: int(clock[0] * 1000))
+    assert [_status(client, queue.slug, ticket).status_code for _ in range(3)] == [200, 200, 429]
+    clock[0] += 0.6
+    _refused(_status(client, queue.slug, ticket))  # 0.6 of a token
+    clock[0] += 0.5
+    assert [_status(client, queue.slug, ticket).status_code for _ in range(2)] == [200, 429]
+    clock[0] += 60  # full again, and never more than full
+    assert [_status(client, queue.slug, ticket).status_code for _ in range(3)] == [200, 200, 429]
+    again = client.post(
+        f"/api/v1/queues/{queue.slug}/leave", HTTP_AUTHORIZATION=f"Bearer {ticket}", content_type="application/json"
+    )
+    assert again.status_code in (200, 204)
+    fresh = join(client, queue.slug).json()["ticket"]
+    assert [_status(client, queue.slug, fresh).status_code for _ in range(3)] == [200, 200, 429]

@@ -42,6 +42,7 @@ local WAITING, ADMITTED, ACTIVE, COMPLETED, EXPIRED, REVOKED = 1, 2, 3, 4, 5, 6
 local R_SEQ, R_STATUS, R_PRI, R_JOINED, R_SEEN, R_NAME, R_EST = 1, 2, 3, 4, 5, 6, 7
 local R_FENCE, R_ADMITTED, R_DEADLINE, R_EXPIRES, R_ENDED, R_REASON = 8, 9, 10, 11, 12, 13
 local R_LINE_SCORE = 14  -- a parked ticket's place in the line
+-- 15: the status limiter's bucket (status.lua), after `false` in any field before it not yet set
 
 local SEQ_DIGITS = 10
 local RATE_TAU_S = 30
@@ -313,7 +314,7 @@ local function finish(tid, rec, status, reason, now)
     ema_update('ema_service_ms', math.max(0, now - rec[R_ADMITTED]))
   end
   while #rec < R_REASON do rec[#rec + 1] = 0 end
-  rec[R_LINE_SCORE] = nil
+  for i = #rec, R_LINE_SCORE, -1 do rec[i] = nil end  -- the parked place, status.lua's bucket
   rec[R_STATUS] = status
   rec[R_ENDED] = now
   rec[R_REASON] = reason

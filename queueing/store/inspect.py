@@ -76,8 +76,13 @@ class TicketRecord:
             seen_s=int(fields[cls.SEEN]),
             display_name=str(fields[cls.NAME]),
             reason=str(fields[cls.REASON]) if len(fields) > cls.REASON and fields[cls.REASON] else "",
-            line_score=float(fields[cls.SCORE]) if len(fields) > cls.SCORE else None,
+            line_score=_number(fields[cls.SCORE]) if len(fields) > cls.SCORE else None,
         )
+
+
+def _number(value: Any) -> float | None:
+    """A record field that may be unset: `false` holds the place of a field not set before a later one."""
+    return None if value is None or value is False else float(value)
 
 
 def ticket_records(slug: str) -> list[TicketRecord]:

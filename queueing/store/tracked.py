@@ -190,13 +190,24 @@ def status_plan(
     limit: LimitCall | None = None,
     restore: Restore = NO_RESTORE,
 ) -> Plan[tuple[TicketReply, LimitReply | None]]:
-    """A status poll, with its rate limiter in the same script when `limit` is given (the limiter runs
-    first; a refused poll still counts as the visitor's heartbeat). The limiter's key must share the
-    queue's hash tag (ratelimit.prepare's `queue`)."""
-    poll: ScriptCall = ("status", queue_keys(slug).script_keys(), (visitor_key, seq, now_ms, *restore.args()))
+    """A status poll, with its rate limiter in the same script when `limit` is given (a refused poll still
+    counts as the visitor's heartbeat). A token bucket (the default) is status.lua's own, kept in the
+    ticket's record; another algorithm runs first in the same call, its key sharing the queue's hash tag
+    (ratelimit.prepare's `queue`)."""
+    args = (visitor_key, seq, now_ms, *restore.args())
+    if limit is not None and limit.algorithm == "token_bucket":
+        limit_now, capacity, rate, cost = limit.args
+        poll: ScriptCall = ("status", queue_keys(slug).script_keys(), (*args, capacity, rate, cost, limit_now))
+        return Plan((poll,), _read_limited_status)
+    poll = ("status", queue_keys(slug).script_keys(), args)
     if limit is None:
         return Plan((poll,), lambda replies: (TicketReply.parse(replies[0]), None))
     return Plan((limit.call, poll), lambda replies: (TicketReply.parse(replies[1]), LimitReply.parse(replies[0])))
+
+
+def _read_limited_status(replies: Sequence[Any]) -> tuple[TicketReply, LimitReply | None]:
+    reply = replies[0]
+    return TicketReply.parse(reply[:4]), LimitReply.parse(reply[4]) if len(reply) > 4 else None
 
 
 def status(slug: str, *, visitor_key: str, seq: int, now_ms: int, restore: Restore = NO_RESTORE) -> TicketReply:
