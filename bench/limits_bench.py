@@ -162,18 +162,19 @@ def redis_throughput(calls: int) -> dict[str, Any]:
     results = {}
     for name, config in NEVER_REFUSE.items():
         limiter = ratelimit.limiter_from_config(config)
-        script = store.script(f"limits/{name}")
-        before = client.info("commandstats").get("cmdstat_evalsha", {})  # deltas: never reset a shared server
+        function = store.library().function(f"limits/{name}")
+        store.load_library(client)
+        before = client.info("commandstats").get("cmdstat_fcall", {})  # deltas: never reset a shared server
         now_ms = int(time.time() * 1000)
         t0 = time.perf_counter()
         for start in range(0, calls, 1000):
             pipe = client.pipeline(transaction=False)
             for i in range(start, min(calls, start + 1000)):
                 key = store.limit_key(f"bench-{name}", f"k{i % 10000}")
-                script(keys=[key], args=limiter.arguments(now_ms + i // 100), client=pipe)
+                pipe.fcall(function, 1, key, *limiter.arguments(now_ms + i // 100))
             pipe.execute()
         wall = time.perf_counter() - t0
-        after = client.info("commandstats").get("cmdstat_evalsha", {})
+        after = client.info("commandstats").get("cmdstat_fcall", {})
         count = int(after.get("calls", 0)) - int(before.get("calls", 0))
         usec = float(after.get("usec", 0)) - float(before.get("usec", 0))
         results[name] = {

@@ -1,5 +1,5 @@
 """Redis time per call of the hot path's scripts (issue 14), on a dedicated redis-server this script starts:
-INFO commandstats' `usec` for EVALSHA over N calls, pipelined 500 per round trip, with a queue of
+INFO commandstats' `usec` for FCALL over N calls, pipelined 500 per round trip, with a queue of
 --tickets waiting visitors polling in rotation and the default status limiter.
 
     .venv/bin/python bench/script_cost.py [--tickets 1000] [--calls 5000] [--rounds 3]
@@ -18,7 +18,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
@@ -67,29 +67,29 @@ def measure(tickets: int, calls: int, rounds: int = 3) -> dict[str, Any]:
     changes = {"name": "bench", "target_url": "https://shop.example/", "capacity": 1, "state": "paused"}
     services.queue_configure(slug="bench", changes=changes, actor_label="bench")
     client = store.client()
-    claims = []
+    claims: list[tokens.TicketClaims] = []
     for i in range(tickets):
         joined = services.queue_join(slug="bench", visitor_key=tokens.visitor_key(f"bench:{i}"))
         raw = tokens.ticket_issue(
             slug="bench", ticket_id=joined.ticket.ticket_id, seq=joined.ticket.seq, priority=0, epoch=1
         )
-        claims.append(tokens.visitor_ticket_decode(raw, slug="bench"))
+        claims.append(cast(tokens.TicketClaims, tokens.visitor_ticket_decode(raw, slug="bench")))
 
     def per_call(name: str, call: Any) -> float:
         """The lowest of `rounds` rounds of `calls` calls (the timer's noise only ever adds)."""
-        found = store.script(name)
-        client.script_load(found.script)
+        function = store.library().function(name)
+        store.load_library(client)
         figures = []
         for _ in range(rounds):
             client.config_resetstat()
             pipe = client.pipeline(transaction=False)
             for i in range(calls):
                 _, keys, argv = call(i)
-                pipe.evalsha(found.sha, len(keys), *keys, *argv)
+                pipe.fcall(function, len(keys), *keys, *argv)
                 if i % 500 == 499:
                     pipe.execute()
             pipe.execute()
-            stats = client.info("commandstats")["cmdstat_evalsha"]
+            stats = client.info("commandstats")["cmdstat_fcall"]
             assert stats["calls"] == calls and not stats.get("failed_calls"), stats
             figures.append(float(stats["usec"]) / calls)
         return round(min(figures), 2)

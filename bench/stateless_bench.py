@@ -201,16 +201,17 @@ def memory_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
         win = store.queue_keys("wide").win
         before, win_before = int(client.info("memory")["used_memory"]), int(client.memory_usage(win) or 0)
         keys_before = client.dbsize()
-        join = store.script("window/join")
+        join = store.library().function("window/join")
+        store.load_library(client)
         client.config_resetstat()
         started = time.perf_counter()
         for _ in range(joins // 1000):
             pipe = client.pipeline(transaction=False)
             for _ in range(1000):
-                join(keys=[win, "unused"], args=[now, 0, 0, "next"], client=pipe)
+                pipe.fcall(join, 2, win, "unused", now, 0, 0, "next")
             pipe.execute()
         seconds = time.perf_counter() - started
-        stats = client.info("commandstats").get("cmdstat_evalsha", {})
+        stats = client.info("commandstats").get("cmdstat_fcall", {})
         out["stateless"] = {
             "issued": store.window_read("wide").issued,
             "used_memory_delta_bytes": int(client.info("memory")["used_memory"]) - before,
@@ -237,17 +238,17 @@ def memory_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
         store.epoch_start("tracked", epoch=1, floor=0, seq_max=10**12)
         before = int(client.info("memory")["used_memory"])
         keys = store.queue_keys("tracked").script_keys()
-        tracked_join = store.script("join")
+        tracked_join = store.library().function("join")
         client.config_resetstat()
         started = time.perf_counter()
         for batch in range(joins // 1000):
             pipe = client.pipeline(transaction=False)
             for i in range(1000):
                 visitor = tokens.visitor_key(f"bench:{batch * 1000 + i}")
-                tracked_join(keys=keys, args=[visitor, now, 0, ""], client=pipe)
+                pipe.fcall(tracked_join, len(keys), *keys, visitor, now, 0, "")
             pipe.execute()
         seconds = time.perf_counter() - started
-        stats = client.info("commandstats").get("cmdstat_evalsha", {})
+        stats = client.info("commandstats").get("cmdstat_fcall", {})
         used = int(client.info("memory")["used_memory"]) - before
         waiting = int(client.zcard(store.queue_keys("tracked").line))
         out["tracked"] = {

@@ -28,3 +28,16 @@ if [ ! -f "$stamp" ]; then
   "$ROOT/.venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$ROOT/$REQUIREMENTS"
   touch "$stamp"
 fi
+
+# Debian packages the product or its tests need, installed when their command is missing.
+debian_install() {  # debian_install <command> <package>
+  if ! command -v "$1" >/dev/null 2>&1; then
+    echo "[setup] installing $2 (Debian package)"
+    local sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo"
+    $sudo apt-get update -q && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$2"
+  fi
+}
+
+# Redis 7.0 or later (the scripts are a Redis Functions library): the embedded one, and the tests' own.
+debian_install redis-server redis-server

@@ -34,7 +34,7 @@ def join(
     ).ticket
 
 
-def status_reply(slug: str, ticket: store.TicketState, *, now: float) -> store.TicketReply:
+def status_reply(slug: str, ticket: store.TicketState, *, now: float) -> store.StatusReply:
     parsed = store.parse_ticket_id(ticket.ticket_id)
     assert parsed is not None
     return store.status(slug, visitor_key=parsed[1], seq=parsed[0], now_ms=int(now * 1000))

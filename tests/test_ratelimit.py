@@ -16,6 +16,8 @@ from queueing import ratelimit, store
 from queueing.ratelimit import FixedWindow, LeakingBucket, SlidingLog, SlidingWindowCounter, TokenBucket
 from queueing.visitors import client_address
 
+from .test_engine_join import library_loaded, lose_the_library
+
 T0 = 1_800_000_000.0  # a window boundary for every window size used here (a multiple of 60 s)
 
 
@@ -292,25 +294,24 @@ def test_the_status_limiter_rides_in_the_polls_round_trip_and_survives_a_server_
     client = Client()
     ticket = join(client, queue.slug).json()["ticket"]
     sent: list[int] = []
-    real_evalsha = store.client().evalsha
+    real_fcall = store.client().fcall
 
-    def counting_evalsha(sha: str, numkeys: int, *args: Any) -> Any:
+    def counting_fcall(function: str, numkeys: int, *args: Any) -> Any:
         sent.append(numkeys)
-        return real_evalsha(sha, numkeys, *args)
+        return real_fcall(function, numkeys, *args)
 
     limiter = ratelimit.scope_limiter("status")
     assert limiter is not None
     in_record = limiter.algorithm == "token_bucket"
-    # One script: the poll with its bucket, or the limiter and then the poll.
-    combined = "status" if in_record else f"limits/{limiter.algorithm}+status"
-    monkeypatch.setattr(store.client(), "evalsha", counting_evalsha)
-    monkeypatch.setattr(store.script(combined), "sha", "0" * 40)  # as after a Redis restart
+    monkeypatch.setattr(store.client(), "fcall", counting_fcall)
+    name = lose_the_library()  # as after a Redis restart without persistence
     answer = client.get(f"/api/v1/queues/{queue.slug}/status", HTTP_AUTHORIZATION=f"Bearer {ticket}")
     assert answer.status_code == 200 and answer.json()["position"] == 1
-    # The queue's keys, and the limiter's when it has one.
+    # One call: the poll with its bucket, or the limiter and then the poll (the queue's keys and the
+    # limiter's); once more after the library was loaded again.
     keys = len(store.queue_keys(queue.slug).script_keys()) + (0 if in_record else 1)
-    assert sent == [keys, keys]  # one call; once more after the script was loaded again
-    assert store.script(combined).sha != "0" * 40
+    assert sent == [keys, keys]
+    assert library_loaded(name)
 
 
 @override_settings(WR_RATE_LIMITS={"protected": {"algorithm": "fixed_window", "window_seconds": 60, "max_requests": 2}})
@@ -480,3 +481,15 @@ def test_the_bucket_in_the_record_refills_at_its_rate_and_a_new_ticket_starts_fu
     assert again.status_code in (200, 204)
     fresh = join(client, queue.slug).json()["ticket"]
     assert [_status(client, queue.slug, fresh).status_code for _ in range(3)] == [200, 200, 429]
+
+
+@override_settings(WR_RATE_LIMITS={"status": {"algorithm": "token_bucket", "capacity": 3, "refill_per_second": 0.01}})
+def test_polls_in_the_same_millisecond_each_take_exactly_one_token(make_queue, monkeypatch):
+    """A refill rate with no exact binary fraction per ms (0.01/s) must not make a full bucket refuse
+    its own capacity when the polls come in one millisecond."""
+    queue = make_queue(state="paused")
+    client = Client()
+    ticket = join(client, queue.slug).json()["ticket"]
+    frozen = int(time.time() * 1000)
+    monkeypatch.setattr(ratelimit, "now_ms", lambda now: frozen)
+    assert [_status(client, queue.slug, ticket).status_code for _ in range(4)] == [200, 200, 200, 429]

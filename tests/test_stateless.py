@@ -127,12 +127,12 @@ def test_redis_does_not_grow_with_100000_joins(window_queue, clock):
     client = store.client()
     keys_before = sorted(client.scan_iter(match=f"{store.key_pattern()[:-1]}{{{slug}}}*"))
     bytes_before = int(client.memory_usage(store.queue_keys(slug).win, samples=0) or 0)
-    join = store.script("window/join")
+    join = store.library().function("window/join")
     now = int(clock.now * 1000)
     for _ in range(100):
         pipe = client.pipeline(transaction=False)
         for _ in range(1000):
-            join(keys=[store.queue_keys(slug).win, "unused"], args=[now, 0, 0, "next"], client=pipe)
+            pipe.fcall(join, 2, store.queue_keys(slug).win, "unused", now, 0, 0, "next")
         pipe.execute()
     assert store.window_read(slug).issued == 100_000
     assert sorted(client.scan_iter(match=f"{store.key_pattern()[:-1]}{{{slug}}}*")) == keys_before

@@ -162,7 +162,7 @@ def test_it_parses_a_status_poll_into_the_tickets_place_and_wait_estimate(make_q
     cy = join(queue.slug, "cy", now=t0)
 
     raw = status_raw(queue.slug, "cy", cy.seq, now_ms=ms(t0 + 1))
-    reply = store.TicketReply.parse(raw)
+    reply = store.StatusReply.parse(raw)
 
     assert reply.outcome == "ok"
     assert reply.ticket is not None
@@ -182,7 +182,7 @@ def test_it_parses_a_poll_of_a_finished_ticket_with_its_reason(make_queue, clock
     ada = join(queue.slug, "ada", now=clock.now)
     store.leave(queue.slug, visitor_key=visitor("ada"), seq=ada.seq, now_ms=ms(clock.advance(1)))
 
-    reply = store.TicketReply.parse(status_raw(queue.slug, "ada", ada.seq, now_ms=ms(clock.advance(1))))
+    reply = store.StatusReply.parse(status_raw(queue.slug, "ada", ada.seq, now_ms=ms(clock.advance(1))))
 
     assert reply.outcome == "ok"
     assert reply.ticket is not None
@@ -193,7 +193,7 @@ def test_it_parses_a_poll_of_a_finished_ticket_with_its_reason(make_queue, clock
 
 def test_it_parses_a_poll_of_an_unknown_ticket_as_gone_without_a_ticket(make_queue, clock):
     queue = make_queue(state="paused", capacity=4)
-    reply = store.TicketReply.parse(status_raw(queue.slug, "nobody", 42, now_ms=ms(clock.now)))
+    reply = store.StatusReply.parse(status_raw(queue.slug, "nobody", 42, now_ms=ms(clock.now)))
     assert reply.outcome == "gone"
     assert reply.ticket is None
     assert reply.figures is None  # nobody reads them: the API answers `expired`

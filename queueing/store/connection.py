@@ -1,22 +1,27 @@
-"""The Redis client and the script loader: one client per process, every Lua script registered once.
+"""The Redis client and the scripts: one client per process, every Lua script in one Redis Functions library.
 
-Each atomic transition is one Lua file in `lua/` (the header of each lists its KEYS, ARGV and reply);
-`lua/_lib.lua` is prepended to every queue script, with only the functions it uses. Scripts run by
-EVALSHA; a server that does not know a script (NOSCRIPT after a restart or SCRIPT FLUSH) gets it loaded
-and the call retried once, here and only here: `run` for one script (redis-py's `Script` does it),
-`run_together` for a pipeline of several.
+Each atomic transition is one Lua file in `lua/` (the header of each lists its KEYS, ARGV and reply).
+`library()` builds one library of them (FUNCTION LOAD): `lua/_lib.lua` once, then each script's body as
+a function of its KEYS and ARGV, registered as a Redis function. The library's code runs once, when it is
+loaded; before, as EVALSHA scripts, every call re-created the library's functions and decoded the
+queue's policy again (a third of a status poll's Redis time, bench/RESULTS.md). The library's name and its
+functions' names carry a digest of its code, so processes of two versions (a rolling deploy) each find
+their own. A server that does not have it (a fresh or restarted Redis without persistence, FUNCTION
+FLUSH) answers "Function not found": the library is loaded and the call retried, here and only here:
+`run` for one call, `run_together` for a pipeline, `arun` from the event loop. Redis 7.0 or later.
 
 The visitor hot path's round trips are `Plan`s: the script calls as data and a pure function that reads
-their replies. Several calls in one plan run as one script (`combined`: one EVALSHA, one atomic step, all
-keys under one hash tag). A plan runs the same from synchronous code (`execute`, redis-py) and from the
-web server's event loop (`aexecute`, redis.asyncio): the logic exists once, the drivers are a few lines.
+their replies. Several calls in one plan run as one call (`combined`: the library's `chain` runs them in
+one atomic step, all keys under one hash tag). A plan runs the same from synchronous code (`execute`,
+redis-py) and from the web server's event loop (`aexecute`, redis.asyncio): the logic exists once, the
+drivers are a few lines.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
-import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,7 +33,6 @@ import hiredis
 import redis
 import redis.asyncio
 from django.conf import settings
-from redis.commands.core import Script
 
 from .. import conf
 
@@ -46,9 +50,8 @@ class _Connection:
         self._pid = 0
         self._url = ""
         self._client: redis.Redis | None = None
-        self._scripts: dict[str, Script] = {}
 
-    def get(self) -> tuple[redis.Redis, dict[str, Script]]:
+    def get(self) -> redis.Redis:
         url = conf.hot().REDIS_URL
         if self._client is None or self._pid != os.getpid() or self._url != url:
             with self._lock:
@@ -60,29 +63,16 @@ class _Connection:
                         socket_connect_timeout=3,
                         health_check_interval=30,
                     )
-                    sources = {**_sources(), **_plain_sources()}
-                    self._scripts = {name: client.register_script(src) for name, src in sources.items()}
                     self._client, self._pid, self._url = client, os.getpid(), url
         assert self._client is not None
-        return self._client, self._scripts
-
-    def script(self, name: str) -> Script:
-        client, scripts = self.get()
-        found = scripts.get(name)
-        if found is None:  # a combination of scripts (see `combined`), registered when first asked for
-            with self._lock:
-                gated = GATE in name
-                names = tuple(name.split(GATE if gated else "+"))
-                found = scripts.get(name) or client.register_script(_combined_source(names, gated=gated))
-                scripts[name] = found
-        return found
+        return self._client
 
 
 _connection = _Connection()
 
 
 def client() -> redis.Redis:
-    return _connection.get()[0]
+    return _connection.get()
 
 
 def raw_client() -> redis.Redis:
@@ -90,124 +80,129 @@ def raw_client() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL)
 
 
-_FUNCTION = re.compile(r"^local function ([A-Za-z_][A-Za-z0-9_]*)\(", re.M)
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+GATE = "&"  # in a combination's name: each script runs only if the limiter before it allowed the request
+
+# The library's `chain`: several scripts' calls as one (`combined`). ARGV starts with the number of calls,
+# 1 when they are gated (every call but the last is a rate limiter, and a refusal ends the run there: the
+# reply lists the replies so far; a limiter's reply starts with allowed 0|1), and each call's script name,
+# number of keys and number of arguments; then come their arguments. The reply lists theirs.
+_CHAIN = """
+local function chain(KEYS, ARGV)
+  local n, gated = tonumber(ARGV[1]), ARGV[2] == '1'
+  local k, a, replies = 1, 3 + 3 * n, {}
+  for i = 1, n do
+    local name, nk, na = ARGV[3 * i], tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
+    replies[i] = SCRIPTS[name]({unpack(KEYS, k, k + nk - 1)}, {unpack(ARGV, a, a + na - 1)})
+    k, a = k + nk, a + na
+    if gated and i < n and replies[i][1] == 0 then return replies end
+  end
+  return replies
+end
+"""
 
 
-def _with_library(lib: str, body: str) -> str:
-    """The script with the library functions it uses (transitively) in front of it.
+@dataclass(frozen=True)
+class Library:
+    """The scripts as one Redis Functions library: its name, its code, and its functions' prefix."""
 
-    Every EVALSHA runs the whole chunk, and each function definition in it creates a closure: the full
-    library costs about 20 µs of Redis time per call, most of a status poll's budget. So each script
-    carries only what it calls. Everything before the first function (keys, constants) always goes in.
-    """
-    starts = [m.start() for m in _FUNCTION.finditer(lib)]
-    preamble, blocks = lib[: starts[0]], {}
-    for begin, end in zip(starts, [*starts[1:], len(lib)], strict=True):
-        block = lib[begin:end]
-        # A comment block just above a function belongs to the next function, not this one.
-        cut = block.rstrip().rfind("\nend")
-        code = block[: cut + 4] if cut >= 0 else block
-        blocks[_FUNCTION.match(block).group(1)] = code  # type: ignore[union-attr]
-    needed: set[str] = set()
-    pending = set(_NAME.findall(body)) & set(blocks)
-    while pending:
-        name = pending.pop()
-        needed.add(name)
-        pending |= (set(_NAME.findall(blocks[name])) & set(blocks)) - needed
-    used = [code for name, code in blocks.items() if name in needed]
-    return preamble + "\n\n".join(used) + "\n\n" + body
+    name: str
+    code: str
+    prefix: str
+
+    def function(self, script: str) -> str:
+        """The function that runs `script` ('status', 'limits/token_bucket'; 'a+b' or 'a&b': `chain`)."""
+        if "+" in script or GATE in script:
+            return self.prefix + "chain"
+        return self.prefix + script.replace("/", "__")
 
 
 @lru_cache(maxsize=1)
-def _sources() -> dict[str, str]:
+def library() -> Library:
     lib = (LUA_DIR / "_lib.lua").read_text()
-    return {
-        path.stem: _with_library(lib, path.read_text())
+    scripts = {  # a queue script binds the library's keys first
+        path.stem: f"bind(KEYS)\n{path.read_text()}"
         for path in sorted(LUA_DIR.glob("*.lua"))
         if not path.name.startswith("_")
     }
+    for folder in ("limits", "window", "beat"):  # the rate limiters, the stateless window, the beat's lease
+        scripts.update({f"{folder}/{path.stem}": path.read_text() for path in sorted((LUA_DIR / folder).glob("*.lua"))})
+    parts = [lib, "local SCRIPTS = {}"]
+    parts += [f"SCRIPTS['{name}'] = function(KEYS, ARGV)\n{body}\nend" for name, body in scripts.items()]
+    body = "\n\n".join([*parts, _CHAIN])
+    digest = hashlib.sha256(body.encode()).hexdigest()[:12]
+    name, found = f"waitingroom_{digest}", Library("", "", f"wr{digest}_")
+    register = [f"redis.register_function('{found.function(script)}', SCRIPTS['{script}'])" for script in scripts]
+    register.append(f"redis.register_function('{found.function('a+b')}', chain)")
+    return Library(name, "\n".join([f"#!lua name={name}", body, *register, ""]), found.prefix)
 
 
-@lru_cache(maxsize=1)
-def _plain_sources() -> dict[str, str]:
-    """The rate limiters (lua/limits/), the stateless window (lua/window/) and the beat's lease (lua/beat/):
-    no queue library."""
-    return {
-        f"{folder}/{path.stem}": path.read_text()
-        for folder in ("limits", "window", "beat")
-        for path in sorted((LUA_DIR / folder).glob("*.lua"))
-    }
+def _not_loaded(exc: redis.exceptions.ResponseError) -> bool:
+    return "Function not found" in str(exc)
 
 
-GATE = "&"  # in a combination's name: each script runs only if the limiter before it allowed the request
+def _loaded(reply_or_error: Any) -> None:
+    """FUNCTION LOAD's outcome: loaded, or loaded already (by another process meanwhile)."""
+    if isinstance(reply_or_error, redis.exceptions.ResponseError) and "already exists" not in str(reply_or_error):
+        if "unknown command" in str(reply_or_error).lower():
+            raise RuntimeError("Waiting Room needs Redis 7.0 or later (Redis Functions)") from reply_or_error
+        raise reply_or_error
 
 
-def _combined_source(names: tuple[str, ...], *, gated: bool = False) -> str:
-    """Several scripts as one: each runs as a function of its own KEYS and ARGV, in order, and the reply
-    is the list of their replies. ARGV starts with each script's number of keys and of arguments.
-    `gated`: every script but the last is a rate limiter, and a refusal ends the run there (the reply
-    lists the replies so far; a limiter's reply starts with allowed 0|1)."""
-    stop = "  if replies[i][1] == 0 then return replies end\n" if gated else ""
-    sources = {**_sources(), **_plain_sources()}
-    parts = [f"local function script_{i}(KEYS, ARGV)\n{sources[name]}\nend\n" for i, name in enumerate(names)]
-    return (
-        f"-- combined: {' + '.join(names)}\n"
-        + "".join(parts)
-        + f"""local scripts, replies = {{{", ".join(f"script_{i}" for i in range(len(names)))}}}, {{}}
-local k, a = 1, {2 * len(names)} + 1
-for i, run in ipairs(scripts) do
-  local nk, na = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
-  replies[i] = run({{unpack(KEYS, k, k + nk - 1)}}, {{unpack(ARGV, a, a + na - 1)}})
-  k, a = k + nk, a + na
-{stop}end
-return replies
-"""
-    )
+def load_library(client: redis.Redis) -> None:
+    """Load the library on the client's server, unless it has it (tools that pipeline FCALLs themselves)."""
+    try:
+        client.function_load(library().code)
+    except redis.exceptions.ResponseError as exc:
+        _loaded(exc)
 
 
-def script(name: str) -> Script:
-    """The registered script object (tests use it to exercise NOSCRIPT recovery); 'a+b' is `combined`."""
-    return _connection.script(name)
+# A library deleted again between loading it and the call (FUNCTION FLUSH, a test) is loaded once more.
+LOAD_ATTEMPTS = 3
 
 
 def run(name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-    """Run one script by EVALSHA (loaded again and retried once on NOSCRIPT, by redis-py's Script)."""
-    return script(name)(keys=list(keys), args=list(args))
+    """Run one script (its library loaded first when the server does not have it)."""
+    client, function = _connection.get(), library().function(name)
+    for attempt in range(LOAD_ATTEMPTS):
+        try:
+            return client.fcall(function, len(keys), *keys, *args)
+        except redis.exceptions.ResponseError as exc:
+            if not _not_loaded(exc) or attempt == LOAD_ATTEMPTS - 1:
+                raise
+            load_library(client)
+    raise AssertionError("unreachable")
 
 
 ScriptCall = tuple[str, Sequence[str], Sequence[Any]]  # (script name, KEYS, ARGV)
 
 
-def run_together(calls: list[ScriptCall], then: Callable[[Any], None] | None = None) -> list[Any]:
-    """Several scripts (and, with `then`, plain commands added to the pipeline after them) in one round
-    trip (a plain pipeline of EVALSHA: redis-py's script pipelines would add a SCRIPT EXISTS round trip
-    each time). A server that lost its scripts gets them loaded, once."""
-    client, scripts = _connection.get()
-    for attempt in (1, 2):
+def run_together(calls: list[ScriptCall]) -> list[Any]:
+    """Several scripts in one round trip (not one atomic step: `combined` makes that). A server without
+    the library gets it loaded and the round trip sent again: none of them ran."""
+    client, found = _connection.get(), library()
+    for attempt in range(LOAD_ATTEMPTS):
         pipe = client.pipeline(transaction=False)
         for name, keys, args in calls:
-            pipe.evalsha(scripts[name].sha, len(keys), *keys, *args)
-        if then is not None:
-            then(pipe)
+            pipe.fcall(found.function(name), len(keys), *keys, *args)
         try:
             return list(pipe.execute())
-        except redis.exceptions.NoScriptError:
-            if attempt == 2:
+        except redis.exceptions.ResponseError as exc:
+            if not _not_loaded(exc) or attempt == LOAD_ATTEMPTS - 1:
                 raise
-            for name, _, _ in calls:
-                scripts[name].sha = client.script_load(scripts[name].script)
+            load_library(client)
     raise AssertionError("unreachable")
 
 
 def combined(calls: Sequence[ScriptCall], *, gated: bool = False) -> ScriptCall:
-    """Several script calls as one call of their combination (one EVALSHA; its reply lists theirs).
-    `gated`: the calls before the last are rate limiters, and the rest run only while they allow."""
+    """Several script calls as one call of the library's `chain` (its reply lists theirs), named 'a+b'
+    ('a&b' when `gated`: the calls before the last are rate limiters, and the rest run while they allow)."""
     if len(calls) == 1:
         return calls[0]
     keys = [key for _, call_keys, _ in calls for key in call_keys]
-    counts = [count for _, call_keys, call_args in calls for count in (len(call_keys), len(call_args))]
-    args = [*counts, *(arg for _, _, call_args in calls for arg in call_args)]
+    header: list[Any] = [len(calls), int(gated)]
+    for name, call_keys, call_args in calls:
+        header += [name, len(call_keys), len(call_args)]
+    args = [*header, *(arg for _, _, call_args in calls for arg in call_args)]
     return (GATE if gated else "+").join(name for name, _, _ in calls), keys, args
 
 
@@ -243,7 +238,7 @@ class _HiredisPacking:
     arguments cost more to pack than the rest of the poll's Python. Packed by hiredis, byte for byte the same."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
-        if isinstance(args[0], str) and " " in args[0]:  # 'SCRIPT LOAD': the words go as arguments
+        if isinstance(args[0], str) and " " in args[0]:  # 'FUNCTION LOAD': the words go as arguments
             args = (*args[0].split(), *args[1:])
         return [hiredis.pack_command(args)]
 
@@ -265,7 +260,7 @@ class _AsyncConnection:
     The hot path's scripts (`arun`) go over connections of its own (`_Lane`), not through the client's
     pool: redis-py 8's command path (a lock, a liveness probe of the socket and four metric hooks per
     checkout, a retry wrapper, an event dispatch per release) cost a third of a status poll's Python
-    (bench/RESULTS.md). A lane sends one packed EVALSHA and reads one reply, nothing else."""
+    (bench/RESULTS.md). A lane sends one packed FCALL and reads one reply, nothing else."""
 
     def __init__(self) -> None:
         self._clients: dict[asyncio.AbstractEventLoop, tuple[str, redis.asyncio.Redis, _Lane]] = {}
@@ -339,7 +334,7 @@ class _Lane:
             await connection.send_packed_command(connection.pack_command(*args), check_health=False)
             reply = await connection.read_response()
         except redis.exceptions.ResponseError:
-            self._idle.append(connection)  # an error reply (NOSCRIPT, a script's error): the connection is fine
+            self._idle.append(connection)  # an error reply (no library, a script's error): the connection is fine
             raise
         except BaseException as exc:
             await connection.disconnect(nowait=True)
@@ -381,13 +376,20 @@ aclose = _async_connection.close
 
 
 async def arun(name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-    """`run` from the event loop: EVALSHA, and on NOSCRIPT the script loaded and the call retried once."""
-    lane, found = _async_connection.lane(), script(name)
-    try:
-        return await lane.command("EVALSHA", found.sha, len(keys), *keys, *args)
-    except redis.exceptions.NoScriptError:
-        found.sha = await lane.command("SCRIPT", "LOAD", found.script)
-        return await lane.command("EVALSHA", found.sha, len(keys), *keys, *args)
+    """`run` from the event loop."""
+    lane, found = _async_connection.lane(), library()
+    function = found.function(name)
+    for attempt in range(LOAD_ATTEMPTS):
+        try:
+            return await lane.command("FCALL", function, len(keys), *keys, *args)
+        except redis.exceptions.ResponseError as exc:
+            if not _not_loaded(exc) or attempt == LOAD_ATTEMPTS - 1:
+                raise
+            try:
+                await lane.command("FUNCTION", "LOAD", found.code)
+            except redis.exceptions.ResponseError as error:
+                _loaded(error)
+    raise AssertionError("unreachable")
 
 
 async def aexecute(plan: Plan[T]) -> T:

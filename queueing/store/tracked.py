@@ -36,33 +36,40 @@ class TicketStatus(enum.IntEnum):
 
 
 @dataclass(frozen=True)
-class QueueFigures(Reply):
-    """What a script saw of the queue when it ran (for estimates, stats and broadcasts): `figures()` in
-    lua/_lib.lua, returned by join, status, admit."""
+class PollFigures(Reply):
+    """What a poll's answer needs of the queue as the script saw it: `poll_figures()` in lua/_lib.lua,
+    returned by status (a poll reads no more than it answers with)."""
 
     state: str
     capacity: int
     used: int
-    outflow_per_minute: float
-    ema_rate: float
-    ema_ts_ms: int
-    ema_service_ms: float
-    admitted_total: int
     waiting: int
     evseq: int
     presence_timeout_s: int
     target_url: str
     epoch: int
-    away: int  # waiting visitors parked because they were absent at the head
     claim_ttl_s: int
     starts_at_ms: int  # 0: no scheduled start
-    name: str
-
-    CONVERT = {"ema_ts_ms": whole}
 
     @property
     def free(self) -> int:
         return max(0, self.capacity - self.used)
+
+
+@dataclass(frozen=True)
+class QueueFigures(PollFigures):
+    """A poll's figures and what estimates, stats and broadcasts need as well: `figures()` in
+    lua/_lib.lua, returned by join and admit."""
+
+    outflow_per_minute: float
+    ema_rate: float
+    ema_ts_ms: int
+    ema_service_ms: float
+    admitted_total: int
+    away: int  # waiting visitors parked because they were absent at the head
+    name: str
+
+    CONVERT = {"ema_ts_ms": whole}
 
 
 def _line_score(value: Any) -> float | None:
@@ -127,6 +134,19 @@ class TicketReply(Reply):
     CONVERT = {"ticket": maybe(TicketState.parse), "figures": maybe(QueueFigures.parse), "moves": Moves.parse}
 
 
+@dataclass(frozen=True)
+class StatusReply(Reply):
+    """A status reply: {outcome, ticket, figures, moves} as TicketReply's, with a poll's figures. outcome:
+    ok | limited | gone | no_config."""
+
+    outcome: str
+    ticket: TicketState | None
+    figures: PollFigures | None
+    moves: Moves = NO_MOVES
+
+    CONVERT = {"ticket": maybe(TicketState.parse), "figures": maybe(PollFigures.parse), "moves": Moves.parse}
+
+
 def join_plan(
     slug: str,
     *,
@@ -189,7 +209,7 @@ def status_plan(
     now_ms: int,
     limit: LimitCall | None = None,
     restore: Restore = NO_RESTORE,
-) -> Plan[tuple[TicketReply, LimitReply | None]]:
+) -> Plan[tuple[StatusReply, LimitReply | None]]:
     """A status poll, with its rate limiter in the same script when `limit` is given (a refused poll still
     counts as the visitor's heartbeat). A token bucket (the default) is status.lua's own, kept in the
     ticket's record; another algorithm runs first in the same call, its key sharing the queue's hash tag
@@ -201,16 +221,16 @@ def status_plan(
         return Plan((poll,), _read_limited_status)
     poll = ("status", queue_keys(slug).script_keys(), args)
     if limit is None:
-        return Plan((poll,), lambda replies: (TicketReply.parse(replies[0]), None))
-    return Plan((limit.call, poll), lambda replies: (TicketReply.parse(replies[1]), LimitReply.parse(replies[0])))
+        return Plan((poll,), lambda replies: (StatusReply.parse(replies[0]), None))
+    return Plan((limit.call, poll), lambda replies: (StatusReply.parse(replies[1]), LimitReply.parse(replies[0])))
 
 
-def _read_limited_status(replies: Sequence[Any]) -> tuple[TicketReply, LimitReply | None]:
+def _read_limited_status(replies: Sequence[Any]) -> tuple[StatusReply, LimitReply | None]:
     reply = replies[0]
-    return TicketReply.parse(reply[:4]), LimitReply.parse(reply[4]) if len(reply) > 4 else None
+    return StatusReply.parse(reply[:4]), LimitReply.parse(reply[4]) if len(reply) > 4 else None
 
 
-def status(slug: str, *, visitor_key: str, seq: int, now_ms: int, restore: Restore = NO_RESTORE) -> TicketReply:
+def status(slug: str, *, visitor_key: str, seq: int, now_ms: int, restore: Restore = NO_RESTORE) -> StatusReply:
     return execute(status_plan(slug, visitor_key=visitor_key, seq=seq, now_ms=now_ms, restore=restore))[0]
 
 
