@@ -367,6 +367,20 @@ def test_a_session_lost_with_the_state_can_be_completed_and_then_not_started_aga
     assert _used(queue.slug) == 0
 
 
+def test_a_session_completed_before_any_tick_after_the_loss_is_completed_not_refused(make_queue, private_redis, clock):
+    """Seen in the fault suite: the site completing a session right after Redis restarted without its data,
+    before a tick mirrored the queue's policy again, got 409 session_not_active (no_config)."""
+    queue = make_queue(capacity=1)
+    inside = join(queue.slug, "inside", now=clock())
+    token = access_token(queue.slug, inside)
+    assert services.session_verify(slug=queue.slug, raw_token=token, now=clock()).valid
+    private_redis.restart()  # no persistence: it comes back empty, and without the scripts
+    claims = tokens.access_token_decode(token, slug=queue.slug)
+    assert services.session_complete(slug=queue.slug, claims=claims, now=clock.advance(1)) == "completed"
+    assert services.session_verify(slug=queue.slug, raw_token=token, now=clock.advance(1)).reason == "expired"
+    assert _used(queue.slug) == 0
+
+
 def test_finished_tickets_are_not_given_back_a_place_or_a_session_after_a_loss(make_queue, private_redis, clock):
     """Seen: after a queue's keys were lost, a ticket that had left came back at position 1, ahead of live
     visitors (equally a revoked, completed or expired one)."""

@@ -85,13 +85,18 @@ def session_complete(*, slug: str, claims: tokens.AccessClaims, now: float | Non
     """
     if claims.stateless:
         return "completed"
-    reply = store.complete(
+    # Redis may have lost the queue's policy with its state (before the next tick mirrors it again).
+    reply = with_policy(
         slug,
-        visitor_key=claims.visitor_key,
-        seq=claims.seq,
-        fence=claims.fence,
-        now_ms=clock.now_ms(now),
-        epoch=claims.epoch,
+        lambda: store.complete(
+            slug,
+            visitor_key=claims.visitor_key,
+            seq=claims.seq,
+            fence=claims.fence,
+            now_ms=clock.now_ms(now),
+            epoch=claims.epoch,
+        ),
+        lambda r: r.result == "no_config",
     )
     if reply.freed:
         queue_admit(slug=slug, now=now)
