@@ -418,6 +418,10 @@ def redis_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
             name: int(client.memory_usage(getattr(store.queue_keys("mem"), name), samples=0) or 0)
             for name in ("line", "tk", "st", "cfg")
         }
+        # Waiting visitors' records, in small hashes (QueueKeys.record): their count and bytes all told.
+        small = store.record_hashes("mem")
+        per_key["tk_small_hashes"] = sum(int(client.memory_usage(name, samples=0) or 0) for name in small)
+        per_key["tk_small_hashes_count"] = len(small)
 
         # Admission: 1,000 admits in one call of the script.
         store.config_write("adm", {**policy, "state": "paused"})

@@ -172,7 +172,7 @@ def test_leave_returns_204_and_the_ticket_expires(api, queue):
 
 def test_a_ticket_redis_no_longer_knows_reads_as_expired(api, queue):
     ticket = join(api, queue.slug).json()["ticket"]
-    store.client().delete(store.queue_keys(queue.slug).tk)
+    store.client().delete(store.queue_keys(queue.slug).tk, *store.record_hashes(queue.slug))
     assert poll(api, queue.slug, ticket).json()["status"] == "expired"
 
 

@@ -231,7 +231,8 @@ def test_it_refuses_a_ticket_reply_with_a_field_too_many_or_too_few(make_queue, 
     _, ticket, figures, moves = raw
 
     refuses_a_missing_and_an_extra_field(store.QueueFigures.parse, figures)
-    refuses_a_missing_and_an_extra_field(store.Moves.parse, moves)
+    assert moves == 0 and store.Moves.parse(moves) == store.NO_MOVES  # nobody moved: 0, not two tables
+    refuses_a_missing_and_an_extra_field(store.Moves.parse, [4, [["+", 0, 1]]])
     refuses_a_missing_and_an_extra_field(store.TicketReply.parse, raw)
     with pytest.raises(ValueError):
         store.TicketState.parse([*ticket, "extra"])
@@ -548,7 +549,8 @@ def record(slug: str, name: str) -> list[Any]:
     """A ticket's record as the scripts packed it (msgpack, read as bytes)."""
     bytes_client = raw_client()
     try:
-        packed = bytes_client.hget(store.queue_keys(slug).tk, visitor(name))
+        keys, vk = store.queue_keys(slug), visitor(name)
+        packed = bytes_client.hget(*keys.record(vk)) or bytes_client.hget(keys.tk, vk)  # waiting, or any other
     finally:
         bytes_client.close()
     assert packed is not None

@@ -51,13 +51,15 @@ local RATE_TAU_S = 30
 -- (count tickets left the line at that rank) or '+' (count tickets were placed at that rank, pushing
 -- those at and behind it back). Consecutive moves at one rank merge. See moves_reply().
 local MOVES = {}
+local WHERE = {}  -- where load() found each visitor's record in this call, so save() can move it
+local SLOT_VK, SLOT_KEY = nil, nil  -- the last visitor's record_slot(): a save follows its load
 
 -- Every queue script starts here: its keys, and no moves yet (the library's locals outlive a call).
 local function bind(KEYS)
   K_CFG, K_ST, K_LINE, K_TK = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
   K_CLAIMS, K_SESSIONS, K_DONE, K_LEADER, K_AWAY = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
   K_WAITS, K_RESTORE = KEYS[10], KEYS[11]
-  MOVES = {}
+  MOVES, WHERE, SLOT_VK = {}, {}, nil
 end
 
 local TICKET_ID = '%0' .. SEQ_DIGITS .. 'd.%s'
@@ -75,14 +77,52 @@ local function fmt(x)
   return string.format('%.17g', x)
 end
 
+-- Ticket records. A waiting visitor's record (the many) is kept in one of 4,096 small hashes, chosen by
+-- the first two characters of its visitor key (`tk:<ab>`; field: the key). Redis keeps a small
+-- hash as one listpack: about 45 bytes a record against about 100 in one big hash (bench/RESULTS.md). Every
+-- other record (admitted, in session, finished: at most capacity and the retention window's; a waiting
+-- one too long for a listpack, e.g. with a long display name) is kept in K_TK itself, as every record was
+-- before this split: one written then is found there and moves on its next save.
+local RECORD_SMALL = 60  -- bytes; Redis keeps a hash a listpack while its values are within 64 (default)
+
+local function record_slot(vk)
+  if vk ~= SLOT_VK then
+    SLOT_VK, SLOT_KEY = vk, K_TK .. ':' .. string.sub(vk, 1, 2)
+  end
+  return SLOT_KEY
+end
+
 local function load(vk)
-  local raw = redis.call('HGET', K_TK, vk)
-  if not raw then return nil end
+  local key = record_slot(vk)
+  local raw = redis.call('HGET', key, vk)
+  if raw then
+    WHERE[vk] = key
+  else
+    raw = redis.call('HGET', K_TK, vk)
+    if not raw then
+      WHERE[vk] = nil
+      return nil
+    end
+    WHERE[vk] = K_TK
+  end
   return cmsgpack.unpack(raw)
 end
 
 local function save(vk, rec)
-  redis.call('HSET', K_TK, vk, cmsgpack.pack(rec))
+  local packed = cmsgpack.pack(rec)
+  local key = K_TK
+  if rec[R_STATUS] == WAITING and #packed <= RECORD_SMALL then key = record_slot(vk) end
+  local was = WHERE[vk]
+  if was and was ~= key then redis.call('HDEL', was, vk) end  -- it moved: one record per visitor, one place
+  redis.call('HSET', key, vk, packed)
+  WHERE[vk] = key
+end
+
+-- Drop a visitor's record, wherever it is.
+local function forget(vk)
+  redis.call('HDEL', record_slot(vk), vk)
+  redis.call('HDEL', K_TK, vk)
+  WHERE[vk] = nil
 end
 
 local function hash_table(key)
@@ -316,10 +356,10 @@ local function line_remove(tid)
   end
 end
 
--- {event sequence, moves}: the sequence grows by one for every call that moved anyone, so a client
+-- {event sequence, moves}, or 0 when nobody moved: the sequence grows by one for every call that moved anyone, so a client
 -- that sees a gap knows it missed an event and polls.
 local function moves_reply()
-  if #MOVES == 0 then return {0, {}} end
+  if #MOVES == 0 then return 0 end  -- store.Moves reads 0 as nobody moved
   return {redis.call('HINCRBY', K_ST, 'evseq', 1), MOVES}
 end
 
@@ -439,7 +479,7 @@ end
 -- while the window after the loss lasts (SPEC 3.6): its holder gets its place or session back.
 -- Not one the database noted as finished before the loss (finished.lua; epoch.lua marks them 'gone').
 local function restorable(p, vk, seq, ticket_epoch, now)
-  return ticket_epoch < p.epoch and now < p.restore_until_ms and redis.call('HEXISTS', K_TK, vk) == 0
+  return ticket_epoch < p.epoch and now < p.restore_until_ms and not load(vk)
     and redis.call('HGET', K_RESTORE, seq) ~= 'gone'
 end
 

@@ -65,7 +65,7 @@ if now >= p.restore_until_ms then
 end
 for _, vk in ipairs(old) do
   local rec = load(vk)
-  if rec and rec[R_STATUS] > ACTIVE then redis.call('HDEL', K_TK, vk) end
+  if rec and rec[R_STATUS] > ACTIVE then forget(vk) end
   redis.call('ZREM', K_DONE, vk)
 end
 if #old >= chunk then more = 1 end

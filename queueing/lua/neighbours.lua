@@ -1,5 +1,5 @@
 -- neighbours.lua: the few visitors around one waiting visitor, for the picture of the line (seed 004),
--- fetched in one batch (one range of the line, one HMGET of their records).
+-- fetched in one call (one range of the line, then their records).
 --
 -- KEYS: the standard queue keys (see _lib.lua).
 -- ARGV[1] visitor key    ARGV[2] sequence number (from the signed ticket)
@@ -18,16 +18,11 @@ if not rank then return {-1, {}} end
 
 local first = math.max(0, rank - before)
 local members = redis.call('ZRANGE', K_LINE, first, rank + after)
-local fields = {}
-for i, member in ipairs(members) do fields[i] = vk_of(member) end
-local records = redis.call('HMGET', K_TK, unpack(fields))
 local out = {}
 for i, member in ipairs(members) do
   local name, priority = '', 0
-  if records[i] then
-    local r = cmsgpack.unpack(records[i])
-    name, priority = r[R_NAME] or '', r[R_PRI] or 0
-  end
+  local r = load(vk_of(member))
+  if r then name, priority = r[R_NAME] or '', r[R_PRI] or 0 end
   out[#out + 1] = {first + i - 1, name, member == tid and 1 or 0, priority}
 end
 return {rank, out}

@@ -77,6 +77,7 @@ from .state import (
     pow_difficulty,
     queue_delete,
     queue_slugs,
+    record_hashes,
 )
 from .tracked import (
     NO_MOVES,
@@ -202,6 +203,7 @@ __all__ = [
     "queue_delete",
     "queue_keys",
     "queue_slugs",
+    "record_hashes",
     "reorder",
     "revoke",
     "session_start",

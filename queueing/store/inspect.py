@@ -11,6 +11,7 @@ import msgpack
 
 from .connection import client, raw_client, run
 from .keys import parse_ticket_id, queue_keys, ticket_id
+from .state import record_hashes
 from .tracked import TicketStatus
 
 
@@ -87,12 +88,17 @@ def _number(value: Any) -> float | None:
 
 def ticket_records(slug: str) -> list[TicketRecord]:
     """Every ticket record of a queue, decoded (for checks and tools, not for request paths)."""
+    keys = queue_keys(slug)
     bytes_client = raw_client()  # bytes: records are msgpack
     try:
-        raw: dict[bytes, bytes] = bytes_client.hgetall(queue_keys(slug).tk)  # type: ignore[assignment]
+        others: dict[bytes, bytes] = bytes_client.hgetall(keys.tk)  # type: ignore[assignment]
+        found = {vk.decode(): packed for vk, packed in others.items()}
+        for name in record_hashes(slug):
+            rows: dict[bytes, bytes] = bytes_client.hgetall(name)  # type: ignore[assignment]
+            found.update({vk.decode(): packed for vk, packed in rows.items()})
     finally:
         bytes_client.close()
-    return [TicketRecord.parse(vk.decode(), msgpack.unpackb(packed, raw=False)) for vk, packed in raw.items()]
+    return [TicketRecord.parse(vk, msgpack.unpackb(packed, raw=False)) for vk, packed in found.items()]
 
 
 def line_members(slug: str, start: int = 0, stop: int = -1) -> list[str]:

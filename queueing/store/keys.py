@@ -42,6 +42,16 @@ class QueueKeys:
             *(self.waits, self.restore),
         ]
 
+    def record(self, visitor_key: str) -> tuple[str, str]:
+        """(hash, field) of a waiting visitor's record: one of 4,096 small hashes by the visitor key's first
+        two characters (`record_slot` in lua/_lib.lua). Other records are in `tk` itself, by visitor key."""
+        return f"{self.tk}:{visitor_key[:2]}", visitor_key
+
+    @property
+    def record_hashes(self) -> str:
+        """SCAN pattern of the small hashes of waiting visitors' records."""
+        return f"{self.tk}:*"
+
     def tagged(self, name: str) -> str:
         """A further key of this queue under its hash tag (a join's address index, a spent challenge)."""
         return f"{self.cfg[: -len('cfg')]}{name}"

@@ -82,18 +82,24 @@ def queue_slugs() -> list[str]:
     return sorted(key[len(prefix) : -len("}:cfg")] for key in client().scan_iter(match=pattern, count=1000))
 
 
+def record_hashes(slug: str) -> list[str]:
+    """The small hashes holding a queue's waiting visitors' records (QueueKeys.record), found by SCAN."""
+    return sorted(client().scan_iter(match=queue_keys(slug).record_hashes, count=1000))
+
+
 def queue_delete(slug: str) -> None:
     """Drop all live state of one queue (a deleted queue, or a test)."""
     keys = queue_keys(slug)
     slices = health_slice_keys(slug, newest=int(time.time()))
-    client().delete(*keys.script_keys(), keys.viewers, keys.win, *slices)
+    client().delete(*keys.script_keys(), keys.viewers, keys.win, *slices, *record_hashes(slug))
 
 
 def mode_state_clear(slug: str, *, keep_window: bool) -> None:
     """A queue changed mode: drop the live state of the mode it left (its policy and counters stay)."""
     keys = queue_keys(slug)
     if keep_window:  # now stateless: the tracked line, records and slots go
-        client().delete(keys.line, keys.tk, keys.claims, keys.sessions, keys.done, keys.away, keys.waits, keys.restore)
+        tracked = (keys.line, keys.tk, keys.claims, keys.sessions, keys.done, keys.away, keys.waits, keys.restore)
+        client().delete(*tracked, *record_hashes(slug))
     else:
         client().delete(keys.win)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self, cast
 
 from .connection import Plan, ScriptCall, execute, run
 from .keys import queue_keys
@@ -116,6 +116,13 @@ class Moves(Reply):
     ops: list[tuple[str, int, int]]
 
     CONVERT = {"ops": _ops}
+
+    @classmethod
+    def parse(cls, raw: Any) -> Self:
+        """`moves_reply()` answers 0 when nobody moved (most calls: no tables to build and send)."""
+        if raw == 0:
+            return cast(Self, NO_MOVES)
+        return super().parse(raw)
 
 
 NO_MOVES = Moves(0, [])
