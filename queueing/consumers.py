@@ -33,7 +33,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
-from . import modes, ratelimit, realtime, selectors, tokens
+from . import modes, ratelimit, realtime, selectors, signing_keys, tokens
 from .services import viewers as viewer_services
 
 CLOSE_MESSAGE_TOO_BIG = 1009  # RFC 6455's own code
@@ -191,9 +191,7 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         visitor's status reads are limited alike over HTTP and over any of its sockets."""
         assert self.claims is not None
         try:
-            # In a pool thread, closing that thread's stale database connection (used only when Redis
-            # lost the queue's policy and it is synced again).
-            view = await database_sync_to_async(modes.status, thread_sensitive=False)(self.claims, limit_scope="status")
+            view = await self._status()
         except ratelimit.Limited as exc:
             wait = max(exc.decision.retry_after, ASK_STATUS_EVERY_SECONDS)
             self.quiet_until = time.monotonic() + wait
@@ -221,6 +219,18 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
             return None
         await self.send_json({"type": "position", **view.payload()})
         return socket_status_after(view)
+
+
+    async def _status(self) -> selectors.TicketView:
+        """The status on this event loop (the web server's plan: one FCALL, no thread), as an HTTP poll's is.
+        When Redis lost the queue's policy, or an admitted visitor's token needs signing keys not loaded
+        yet, in a pool thread: both read the database (whose stale connection that thread then closes)."""
+        assert self.claims is not None
+        try:
+            return await modes.astatus(self.claims, limit_scope="status")
+        except (selectors.PolicyMissing, signing_keys.KeysNotLoaded):
+            pass
+        return await database_sync_to_async(modes.status, thread_sensitive=False)(self.claims, limit_scope="status")
 
 
 def socket_status_after(view: selectors.TicketView) -> float:

@@ -458,13 +458,18 @@ async def test_status_asked_over_the_socket_is_limited_with_the_tickets_polls_an
         assert (await sync_to_async(answers.status_answer)(f"Bearer {ticket}", queue.slug)).status == 200
     assert (await sync_to_async(answers.status_answer)(f"Bearer {ticket}", queue.slug)).status == 429
     reads: list[dict[str, Any]] = []
-    status = modes.status
+    status, astatus = modes.status, modes.astatus
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         reads.append(kwargs)
         return status(*args, **kwargs)
 
+    async def acounted(*args: Any, **kwargs: Any) -> Any:
+        reads.append(kwargs)
+        return await astatus(*args, **kwargs)
+
     monkeypatch.setattr(modes, "status", counted)
+    monkeypatch.setattr(modes, "astatus", acounted)
     communicator, ready, _ = await open_socket(queue.slug, ticket)
     assert ready
     await communicator.send_json_to({"type": "status"})
@@ -474,4 +479,32 @@ async def test_status_asked_over_the_socket_is_limited_with_the_tickets_polls_an
         await communicator.send_json_to({"type": "status"})
     await no_event(communicator, "position", within=1.5)
     assert len(reads) <= 2 and all(read["limit_scope"] == "status" for read in reads)  # the ask, a heartbeat
+    await communicator.disconnect()
+
+
+async def test_the_sockets_status_reads_run_on_the_event_loop_and_in_a_thread_only_when_the_policy_is_lost(
+    queue, monkeypatch
+):
+    """At 18,000 sockets the heartbeats are hundreds of reads a second: each is one FCALL on the socket
+    server's loop, as an HTTP poll's is, not a hop to a thread pool and a synchronous client (issue 15)."""
+    threads: list[dict[str, Any]] = []
+    status = modes.status
+
+    def in_a_thread(*args: Any, **kwargs: Any) -> Any:
+        threads.append(kwargs)
+        return status(*args, **kwargs)
+
+    monkeypatch.setattr(modes, "status", in_a_thread)
+    ticket = await waiting_visitor(queue.slug, "looped")
+    communicator, ready, _ = await open_socket(queue.slug, ticket)
+    assert ready
+    assert (await next_event(communicator, "position"))["position"] == 1
+    assert threads == []
+    await communicator.disconnect()
+    # Redis lost the queue's policy: the read goes to a thread, which syncs it from the database.
+    await sync_to_async(store.client().delete)(store.queue_keys(queue.slug).cfg)
+    communicator, ready, _ = await open_socket(queue.slug, ticket)
+    assert ready
+    assert (await next_event(communicator, "position"))["position"] == 1
+    assert len(threads) == 1
     await communicator.disconnect()
