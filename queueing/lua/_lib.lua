@@ -52,14 +52,13 @@ local RATE_TAU_S = 30
 -- those at and behind it back). Consecutive moves at one rank merge. See moves_reply().
 local MOVES = {}
 local WHERE = {}  -- where load() found each visitor's record in this call, so save() can move it
-local SLOT_VK, SLOT_KEY = nil, nil  -- the last visitor's record_slot(): a save follows its load
 
 -- Every queue script starts here: its keys, and no moves yet (the library's locals outlive a call).
 local function bind(KEYS)
   K_CFG, K_ST, K_LINE, K_TK = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
   K_CLAIMS, K_SESSIONS, K_DONE, K_LEADER, K_AWAY = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
   K_WAITS, K_RESTORE = KEYS[10], KEYS[11]
-  MOVES, WHERE, SLOT_VK = {}, {}, nil
+  MOVES, WHERE = {}, {}
 end
 
 local TICKET_ID = '%0' .. SEQ_DIGITS .. 'd.%s'
@@ -86,10 +85,7 @@ end
 local RECORD_SMALL = 60  -- bytes; Redis keeps a hash a listpack while its values are within 64 (default)
 
 local function record_slot(vk)
-  if vk ~= SLOT_VK then
-    SLOT_VK, SLOT_KEY = vk, K_TK .. ':' .. string.sub(vk, 1, 2)
-  end
-  return SLOT_KEY
+  return K_TK .. ':' .. string.sub(vk, 1, 2)
 end
 
 local function load(vk)
@@ -116,6 +112,11 @@ local function save(vk, rec)
   if was and was ~= key then redis.call('HDEL', was, vk) end  -- it moved: one record per visitor, one place
   redis.call('HSET', key, vk, packed)
   WHERE[vk] = key
+end
+
+-- Whether the visitor has a record (without reading it).
+local function has_record(vk)
+  return redis.call('HEXISTS', record_slot(vk), vk) == 1 or redis.call('HEXISTS', K_TK, vk) == 1
 end
 
 -- Drop a visitor's record, wherever it is.
@@ -479,7 +480,7 @@ end
 -- while the window after the loss lasts (SPEC 3.6): its holder gets its place or session back.
 -- Not one the database noted as finished before the loss (finished.lua; epoch.lua marks them 'gone').
 local function restorable(p, vk, seq, ticket_epoch, now)
-  return ticket_epoch < p.epoch and now < p.restore_until_ms and not load(vk)
+  return ticket_epoch < p.epoch and now < p.restore_until_ms and not has_record(vk)
     and redis.call('HGET', K_RESTORE, seq) ~= 'gone'
 end
 

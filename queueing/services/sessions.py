@@ -4,7 +4,9 @@ complete it (freeing the slot at once), revoke a visitor, and the site's own cou
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 from .. import clock, realtime, selectors, store, tokens
 from ..models import Queue
@@ -55,26 +57,46 @@ def session_verify(
         ):
             return VerifyResult(False, "bound_elsewhere", claims.ticket_id, 0)
         return VerifyResult(True, "", claims.ticket_id, claims.expires_at)
-    reply = with_policy(
+    reply = _of_session(
+        store.session_start,
         slug,
-        lambda: store.session_start(
-            slug,
-            visitor_key=claims.visitor_key,
-            seq=claims.seq,
-            fence=claims.fence,
-            now_ms=clock.now_ms(now),
-            epoch=claims.epoch,
-            expires_ms=claims.expires_at * 1000,
-            binding=binding,
-            rebind=rebind,
-        ),
-        lambda r: r.result == "no_config",
+        claims,
+        now,
+        expires_ms=claims.expires_at * 1000,
+        binding=binding,
+        rebind=rebind,
     )
     if reply.freed:
         queue_admit(slug=slug, now=now)
     if reply.result != "valid":
         return VerifyResult(False, reply.result, claims.ticket_id, 0)
     return VerifyResult(True, "", claims.ticket_id, reply.expires_ms // 1000)
+
+
+class _SessionReply(Protocol):
+    @property
+    def result(self) -> str: ...
+
+
+R = TypeVar("R", bound=_SessionReply)
+
+
+def _of_session(script: Callable[..., R], slug: str, claims: tokens.AccessClaims, now: float | None, **more: Any) -> R:
+    """A session script on the session `claims` speak of. Redis may have lost the queue's policy with its
+    state (before the next tick mirrors it again): then it is synced and the script runs once more."""
+    return with_policy(
+        slug,
+        lambda: script(
+            slug,
+            visitor_key=claims.visitor_key,
+            seq=claims.seq,
+            fence=claims.fence,
+            now_ms=clock.now_ms(now),
+            epoch=claims.epoch,
+            **more,
+        ),
+        lambda reply: reply.result == "no_config",
+    )
 
 
 def session_complete(*, slug: str, claims: tokens.AccessClaims, now: float | None = None) -> str:
@@ -85,19 +107,7 @@ def session_complete(*, slug: str, claims: tokens.AccessClaims, now: float | Non
     """
     if claims.stateless:
         return "completed"
-    # Redis may have lost the queue's policy with its state (before the next tick mirrors it again).
-    reply = with_policy(
-        slug,
-        lambda: store.complete(
-            slug,
-            visitor_key=claims.visitor_key,
-            seq=claims.seq,
-            fence=claims.fence,
-            now_ms=clock.now_ms(now),
-            epoch=claims.epoch,
-        ),
-        lambda r: r.result == "no_config",
-    )
+    reply = _of_session(store.complete, slug, claims, now)
     if reply.freed:
         queue_admit(slug=slug, now=now)
     return reply.result
@@ -138,4 +148,3 @@ def capacity_report(*, slug: str, in_use: int, now: float | None = None) -> tupl
     if figures is not None:
         capacity, used = figures.capacity, figures.used
     return capacity, used, source
-

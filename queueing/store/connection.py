@@ -110,10 +110,14 @@ class Library:
     prefix: str
 
     def function(self, script: str) -> str:
-        """The function that runs `script` ('status', 'limits/token_bucket'; 'a+b' or 'a&b': `chain`)."""
-        if "+" in script or GATE in script:
-            return self.prefix + "chain"
-        return self.prefix + script.replace("/", "__")
+        return _function(self.prefix, script)
+
+
+def _function(prefix: str, script: str) -> str:
+    """The function that runs `script` ('status', 'limits/token_bucket'; 'a+b' or 'a&b': `chain`)."""
+    if "+" in script or GATE in script:
+        return prefix + "chain"
+    return prefix + script.replace("/", "__")
 
 
 @lru_cache(maxsize=1)
@@ -130,22 +134,22 @@ def library() -> Library:
     parts += [f"SCRIPTS['{name}'] = function(KEYS, ARGV)\n{body}\nend" for name, body in scripts.items()]
     body = "\n\n".join([*parts, _CHAIN])
     digest = hashlib.sha256(body.encode()).hexdigest()[:12]
-    name, found = f"waitingroom_{digest}", Library("", "", f"wr{digest}_")
-    register = [f"redis.register_function('{found.function(script)}', SCRIPTS['{script}'])" for script in scripts]
-    register.append(f"redis.register_function('{found.function('a+b')}', chain)")
-    return Library(name, "\n".join([f"#!lua name={name}", body, *register, ""]), found.prefix)
+    name, prefix = f"waitingroom_{digest}", f"wr{digest}_"
+    register = [f"redis.register_function('{_function(prefix, script)}', SCRIPTS['{script}'])" for script in scripts]
+    register.append(f"redis.register_function('{_function(prefix, 'a+b')}', chain)")
+    return Library(name, "\n".join([f"#!lua name={name}", body, *register, ""]), prefix)
 
 
 def _not_loaded(exc: redis.exceptions.ResponseError) -> bool:
     return "Function not found" in str(exc)
 
 
-def _loaded(reply_or_error: Any) -> None:
-    """FUNCTION LOAD's outcome: loaded, or loaded already (by another process meanwhile)."""
-    if isinstance(reply_or_error, redis.exceptions.ResponseError) and "already exists" not in str(reply_or_error):
-        if "unknown command" in str(reply_or_error).lower():
-            raise RuntimeError("Waiting Room needs Redis 7.0 or later (Redis Functions)") from reply_or_error
-        raise reply_or_error
+def _loaded(error: redis.exceptions.ResponseError) -> None:
+    """FUNCTION LOAD's error: fine if another process loaded the library meanwhile, else raised."""
+    if "already exists" not in str(error):
+        if "unknown command" in str(error).lower():
+            raise RuntimeError("Waiting Room needs Redis 7.0 or later (Redis Functions)") from error
+        raise error
 
 
 def load_library(client: redis.Redis) -> None:
@@ -160,17 +164,22 @@ def load_library(client: redis.Redis) -> None:
 LOAD_ATTEMPTS = 3
 
 
-def run(name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-    """Run one script (its library loaded first when the server does not have it)."""
-    client, function = _connection.get(), library().function(name)
+def _sent(client: redis.Redis, send: Callable[[], T]) -> T:
+    """`send()`, and again after loading the library when the server answers that it does not have it."""
     for attempt in range(LOAD_ATTEMPTS):
         try:
-            return client.fcall(function, len(keys), *keys, *args)
+            return send()
         except redis.exceptions.ResponseError as exc:
             if not _not_loaded(exc) or attempt == LOAD_ATTEMPTS - 1:
                 raise
             load_library(client)
     raise AssertionError("unreachable")
+
+
+def run(name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    """Run one script (its library loaded first when the server does not have it)."""
+    client, function = _connection.get(), library().function(name)
+    return _sent(client, lambda: client.fcall(function, len(keys), *keys, *args))
 
 
 ScriptCall = tuple[str, Sequence[str], Sequence[Any]]  # (script name, KEYS, ARGV)
@@ -180,17 +189,14 @@ def run_together(calls: list[ScriptCall]) -> list[Any]:
     """Several scripts in one round trip (not one atomic step: `combined` makes that). A server without
     the library gets it loaded and the round trip sent again: none of them ran."""
     client, found = _connection.get(), library()
-    for attempt in range(LOAD_ATTEMPTS):
+
+    def send() -> list[Any]:
         pipe = client.pipeline(transaction=False)
         for name, keys, args in calls:
             pipe.fcall(found.function(name), len(keys), *keys, *args)
-        try:
-            return list(pipe.execute())
-        except redis.exceptions.ResponseError as exc:
-            if not _not_loaded(exc) or attempt == LOAD_ATTEMPTS - 1:
-                raise
-            load_library(client)
-    raise AssertionError("unreachable")
+        return list(pipe.execute())
+
+    return _sent(client, send)
 
 
 def combined(calls: Sequence[ScriptCall], *, gated: bool = False) -> ScriptCall:
