@@ -62,10 +62,14 @@ def _serializer() -> Any:
 
 def encoded(messages: Iterable[Message]) -> list[tuple[str, bytes]]:
     """Each event as the (channel, payload) to PUBLISH: RedisPubSubChannelLayer's group channel name and
-    message envelope, the event's text encoded here, once (a server forwards it to each socket as it is)."""
+    message envelope, the event's text encoded here, once (a server forwards it to each socket as it is),
+    and its group, by which a websocket server's router finds the sockets it is for (wsserver.Router)."""
     prefix, serializer = _layer_prefix(), _serializer()
     return [
-        (f"{prefix}__group__{group}", serializer.serialize({"type": "queue.event", "text": json.dumps(event)}))
+        (
+            f"{prefix}__group__{group}",
+            serializer.serialize({"type": "queue.event", "group": group, "text": json.dumps(event)}),
+        )
         for group, event in messages
     ]
 

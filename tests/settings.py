@@ -43,6 +43,7 @@ LOGGING = {"version": 1, "disable_existing_loggers": False, "root": {"level": "W
 # The websocket server's collector freeze is for long-running servers (the stack tests run it); the
 # test process itself keeps Python's ordinary collection (test_consumers checks the freeze directly).
 WR_WS_GC_FREEZE_SECONDS = 0
+WR_WS_REPORT_SECONDS = 0  # so is the event loop's watch (tests/test_loopwatch.py checks it)
 # No limits unless a test sets them (tests/test_ratelimit.py): many tests join and poll from one address
 # far faster than any visitor would.
 WR_RATE_LIMITS = {}

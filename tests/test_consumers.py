@@ -13,7 +13,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
-from queueing import consumers, modes, realtime, services, store, tasks, tokens
+from queueing import consumers, modes, realtime, services, store, tasks, tokens, wsserver
 from queueing.api import answers
 from queueing.services import viewers as viewer_services
 from waitingroom_site import runstack
@@ -174,7 +174,7 @@ async def test_snapshots_reach_every_watcher(queue):
     ticket = await waiting_visitor(queue.slug, "v")
     ticket_id = (await sync_to_async(decode_ticket)(ticket, slug=queue.slug)).ticket_id
     communicator, _, _ = await open_socket(queue.slug, ticket)
-    await consumers.viewers.report()
+    await wsserver.roll_call().call(queue.slug)
     assert await sync_to_async(lambda: tasks.realtime_snapshots.apply().get())() >= 1
     snapshot = await next_event(communicator, "snapshot")
     assert (snapshot["queue_length"], snapshot["state"], snapshot["viewers"]) == (1, "paused", 1)
@@ -185,10 +185,10 @@ async def test_snapshots_reach_every_watcher(queue):
 async def test_viewers_are_counted_per_queue(queue):
     tickets = [await waiting_visitor(queue.slug, f"v{i}") for i in range(3)]
     sockets = [(await open_socket(queue.slug, t))[0] for t in tickets]
-    await consumers.viewers.report()
+    await wsserver.roll_call().call(queue.slug)
     assert await sync_to_async(store.viewers_count)(queue.slug, now=time.time()) == 3
     await sockets[0].disconnect()
-    await consumers.viewers.report()
+    await wsserver.roll_call().call(queue.slug)
     assert await sync_to_async(store.viewers_count)(queue.slug, now=time.time()) == 2
     for communicator in sockets[1:]:
         await communicator.disconnect()
@@ -223,7 +223,8 @@ async def test_public_events_reach_every_socket_of_their_queue_only_and_survive_
     for communicator in sockets:
         await communicator.disconnect()
     await asyncio.sleep(0.1)
-    assert queue.slug not in consumers._fanout().members  # the listener stopped with the last socket
+    assert realtime.queue_group(queue.slug) not in wsserver.router().groups  # left with the last socket
+    assert realtime.queue_group(queue.slug) not in wsserver.router().subscribed
 
     again, _, _ = await open_socket(queue.slug, tickets[3])
     await asyncio.sleep(0.3)
@@ -251,23 +252,53 @@ async def test_the_collector_hides_survivors_from_collections_and_a_full_cycle_r
     try:
         node = _cycle_of_garbage_to_be()
         gone = weakref.ref(node)
-        consumers.collector.cycle(full=False)
+        wsserver.collector.cycle(full=False)
         assert gc.get_freeze_count() > 0
         del node
         gc.collect()
         assert gone() is not None  # frozen: automatic and explicit collections no longer walk it
-        consumers.collector.cycle(full=True)
+        wsserver.collector.cycle(full=True)
         assert gone() is None  # the periodic full cycle reclaims it
     finally:
         gc.unfreeze()
 
 
+async def test_the_collector_collects_everything_only_when_the_server_holds_no_sockets_unless_told_to(
+    queue, settings, caplog
+):
+    import gc
+    import logging
+
+    caplog.set_level(logging.INFO, logger="queueing.wsserver")
+    settings.WR_WS_GC_FREEZE_SECONDS = 0.05
+    collector = wsserver.Collector()
+    try:
+        communicator, connected, _ = await open_socket(queue.slug, await waiting_visitor(queue.slug, "v"))
+        assert connected
+        collector.ensure()
+        await asyncio.sleep(0.3)
+        assert collector.full_collections == 0 and gc.get_freeze_count() > 0  # frozen, never walked in full
+        await communicator.disconnect()
+        await asyncio.sleep(0.3)
+        assert collector.full_collections == 1  # nobody held: once, then not again while idle
+        assert "full garbage collection took" in caplog.text
+        settings.WR_WS_GC_FULL_SECONDS = 0.1
+        communicator, connected, _ = await open_socket(queue.slug, await waiting_visitor(queue.slug, "w"))
+        await asyncio.sleep(0.5)
+        assert collector.full_collections >= 3  # on the operator's timer, sockets or not
+        await communicator.disconnect()
+    finally:
+        if collector._task is not None:
+            collector._task.cancel()
+        gc.unfreeze()
+
+
 async def test_the_collector_starts_with_the_first_socket_when_enabled(queue, settings):
     settings.WR_WS_GC_FREEZE_SECONDS = 3600
-    consumers.collector._task = None
+    wsserver.collector._task = None
     communicator, connected, _ = await open_socket(queue.slug, await waiting_visitor(queue.slug, "v"))
     assert connected
-    task = consumers.collector._task
+    task = wsserver.collector._task
     assert task is not None and not task.done()
     await communicator.disconnect()
     task.cancel()
@@ -283,10 +314,23 @@ async def test_a_client_asking_for_its_status_in_a_loop_is_answered_once_a_secon
     await communicator.disconnect()
 
 
-def _the_consumer(slug: str) -> consumers.QueueConsumer:
-    members = consumers._fanout().members.get(slug, set())
+def _the_consumer(slug: str) -> Any:
+    members = wsserver.roll_call().members.get(slug, {})
     assert len(members) == 1, members
     return next(iter(members))
+
+
+def _let_go_of(consumer: Any, slug: str) -> None:
+    """Nothing of the server holds the socket any more."""
+    assert wsserver.roll_call().count(slug) == 0
+    assert slug not in wsserver.roll_call().tasks
+    assert all(consumer not in members for members in wsserver.router().groups.values())
+    assert realtime.queue_group(slug) not in wsserver.router().subscribed
+    assert (
+        consumer.timer is None
+        or consumer.timer.cancelled()
+        or consumer.timer.when() < asyncio.get_running_loop().time()
+    )
 
 
 async def test_frames_that_are_not_json_are_ignored_and_the_socket_carries_on(queue):
@@ -298,31 +342,41 @@ async def test_frames_that_are_not_json_are_ignored_and_the_socket_carries_on(qu
     await communicator.send_json_to({"type": "status"})
     assert (await next_event(communicator, "position", timeout=2))["position"] == 1  # still served
     consumer = _the_consumer(queue.slug)
-    assert consumers.viewers.count(queue.slug) == 1
+    assert wsserver.roll_call().count(queue.slug) == 1
     await communicator.disconnect()
-    assert consumers.viewers.count(queue.slug) == 0
-    assert queue.slug not in consumers._fanout().members
-    assert consumer.heartbeat is not None and consumer.heartbeat.cancelled()
+    _let_go_of(consumer, queue.slug)
 
 
-async def test_whatever_ends_a_consumer_it_stops_counting_fanning_out_and_heartbeating(queue):
-    """An event the server has no handler for (say, from a newer web release during a rolling deploy)
-    ends the consumer with an error; it must still let go of everything it held."""
+async def test_whatever_ends_a_consumer_it_stops_counting_fanning_out_and_answering_roll_calls(queue):
+    """A message the consumer has no handler for ends it with an error; it must still let go of
+    everything it held."""
     ticket = await waiting_visitor(queue.slug, "v")
     communicator, connected, _ = await open_socket(queue.slug, ticket)
     assert connected
     consumer = _the_consumer(queue.slug)
-    claims = await sync_to_async(decode_ticket)(ticket, slug=queue.slug)
-    group = realtime.ticket_group(queue.slug, claims.visitor_key)
-    await consumer.channel_layer.group_send(group, {"type": "no.such.event"})
+    await communicator.send_input({"type": "no.such.event"})
     deadline = asyncio.get_running_loop().time() + 5
     while not communicator.future.done():
         assert asyncio.get_running_loop().time() < deadline, "the consumer did not end"
         await asyncio.sleep(0.05)
     assert isinstance(communicator.future.exception(), ValueError)
-    assert consumers.viewers.count(queue.slug) == 0
-    assert queue.slug not in consumers._fanout().members
-    assert consumer.heartbeat is not None and consumer.heartbeat.cancelled()
+    _let_go_of(consumer, queue.slug)
+
+
+async def test_an_event_the_server_cannot_route_is_dropped_and_the_sockets_carry_on(queue):
+    """An event of another release (say, from an older web process during a rolling deploy, without the
+    group in its envelope) or of an unknown kind reaches nobody and ends nothing."""
+    ticket = await waiting_visitor(queue.slug, "v")
+    communicator, connected, _ = await open_socket(queue.slug, ticket)
+    assert connected
+    claims = await sync_to_async(decode_ticket)(ticket, slug=queue.slug)
+    group = realtime.ticket_group(queue.slug, claims.visitor_key)
+    layer = wsserver.router().layer
+    await layer.group_send(group, {"type": "queue.event", "text": "{}"})  # no group
+    await layer.group_send(group, {"type": "no.such.event", "group": group})  # no text
+    await sync_to_async(realtime.send)([(group, {"type": "expired", "ticket_id": claims.ticket_id, "reason": "x"})])
+    assert (await next_event(communicator, "expired"))["reason"] == "x"
+    await communicator.disconnect()
 
 
 # --- The ticket in the first message, not the URL (issue 13, item 8d) ---------------------------------
@@ -345,7 +399,7 @@ async def test_a_socket_that_does_not_say_hello_in_time_is_closed_and_a_ticket_i
     connected, _ = await communicator.connect(timeout=5)
     assert connected
     assert await closed_with(communicator) == consumers.CLOSE_NO_HELLO
-    assert consumers.viewers.count(queue.slug) == 0
+    assert wsserver.roll_call().count(queue.slug) == 0
     await communicator.disconnect()
 
 
@@ -375,7 +429,7 @@ async def test_a_ticket_holds_a_few_sockets_the_next_is_refused_and_all_of_them_
     other, ready, _ = await open_socket(queue.slug, await waiting_visitor(queue.slug, "other"))
     assert ready  # the cap is per ticket
     assert await sync_to_async(store.viewers_count)(queue.slug, now=time.time()) == 2
-    await consumers.viewers.report()  # renewing leases counts nobody twice
+    await wsserver.roll_call().call(queue.slug)  # renewing leases counts nobody twice
     assert await sync_to_async(store.viewers_count)(queue.slug, now=time.time()) == 2
 
     await tabs.pop().disconnect()  # a tab closed: its place is free again
@@ -426,7 +480,7 @@ async def test_a_frame_bigger_than_any_a_client_sends_closes_the_socket_before_a
     await after.send_to(bytes_data=b"\0" * (consumers.MAX_MESSAGE_CHARS + 1))
     assert await closed_with(after) == consumers.CLOSE_MESSAGE_TOO_BIG
     await after.disconnect()
-    assert consumers.viewers.count(queue.slug) == 0
+    assert wsserver.roll_call().count(queue.slug) == 0
 
 
 def _option(command: list[str], name: str) -> str:
@@ -435,12 +489,14 @@ def _option(command: list[str], name: str) -> str:
 
 
 async def test_the_websocket_server_is_started_refusing_big_frames_by_runstack_and_by_compose():
+    """Both start the sans-I/O protocol (a task per socket, not four; issue 15) refusing big frames."""
     import yaml
 
     args = runstack._parse(["--only", "ws", "--ws-port", "8001"])
-    assert int(_option(runstack.commands(args, "w")["ws"], "--ws-max-size")) <= consumers.MAX_MESSAGE_CHARS
     compose = yaml.safe_load((Path(__file__).resolve().parent.parent / "docker-compose.yml").read_text())
-    assert int(_option(compose["services"]["ws"]["command"], "--ws-max-size")) <= consumers.MAX_MESSAGE_CHARS
+    for command in (runstack.commands(args, "w")["ws"], compose["services"]["ws"]["command"]):
+        assert int(_option(command, "--ws-max-size")) <= consumers.MAX_MESSAGE_CHARS
+        assert _option(command, "--ws") == "websockets-sansio"
 
 
 # --- Status asked over the socket is limited like a poll (issue 13, item 8c) --------------------------------
@@ -478,15 +534,16 @@ async def test_status_asked_over_the_socket_is_limited_with_the_tickets_polls_an
     for _ in range(20):
         await communicator.send_json_to({"type": "status"})
     await no_event(communicator, "position", within=1.5)
-    assert len(reads) <= 2 and all(read["limit_scope"] == "status" for read in reads)  # the ask, a heartbeat
+    assert len(reads) <= 2 and all(read["limit_scope"] == "status" for read in reads)  # the ask, the catch-up
     await communicator.disconnect()
 
 
 async def test_the_sockets_status_reads_run_on_the_event_loop_and_in_a_thread_only_when_the_policy_is_lost(
     queue, monkeypatch
 ):
-    """At 18,000 sockets the heartbeats are hundreds of reads a second: each is one FCALL on the socket
-    server's loop, as an HTTP poll's is, not a hop to a thread pool and a synchronous client (issue 15)."""
+    """A socket's status reads (its catch-up, its client's asks, the roll call's news) are each one FCALL on
+    the socket server's loop, as an HTTP poll's is, not a hop to a thread pool and a synchronous client
+    (issue 15)."""
     threads: list[dict[str, Any]] = []
     status = modes.status
 
@@ -508,3 +565,33 @@ async def test_the_sockets_status_reads_run_on_the_event_loop_and_in_a_thread_on
     assert (await next_event(communicator, "position"))["position"] == 1
     assert len(threads) == 1
     await communicator.disconnect()
+
+
+async def test_a_big_groups_events_are_written_by_its_writer_in_order_while_private_events_go_at_once(
+    queue, monkeypatch
+):
+    """Past SMALL_GROUP sockets a group's events go through a writer task that yields every
+    FANOUT_YIELD_EVERY sockets (here 1 and 1): each socket still gets each event once, in order."""
+    monkeypatch.setattr(wsserver, "SMALL_GROUP", 1)
+    monkeypatch.setattr(wsserver, "FANOUT_YIELD_EVERY", 1)
+    tickets = [await waiting_visitor(queue.slug, f"v{i}") for i in range(3)]
+    sockets = [(await open_socket(queue.slug, t))[0] for t in tickets]
+    group = realtime.queue_group(queue.slug)
+    await sync_to_async(realtime.send)([(group, {"type": "queue_move", "seq": s, "ops": []}) for s in (1, 2, 3)])
+    claims = await sync_to_async(decode_ticket)(tickets[0], slug=queue.slug)
+    private = realtime.ticket_group(queue.slug, claims.visitor_key)
+    await sync_to_async(realtime.send)([(private, {"type": "expired", "ticket_id": claims.ticket_id, "reason": "x"})])
+    heard: list[list[Any]] = [[], [], []]
+    for communicator, events in zip(sockets, heard, strict=True):
+        wanted = 4 if communicator is sockets[0] else 3  # the first also hears its own expiry
+        while len(events) < wanted:
+            event = await communicator.receive_json_from(timeout=5)
+            if event["type"] in ("queue_move", "expired"):
+                events.append((event["type"], event.get("seq"), event.get("reason")))
+        await no_event(communicator, "queue_move", within=0.3)
+    assert [e for e in heard[0] if e[0] == "expired"] == [("expired", None, "x")]
+    for events in heard:
+        assert [e[1] for e in events if e[0] == "queue_move"] == [1, 2, 3]
+    assert wsserver.router().writers == {}  # the writer ended with its backlog
+    for communicator in sockets:
+        await communicator.disconnect()

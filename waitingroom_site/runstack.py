@@ -129,6 +129,10 @@ def commands(args: argparse.Namespace, worker_name: str) -> dict[str, list[str]]
             "waitingroom_site.asgi:application",
             *("--host", args.host),
             *("--port", str(args.ws_port)),
+            # The sans-I/O websockets protocol: one task per socket where the legacy one keeps four (a
+            # third fewer objects for the collector to walk, bench/RESULTS.md), and it waits for a slow
+            # reader's buffer to drain instead of buffering without end.
+            *("--ws", "websockets-sansio"),
             # Events are a few hundred bytes: compressing them saves little and costs two zlib contexts
             # (tens of KB) and CPU per socket (bench/RESULTS.md, push latency).
             *("--ws-per-message-deflate", "false"),

@@ -348,10 +348,14 @@ WR_SEQ_BLOCK = envint("WR_SEQ_BLOCK", 100_000)
 # After such a loss, nobody new is admitted for this long (at most a session's length) while the sessions
 # that were live verify again and take their slots back first: capacity holds across the loss.
 WR_RESTORE_HOLD_SECONDS = envint("WR_RESTORE_HOLD_SECONDS", 60)
-# Websocket servers: how often long-lived objects are frozen out of the garbage collector's sight, and
-# how often one full collection runs over everything (queueing.consumers._Collector). 0 turns it off.
-WR_WS_GC_FREEZE_SECONDS = envint("WR_WS_GC_FREEZE_SECONDS", 10)
-WR_WS_GC_FULL_SECONDS = envint("WR_WS_GC_FULL_SECONDS", 900)
+# Websocket servers: how often long-lived objects are frozen out of the garbage collector's sight (0 turns
+# the freeze off), and how often one full collection runs over everything while the server holds sockets
+# (0: only when it holds none). queueing.wsserver.Collector.
+WR_WS_GC_FREEZE_SECONDS = envint("WR_WS_GC_FREEZE_SECONDS", 2)
+WR_WS_GC_FULL_SECONDS = envint("WR_WS_GC_FULL_SECONDS", 0)
+# Websocket servers: how often each logs its worst event-loop pause and what it holds (queueing/loopwatch.py;
+# a warning when a pause reached 250 ms). 0 turns the watch off.
+WR_WS_REPORT_SECONDS = envint("WR_WS_REPORT_SECONDS", 60)
 # The web server (web.py): threads per process for everything but the hot paths (pages, admin, the API
 # beyond status, window and joins), which run on the event loop. Bodies are read before a thread is taken.
 WR_WEB_THREADS = envint("WR_WEB_THREADS", 32)

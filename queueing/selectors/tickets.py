@@ -87,7 +87,12 @@ class TicketView:
 def heartbeat_ceiling(figures: PollFigures) -> float:
     """The longest gap between two sightings of a visitor that keeps it present and its admission
     noticed: a third of the presence timeout, half the claim TTL, never under 2 s."""
-    return max(2.0, min(figures.presence_timeout_s / 3, figures.claim_ttl_s / 2))
+    return sighting_ceiling(figures.presence_timeout_s, figures.claim_ttl_s)
+
+
+def sighting_ceiling(presence_timeout_s: float, claim_ttl_s: float) -> float:
+    """heartbeat_ceiling from the two timeouts (a websocket server's roll call reads them)."""
+    return max(2.0, min(presence_timeout_s / 3, claim_ttl_s / 2))
 
 
 def poll_after_seconds(ticket: TicketState, figures: PollFigures, rng: random.Random | None = None) -> float:

@@ -104,7 +104,6 @@ from .sessions import (
     session_revoke,
     session_verify,
 )
-from .viewers import viewers_report
 
 __all__ = [
     "ADAPTIVE_ACTOR",
@@ -175,7 +174,6 @@ __all__ = [
     "site_health_report",
     "stateless_join_plan",
     "ticket_leave",
-    "viewers_report",
     "wait_samples_drop",
     "with_policy",
     "worker_alive_mark",

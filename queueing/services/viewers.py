@@ -1,14 +1,25 @@
 """Who is watching: each websocket holds a lease under its ticket (a few per ticket at most), renewed by
-its server; the stats count tickets with a live socket (store/viewers.py)."""
+its server in its roll calls, which also keep the sockets' waiting visitors present; the stats count
+tickets with a live socket (store/viewers.py, lua/roll_call.lua)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from ..store import viewers as viewer_store
-from ..store.viewers import SocketLease
+from ..store.viewers import OVERDUE, PARKED, UNKNOWN, Answering, RollCall, SocketLease, aroll_call
 
-__all__ = ["SocketLease", "viewer_close", "viewer_open", "viewers_report"]
+__all__ = [
+    "OVERDUE",
+    "PARKED",
+    "UNKNOWN",
+    "Answering",
+    "RollCall",
+    "SocketLease",
+    "aroll_call",
+    "aviewer_close",
+    "aviewer_open",
+    "viewer_close",
+    "viewer_open",
+]
 
 
 def viewer_open(lease: SocketLease, *, most: int, now: float) -> bool:
@@ -16,10 +27,13 @@ def viewer_open(lease: SocketLease, *, most: int, now: float) -> bool:
     return viewer_store.viewer_open(lease, most=most, now=now)
 
 
+async def aviewer_open(lease: SocketLease, *, most: int, now: float) -> bool:
+    return await viewer_store.aviewer_open(lease, most=most, now=now)
+
+
 def viewer_close(lease: SocketLease, *, now: float) -> None:
     viewer_store.viewer_close(lease, now=now)
 
 
-def viewers_report(leases: Iterable[SocketLease], *, now: float) -> None:
-    """A websocket server renews the leases of the sockets it holds."""
-    viewer_store.viewers_report(leases, now=now)
+async def aviewer_close(lease: SocketLease, *, now: float) -> None:
+    await viewer_store.aviewer_close(lease, now=now)

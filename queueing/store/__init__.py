@@ -104,7 +104,7 @@ from .tracked import (
     status,
     status_plan,
 )
-from .viewers import VIEWERS_FRESH_SECONDS, viewers_count, viewers_report
+from .viewers import VIEWERS_FRESH_SECONDS, viewers_count
 from .window import (
     WINDOW_FIELDS,
     Window,
@@ -215,7 +215,6 @@ __all__ = [
     "ticket_id",
     "ticket_records",
     "viewers_count",
-    "viewers_report",
     "wait_samples_drop",
     "wait_samples_read",
     "window_capacity_report",

@@ -7,11 +7,13 @@ server that crashed stops counting, and stops using up its visitors' sockets, wi
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import NamedTuple
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
-from .connection import ScriptCall, client, run, run_together
+from .connection import arun, client, run
 from .keys import queue_keys
+from .replies import Reply
 
 VIEWERS_FRESH_SECONDS = 45  # a socket's lease; its server renews it well before (consumers.py)
 
@@ -31,10 +33,19 @@ def _ms(now: float) -> int:
     return int(now * 1000)
 
 
+def _open_args(lease: SocketLease, most: int, now: float) -> list[Any]:
+    return [lease.socket_id, lease.ticket_id, _ms(now), VIEWERS_FRESH_SECONDS * 1000, most]
+
+
 def viewer_open(lease: SocketLease, *, most: int, now: float) -> bool:
     """Take a socket's lease; False when its ticket already holds `most` live sockets."""
-    args = [lease.socket_id, lease.ticket_id, _ms(now), VIEWERS_FRESH_SECONDS * 1000, most]
-    taken, _held = run("viewer_open", _keys(lease), args)
+    taken, _held = run("viewer_open", _keys(lease), _open_args(lease, most, now))
+    return bool(taken)
+
+
+async def aviewer_open(lease: SocketLease, *, most: int, now: float) -> bool:
+    """`viewer_open` from the event loop."""
+    taken, _held = await arun("viewer_open", _keys(lease), _open_args(lease, most, now))
     return bool(taken)
 
 
@@ -42,14 +53,46 @@ def viewer_close(lease: SocketLease, *, now: float) -> None:
     run("viewer_close", _keys(lease), [lease.socket_id, lease.ticket_id, _ms(now)])
 
 
-def viewers_report(leases: Iterable[SocketLease], *, now: float) -> None:
-    """A websocket server renews the leases of the sockets it holds (one round trip)."""
-    calls: list[ScriptCall] = [
-        ("viewer_open", _keys(lease), [lease.socket_id, lease.ticket_id, _ms(now), VIEWERS_FRESH_SECONDS * 1000, 0])
-        for lease in leases
-    ]
-    if calls:
-        run_together(calls)
+async def aviewer_close(lease: SocketLease, *, now: float) -> None:
+    """`viewer_close` from the event loop."""
+    await arun("viewer_close", _keys(lease), [lease.socket_id, lease.ticket_id, _ms(now)])
+
+
+class Answering(NamedTuple):
+    """A socket in a roll call: its lease, and the ticket it answers for ('' and 0 for a stateless queue's
+    ticket, which has no presence to keep: its lease is renewed, nothing more)."""
+
+    lease: SocketLease
+    visitor_key: str
+    seq: int
+
+
+def _news(raw: Sequence[Any]) -> list[tuple[int, int]]:
+    return [(int(raw[i]) - 1, int(raw[i + 1])) for i in range(0, len(raw), 2)]
+
+
+@dataclass(frozen=True)
+class RollCall(Reply):
+    """roll_call.lua's reply: news = [(index in the call, code)] for the sockets whose ticket is not simply
+    waiting in line (the codes are the script's: a ticket status, 0 unknown, PARKED, OVERDUE)."""
+
+    outcome: str
+    presence_timeout_s: float
+    claim_ttl_s: float
+    news: list[tuple[int, int]]
+
+    CONVERT = {"news": _news}
+
+
+PARKED, OVERDUE, UNKNOWN = -1, -2, 0
+
+
+async def aroll_call(slug: str, sockets: Sequence[Answering], *, now: float) -> RollCall:
+    """Renew these sockets' leases and see their waiting visitors present, in one call (lua/roll_call.lua)."""
+    args: list[Any] = [_ms(now), VIEWERS_FRESH_SECONDS * 1000]
+    for lease, visitor_key, seq in sockets:
+        args += (lease.socket_id, lease.ticket_id, visitor_key, seq)
+    return RollCall.parse(await arun("roll_call", queue_keys(slug).script_keys(), args))
 
 
 def viewers_count(slug: str, *, now: float) -> int:

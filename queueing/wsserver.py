@@ -1,0 +1,382 @@
+"""What one websocket server shares among its sockets (consumers.py holds one socket's part): the router
+that brings every event to them, the roll calls that answer for them in Redis, and the collector that
+keeps Python's garbage collection short over thousands of them.
+
+Each is one object per server (per event loop: tests run several loops one after another), found with
+`router()`, `roll_call()` and `collector`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Awaitable, Generator
+from typing import Any, Protocol
+
+import redis
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from . import modes, selectors
+from .services import viewers as viewer_services
+
+logger = logging.getLogger(__name__)
+
+FANOUT_YIELD_EVERY = 100  # sockets written between two yields of a fan-out
+SMALL_GROUP = FANOUT_YIELD_EVERY  # groups up to this size are written at once, bigger ones by a writer task
+MAX_PENDING = 200  # frames kept for a socket whose client reads too slowly; past this it is closed
+ROLL_CALL_SECONDS = 15.0  # lease renewals (well within store.VIEWERS_FRESH_SECONDS) and presence
+ROLL_CALL_SOCKETS = 250  # per Redis call: ~1-2 ms of Redis each
+CLOSE_TOO_SLOW = 1013  # try again later: its page polls meanwhile and reconnects
+
+
+class Socket(Protocol):
+    """What the server's machinery needs of a socket (consumers.QueueConsumer)."""
+
+    slug: str
+    mode: modes.QueueMode[Any]
+    answering: viewer_services.Answering | None
+    lease: viewer_services.SocketLease | None
+    pending: deque[dict[str, Any]] | None  # frames waiting for a slow reader, oldest first
+
+    base_send: Any  # the server's ASGI send
+
+    async def drop(self, code: int) -> None:
+        """Stop serving it (its client reads too slowly), and close it once its buffer lets a close through."""
+
+    async def send_status(self, *, asked: bool = False) -> None: ...
+
+    def heard(self, code: int) -> bool: ...
+
+
+# --- Writing without waiting for anyone ------------------------------------------------------------------
+
+
+def write(socket: Socket, text: str) -> None:
+    """Write an event's text to a socket without waiting for it.
+
+    The server's send waits while the client's buffer is full (a client that stopped reading). Awaited in
+    a fan-out, one such client would hold every other socket's events behind it; so the send is started
+    here and, in the common case, finishes at once (nothing to wait for). Only when it has to wait does the
+    rest run in a task of its own, and later frames for that socket queue behind it in order; a socket
+    that falls MAX_PENDING frames behind is closed (its page polls meanwhile and reconnects)."""
+    frame = {"type": "websocket.send", "text": text}
+    if socket.pending is not None:
+        if len(socket.pending) >= MAX_PENDING:
+            socket.pending = deque(maxlen=0)  # nothing more is kept for it
+            spawn(socket.drop(CLOSE_TOO_SLOW))
+        else:
+            socket.pending.append(frame)
+        return
+    started = _start(socket.base_send(frame))
+    if started is not None:
+        socket.pending = deque()
+        spawn(_drain(socket, *started))
+
+
+def _start(awaitable: Awaitable[None]) -> tuple[Generator[Any, None, None], Any] | None:
+    """Run a send up to its first wait: None when it finished (or failed: a socket closing), else the
+    coroutine and what it waits for."""
+    coroutine: Any = awaitable.__await__()
+    try:
+        waiting = coroutine.send(None)
+    except StopIteration:
+        return None
+    except Exception:  # the socket is closing; its disconnect follows
+        return None
+    return coroutine, waiting
+
+
+async def _resume(coroutine: Generator[Any, None, None], waiting: Any) -> None:
+    """Finish a coroutine started by _start, as a task would have: wake when what it waits for is done,
+    then let it go on (it reads that future's result itself). The future is not awaited a second time: it
+    was handed out once already (asyncio refuses a second await of a future it is blocked on)."""
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            if waiting is None:
+                await asyncio.sleep(0)  # a bare yield
+            else:
+                woken = loop.create_future()
+                waiting.add_done_callback(lambda _done, woken=woken: woken.done() or woken.set_result(None))
+                await woken
+            try:
+                waiting = coroutine.send(None)
+            except StopIteration:
+                return
+    except BaseException:
+        coroutine.close()
+        raise
+
+
+async def _drain(socket: Socket, coroutine: Generator[Any, None, None], waiting: Any) -> None:
+    try:
+        await _resume(coroutine, waiting)
+        while socket.pending:
+            await socket.base_send(socket.pending.popleft())
+    except Exception:  # the socket is closing; its disconnect follows
+        logger.debug("a slow socket's sends ended early", exc_info=True)
+    finally:
+        socket.pending = None
+
+
+_tasks: set[asyncio.Future[Any]] = set()  # tasks started and not awaited, held until they end
+
+
+def spawn(awaitable: Awaitable[Any]) -> None:
+    """Run it in a task of its own, held until it ends (the loop keeps only weak references to tasks)."""
+    task = asyncio.ensure_future(awaitable)
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+
+
+# --- The router -----------------------------------------------------------------------------------------
+
+
+class Router:
+    """Every event this server's sockets hear comes through one channel of the layer: the server's, added
+    to each group (a queue's public events, a ticket's private ones) that one of its sockets listens to,
+    and read by one task. A socket is no channel and no task of its own (through Channels each would be
+    a channel, its queue and a task waiting on it; bench/RESULTS.md).
+
+    The event's group comes in its envelope (realtime.encoded). A small group's sockets (a ticket's tabs)
+    are written at once; a big one's (a queue watched by thousands) by a writer task of the group, in
+    order, yielding every FANOUT_YIELD_EVERY sockets so that a private event (an admission) is not held
+    behind a fan-out. No write waits for a slow client (write()).
+    """
+
+    def __init__(self) -> None:
+        self.groups: dict[str, dict[Socket, None]] = {}
+        self.subscribed: set[str] = set()  # the groups the server's channel is in
+        self.syncing: set[str] = set()
+        self.writers: dict[str, deque[str]] = {}  # a big group's events not yet written, and its writer runs
+        self.channel = ""
+        self.layer: Any = None
+        self.listener: asyncio.Task[None] | None = None
+        self.starting = asyncio.Lock()
+
+    def members(self, group: str) -> int:
+        return len(self.groups.get(group, ()))
+
+    async def join(self, group: str, socket: Socket) -> None:
+        self.groups.setdefault(group, {})[socket] = None
+        await self._listening()
+        await self._sync(group)
+
+    async def leave(self, group: str, socket: Socket) -> None:
+        members = self.groups.get(group)
+        if members is None or socket not in members:
+            return
+        del members[socket]
+        if not members:
+            del self.groups[group]
+            with contextlib.suppress(Exception):  # Redis away: the subscription goes with the connection
+                await self._sync(group)
+
+    async def _listening(self) -> None:
+        async with self.starting:  # sockets say hello together: one channel, one listener
+            if self.listener is None or self.listener.done():
+                self.layer = get_channel_layer()
+                self.channel = await self.layer.new_channel("server.")
+                self.subscribed.clear()
+                self.listener = asyncio.ensure_future(self._listen(self.channel))
+
+    async def _sync(self, group: str) -> None:
+        """Bring the channel's membership of `group` in line with whether a socket here listens to it. One
+        sync per group at a time: it looks again after each change, so joins and leaves meanwhile count."""
+        if group in self.syncing:
+            return
+        self.syncing.add(group)
+        try:
+            while (wanted := group in self.groups) != (group in self.subscribed):
+                if wanted:
+                    await self.layer.group_add(group, self.channel)
+                    self.subscribed.add(group)
+                else:
+                    self.subscribed.discard(group)
+                    await self.layer.group_discard(group, self.channel)
+        finally:
+            self.syncing.discard(group)
+
+    async def _listen(self, channel: str) -> None:
+        while True:
+            message = await self.layer.receive(channel)
+            group, text = message.get("group"), message.get("text")
+            members = self.groups.get(group) if isinstance(group, str) else None
+            if not members or not isinstance(text, str):
+                continue  # nobody here any more, or not an event of this release: polling covers it
+            backlog = self.writers.get(group)
+            if backlog is not None:
+                backlog.append(text)
+            elif len(members) > SMALL_GROUP:
+                self.writers[group] = deque([text])
+                spawn(self._write_out(group))
+            else:
+                for socket in list(members):
+                    write(socket, text)
+
+    async def _write_out(self, group: str) -> None:
+        backlog = self.writers[group]
+        try:
+            while backlog:
+                text = backlog.popleft()
+                for index, socket in enumerate(list(self.groups.get(group, ()))):
+                    if index and index % FANOUT_YIELD_EVERY == 0:
+                        await asyncio.sleep(0)
+                    write(socket, text)
+        finally:
+            del self.writers[group]
+
+
+# --- The roll call ----------------------------------------------------------------------------------------
+
+
+class RollCall:
+    """The server's sockets of each queue answered for together (consumers.py's docstring): one task per
+    queue with sockets here, calling lua/roll_call.lua for ROLL_CALL_SOCKETS of them at a time. A socket's
+    lease is taken when it says hello and given back when it closes (store/viewers.py); the roll calls renew
+    it, so a server that crashed stops counting its sockets within store.VIEWERS_FRESH_SECONDS."""
+
+    def __init__(self) -> None:
+        self.members: dict[str, dict[Socket, None]] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+
+    def count(self, slug: str) -> int:
+        return len(self.members.get(slug, ()))
+
+    def describe(self) -> str:
+        """What this server holds, for its reports (loopwatch.py)."""
+        sockets = sum(len(members) for members in self.members.values())
+        return f"{sockets} sockets over {len(self.members)} queues"
+
+    def add(self, socket: Socket) -> None:
+        self.members.setdefault(socket.slug, {})[socket] = None
+        if socket.slug not in self.tasks:
+            self.tasks[socket.slug] = asyncio.ensure_future(self._forever(socket.slug))
+
+    async def discard(self, socket: Socket) -> None:
+        members = self.members.get(socket.slug)
+        if members is None or socket not in members:
+            return
+        del members[socket]
+        if not members:
+            del self.members[socket.slug]
+            task = self.tasks.pop(socket.slug, None)
+            if task is not None:
+                task.cancel()
+        if socket.lease is not None:
+            with contextlib.suppress(redis.RedisError):  # then its lease runs out on its own
+                await viewer_services.aviewer_close(socket.lease, now=time.time())
+
+    async def call(self, slug: str) -> float:
+        """One roll call of the queue's sockets here; returns the seconds until the next."""
+        members = [m for m in self.members.get(slug, ()) if m.answering is not None]
+        interval = ROLL_CALL_SECONDS
+        for start in range(0, len(members), ROLL_CALL_SOCKETS):
+            chunk = members[start : start + ROLL_CALL_SOCKETS]
+            sockets = [m.answering for m in chunk if m.answering is not None]
+            answer = await viewer_services.aroll_call(slug, sockets, now=time.time())
+            if answer.outcome == "ok":
+                ceiling = selectors.sighting_ceiling(answer.presence_timeout_s, answer.claim_ttl_s)
+                interval = min(interval, ceiling)
+            else:  # Redis lost the queue's policy: one status read syncs it from the database
+                spawn(chunk[0].send_status())
+            for index, code in answer.news:
+                if chunk[index].heard(code):
+                    spawn(chunk[index].send_status())
+        return interval
+
+    async def _forever(self, slug: str) -> None:
+        interval = ROLL_CALL_SECONDS * random.uniform(0.3, 1.0)  # a server's queues spread out
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                interval = await self.call(slug) * random.uniform(0.9, 1.0)
+            except redis.RedisError:
+                interval = 5.0  # the next will do; the clients' own polls notice meanwhile
+
+
+# --- The collector ------------------------------------------------------------------------------------------
+
+
+class Collector:
+    """Keeps Python's garbage collection from stopping a server that holds thousands of sockets.
+
+    Each socket is about a hundred long-lived objects (consumer, protocol, coroutines, scope): a full
+    collection walks them all and stops the event loop, for 0.4 s at 5,000 sockets (bench/RESULTS.md),
+    each time the automatic collector decides the oldest generation has grown enough. So every
+    WR_WS_GC_FREEZE_SECONDS the objects alive are moved out of the collector's sight (gc.freeze): automatic
+    collections walk only what is newer, a few seconds' worth.
+
+    What the freeze hides is never collected for cycles: a frozen object that becomes garbage is freed by
+    reference counting, or kept. A closed socket leaves no cycles (tests/test_slow_readers.py checks it
+    through a real server), so the frozen objects hold no socket's garbage; a full collection over
+    everything (gc.unfreeze, gc.collect) runs whenever the server holds no sockets, when it costs no one
+    anything, and every WR_WS_GC_FULL_SECONDS if an operator sets it (0: never on a timer). Each one is
+    logged with what it found, so a leak would show.
+    """
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[None] | None = None
+        self.full_collections = 0
+
+    def ensure(self) -> None:
+        if settings.WR_WS_GC_FREEZE_SECONDS <= 0:
+            return
+        if self._task is None or self._task.done() or self._task.get_loop() is not asyncio.get_running_loop():
+            self._task = asyncio.ensure_future(self._run())
+
+    def cycle(self, *, full: bool) -> None:
+        if full:
+            started = time.perf_counter()
+            gc.unfreeze()
+            found = gc.collect()
+            self.full_collections += 1
+            logger.info(
+                "websocket server: full garbage collection took %.1f ms, found %s unreachable objects",
+                (time.perf_counter() - started) * 1000,
+                found,
+            )
+        gc.freeze()
+
+    async def _run(self) -> None:
+        last_full, idle_collected = time.monotonic(), False
+        while True:
+            await asyncio.sleep(settings.WR_WS_GC_FREEZE_SECONDS)
+            idle = not roll_call().members
+            timed = 0 < settings.WR_WS_GC_FULL_SECONDS <= time.monotonic() - last_full
+            full = timed or (idle and not idle_collected)
+            self.cycle(full=full)
+            idle_collected = idle and (full or idle_collected)
+            if full:
+                last_full = time.monotonic()
+
+
+collector = Collector()
+
+_routers: dict[asyncio.AbstractEventLoop, tuple[Router, RollCall]] = {}
+
+
+def _of_loop() -> tuple[Router, RollCall]:
+    loop = asyncio.get_running_loop()
+    found = _routers.get(loop)
+    if found is None:
+        for old in [old for old in _routers if old.is_closed()]:
+            del _routers[old]
+        found = _routers[loop] = (Router(), RollCall())
+    return found
+
+
+def router() -> Router:
+    """The running event loop's router (one per server)."""
+    return _of_loop()[0]
+
+
+def roll_call() -> RollCall:
+    """The running event loop's roll call (one per server)."""
+    return _of_loop()[1]
