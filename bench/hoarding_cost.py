@@ -39,8 +39,12 @@ def main() -> None:
     args = parser.parse_args()
     solve_ms: dict[int, dict[str, float]] = {}
     results = {
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        },
         "defaults": PREQUEUE_GUARDS,
         "solve_ms": solve_ms,
     }

@@ -321,7 +321,7 @@ def join_all(base: str, slug: str, n: int) -> list[dict[str, Any]]:
 class ClientProcs:
     """The websocket clients in processes of their own (bench/push_clients.py), the tickets split evenly."""
 
-    def __init__(self, args: argparse.Namespace, tickets: list[dict[str, Any]], origin: str, var: Path) -> None:
+    def __init__(self, args: argparse.Namespace, tickets: list[dict[str, Any]], var: Path) -> None:
         self.procs: list[subprocess.Popen[str]] = []
         self.outs: list[Path] = []
         count = args.client_procs
@@ -329,7 +329,6 @@ class ClientProcs:
             part, out = var / f"clients-{i}.json", var / f"clients-{i}-heard.json"
             part.write_text(json.dumps(tickets[i::count]))
             command = [sys.executable, str(BENCH / "push_clients.py"), "--tickets", str(part), "--out", str(out)]
-            command += ["--origin", origin, "--compression", args.compression]
             command += ["--concurrency", str(max(1, args.connect_concurrency // count))]
             self.procs.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
             self.outs.append(out)
@@ -433,14 +432,13 @@ def measure(
 
     from queueing import realtime, services
 
-    base = f"http://127.0.0.1:{stack.port}"
     for i, ticket in enumerate(tickets):  # spread over the servers, as a load balancer would
         port = stack.ws_ports[i % len(stack.ws_ports)]
         ticket["ws_url"] = ticket["ws_url"].replace(f":{stack.ws_ports[0]}/", f":{port}/")
     result: dict[str, Any] = {"sockets": n, "ws_servers": len(stack.ws_pids), "client_processes": args.client_procs}
     rss_before = [rss_bytes(pid) for pid in stack.ws_pids]
     started = time.monotonic()
-    clients = ClientProcs(args, tickets, base, var)
+    clients = ClientProcs(args, tickets, var)
     try:
         window = CpuWindow(stack.ws_pids, clients.pids)
         opened, failures = clients.wait_open()
@@ -648,7 +646,6 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=4.0)
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of each idle CPU measurement")
     parser.add_argument("--open-settle", type=float, default=13.0, help="seconds from opening to the rounds")
-    parser.add_argument("--compression", choices=["deflate", "none"], default="deflate")
     parser.add_argument("--py-spy", default="", help="path of a py-spy binary: also profile the server")
     parser.add_argument("--output", default=str(OUT / "push_bench.json"))
     args = parser.parse_args()
@@ -681,7 +678,6 @@ def main() -> None:
             "client_processes": args.client_procs,
             "gc_full_seconds": args.gc_full_seconds,
             "interval_s": args.interval,
-            "compression": args.compression,
             "fd_limit": fd_limit,
             "redis": "embedded" if embedded else "shared 127.0.0.1",
         },

@@ -23,6 +23,7 @@ import random
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -55,6 +56,7 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
     answering: viewer_services.Answering | None = None
     known = 1  # the roll call's last news of the ticket that this socket acted on (1: waiting)
     pending: deque[dict[str, Any]] | None = None  # frames waiting for a slow reader (wsserver.write)
+    raw: Callable[[], Any] = staticmethod(wsserver.raw_transport(None))
     groups_joined: tuple[str, ...] = ()
 
     lease: viewer_services.SocketLease | None = None
@@ -67,7 +69,7 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         # messages, where here the server's router brings the events (wsserver.Router) and this socket's
         # own task (the server's) reads its client and nothing else. Released however the consumer ends
         # (Channels runs disconnect() only on a normal close), once: _release forgets the claims.
-        self.scope, self.base_send = scope, send
+        self.scope, self.base_send, self.raw = scope, send, wsserver.raw_transport(send)
         try:
             while True:
                 await self.dispatch(await receive())

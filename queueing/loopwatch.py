@@ -65,9 +65,8 @@ class LoopWatch:
         pid, held = os.getpid(), self.describe()
         logger.log(
             level,
-            "websocket server %s: %s, %s %.1f ms in %.0f s (longest garbage collection %.1f ms, generation %s; "
-            "%s objects frozen)",
-            *(pid, held, MARK, worst, seconds, collection, generation, gc.get_freeze_count()),
+            "websocket server %s: %s, %s %.1f ms in %.0f s (longest garbage collection %.1f ms, generation %s)",
+            *(pid, held, MARK, worst, seconds, collection, generation),
         )
 
     async def _run(self) -> None:

@@ -63,15 +63,26 @@ def _serializer() -> Any:
 def encoded(messages: Iterable[Message]) -> list[tuple[str, bytes]]:
     """Each event as the (channel, payload) to PUBLISH: RedisPubSubChannelLayer's group channel name and
     message envelope, the event's text encoded here, once (a server forwards it to each socket as it is),
-    and its group, by which a websocket server's router finds the sockets it is for (wsserver.Router)."""
+    its group, by which a websocket server's router finds the sockets it is for (wsserver.Router), and for
+    a ticket's news the status it tells, so that the server's roll call does not read it again."""
     prefix, serializer = _layer_prefix(), _serializer()
-    return [
-        (
-            f"{prefix}__group__{group}",
-            serializer.serialize({"type": "queue.event", "group": group, "text": json.dumps(event)}),
-        )
-        for group, event in messages
-    ]
+    published = []
+    for group, event in messages:
+        envelope: dict[str, Any] = {"type": "queue.event", "group": group, "text": json.dumps(event)}
+        known = _tells(event)
+        if known:
+            envelope["known"] = known
+        published.append((f"{prefix}__group__{group}", serializer.serialize(envelope)))
+    return published
+
+
+def _tells(event: Event) -> int:
+    """The ticket status a private event tells its visitor (0: none)."""
+    if event["type"] == "admitted":
+        return store.TicketStatus.ADMITTED
+    if event["type"] == "expired":
+        return store.TicketStatus.REVOKED if event.get("reason") == "revoked" else store.TicketStatus.EXPIRED
+    return 0
 
 
 def send(messages: Iterable[Message]) -> int:

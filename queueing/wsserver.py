@@ -15,7 +15,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Awaitable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Protocol
 
 import redis
@@ -27,11 +27,12 @@ from .services import viewers as viewer_services
 
 logger = logging.getLogger(__name__)
 
-FANOUT_YIELD_EVERY = 100  # sockets written between two yields of a fan-out
-SMALL_GROUP = FANOUT_YIELD_EVERY  # groups up to this size are written at once, bigger ones by a writer task
+FANOUT_YIELD_EVERY = 250  # sockets written between two yields of a fan-out (~3 ms)
+SMALL_GROUP = 100  # groups up to this size are written at once, bigger ones by a writer task
 MAX_PENDING = 200  # frames kept for a socket whose client reads too slowly; past this it is closed
 ROLL_CALL_SECONDS = 15.0  # lease renewals (well within store.VIEWERS_FRESH_SECONDS) and presence
 ROLL_CALL_SOCKETS = 250  # per Redis call: ~1-2 ms of Redis each
+READS_AT_ONCE = 16  # status reads the roll call's news starts at a time
 CLOSE_TOO_SLOW = 1013  # try again later: its page polls meanwhile and reconnects
 
 
@@ -43,6 +44,8 @@ class Socket(Protocol):
     answering: viewer_services.Answering | None
     lease: viewer_services.SocketLease | None
     pending: deque[dict[str, Any]] | None  # frames waiting for a slow reader, oldest first
+    known: int  # the ticket status its visitor was last told of (roll_call.lua's codes)
+    raw: Callable[[], Any]  # its transport while a frame may be written to it directly (raw_transport)
 
     base_send: Any  # the server's ASGI send
 
@@ -57,26 +60,86 @@ class Socket(Protocol):
 # --- Writing without waiting for anyone ------------------------------------------------------------------
 
 
-def write(socket: Socket, text: str) -> None:
-    """Write an event's text to a socket without waiting for it.
+class Event:
+    """An event's text, and its websocket frame as a server sends it, built once for every socket."""
 
-    The server's send waits while the client's buffer is full (a client that stopped reading). Awaited in
-    a fan-out, one such client would hold every other socket's events behind it; so the send is started
-    here and, in the common case, finishes at once (nothing to wait for). Only when it has to wait does the
-    rest run in a task of its own, and later frames for that socket queue behind it in order; a socket
-    that falls MAX_PENDING frames behind is closed (its page polls meanwhile and reconnects)."""
-    frame = {"type": "websocket.send", "text": text}
-    if socket.pending is not None:
-        if len(socket.pending) >= MAX_PENDING:
-            socket.pending = deque(maxlen=0)  # nothing more is kept for it
-            spawn(socket.drop(CLOSE_TOO_SLOW))
-        else:
-            socket.pending.append(frame)
-        return
-    started = _start(socket.base_send(frame))
-    if started is not None:
-        socket.pending = deque()
-        spawn(_drain(socket, *started))
+    __slots__ = ("_frame", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._frame: bytes | None = None
+
+    @property
+    def frame(self) -> bytes:
+        if self._frame is None:
+            payload = self.text.encode()
+            n = len(payload)
+            if n < 126:
+                head = bytes((0x81, n))
+            elif n < 65536:
+                head = bytes((0x81, 126)) + n.to_bytes(2, "big")
+            else:
+                head = bytes((0x81, 127)) + n.to_bytes(8, "big")
+            self._frame = head + payload  # a final text frame, unmasked (RFC 6455 5.2), uncompressed
+        return self._frame
+
+
+def raw_transport(send: Any) -> Callable[[], Any]:
+    """For the websocket server runstack starts (uvicorn, the sans-I/O protocol): a function that gives the
+    socket's transport while a frame may be written to it directly (open, not closing, its buffer not
+    full), else None. For any other server, a function that always gives None (the ASGI send is used).
+
+    Writing the event's frame, built once, to each socket's transport costs a third of what the ASGI send
+    does, which frames the text again for every socket (bench/RESULTS.md)."""
+    protocol = getattr(send, "__self__", None)
+    if type(protocol) is not _SANSIO or getattr(send, "__func__", None) is not _SANSIO.send:
+        return _never
+    writable, transport = protocol.writable, protocol.transport
+
+    def ready() -> Any:
+        # A paused buffer; a close sent; a close received, a failed frame or a lost connection (the protocol
+        # closes its transport on each). A socket is in the router only once accepted.
+        if writable.is_set() and not protocol.close_sent and not transport.is_closing():
+            return transport
+        return None
+
+    return ready
+
+
+def _never() -> None:
+    return None
+
+
+try:
+    from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol as _SANSIO
+except ImportError:  # another server: the ASGI send
+    _SANSIO = None  # type: ignore[assignment,misc]
+
+
+def write(socket: Socket, event: Event) -> None:
+    """Write an event to a socket without waiting for it.
+
+    The frame goes straight to the socket's transport when it can (raw_transport). Otherwise the ASGI send,
+    which waits while the client's buffer is full (a client that stopped reading): awaited in a fan-out,
+    one such client would hold every other socket's events behind it. So the send is started here and, in
+    the common case, finishes at once. Only when it has to wait does the rest run in a task of its own,
+    and later frames for that socket queue behind it in order; a socket that falls MAX_PENDING frames
+    behind is dropped (its page polls meanwhile and reconnects)."""
+    if socket.pending is None:
+        transport = socket.raw()
+        if transport is not None:
+            transport.write(event.frame)
+            return
+        message = {"type": "websocket.send", "text": event.text}
+        started = _start(socket.base_send(message))
+        if started is not None:
+            socket.pending = deque()
+            spawn(_drain(socket, *started))
+    elif len(socket.pending) >= MAX_PENDING:
+        socket.pending = deque(maxlen=0)  # nothing more is kept for it
+        spawn(socket.drop(CLOSE_TOO_SLOW))
+    else:
+        socket.pending.append({"type": "websocket.send", "text": event.text})
 
 
 def _start(awaitable: Awaitable[None]) -> tuple[Generator[Any, None, None], Any] | None:
@@ -154,7 +217,7 @@ class Router:
         self.groups: dict[str, dict[Socket, None]] = {}
         self.subscribed: set[str] = set()  # the groups the server's channel is in
         self.syncing: set[str] = set()
-        self.writers: dict[str, deque[str]] = {}  # a big group's events not yet written, and its writer runs
+        self.writers: dict[str, deque[Event]] = {}  # a big group's events not yet written, and its writer runs
         self.channel = ""
         self.layer: Any = None
         self.listener: asyncio.Task[None] | None = None
@@ -210,25 +273,36 @@ class Router:
             members = self.groups.get(group) if isinstance(group, str) else None
             if not members or not isinstance(text, str):
                 continue  # nobody here any more, or not an event of this release: polling covers it
+            event = Event(text)
             backlog = self.writers.get(group)
             if backlog is not None:
-                backlog.append(text)
+                backlog.append(event)
             elif len(members) > SMALL_GROUP:
-                self.writers[group] = deque([text])
+                self.writers[group] = deque([event])
                 spawn(self._write_out(group))
             else:
+                known = message.get("known")
                 for socket in list(members):
-                    write(socket, text)
+                    write(socket, event)
+                    if isinstance(known, int):
+                        socket.known = known  # told: the roll call need not read it (RollCall.call)
 
     async def _write_out(self, group: str) -> None:
         backlog = self.writers[group]
         try:
             while backlog:
-                text = backlog.popleft()
-                for index, socket in enumerate(list(self.groups.get(group, ()))):
-                    if index and index % FANOUT_YIELD_EVERY == 0:
+                event = backlog.popleft()
+                frame, sockets = event.frame, list(self.groups.get(group, ()))
+                for start in range(0, len(sockets), FANOUT_YIELD_EVERY):
+                    if start:
                         await asyncio.sleep(0)
-                    write(socket, text)
+                    for socket in sockets[start : start + FANOUT_YIELD_EVERY]:
+                        # write(socket, event), its common case inlined: thousands of sockets an event
+                        transport = socket.raw() if socket.pending is None else None
+                        if transport is not None:
+                            transport.write(frame)
+                        else:
+                            write(socket, event)
         finally:
             del self.writers[group]
 
@@ -245,6 +319,7 @@ class RollCall:
     def __init__(self) -> None:
         self.members: dict[str, dict[Socket, None]] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.reading = asyncio.Semaphore(READS_AT_ONCE)
 
     def count(self, slug: str) -> int:
         return len(self.members.get(slug, ()))
@@ -288,8 +363,12 @@ class RollCall:
                 spawn(chunk[0].send_status())
             for index, code in answer.news:
                 if chunk[index].heard(code):
-                    spawn(chunk[index].send_status())
+                    spawn(self._read(chunk[index]))
         return interval
+
+    async def _read(self, socket: Socket) -> None:
+        async with self.reading:  # news for thousands at once (pushes lost) is read a few at a time
+            await socket.send_status()
 
     async def _forever(self, slug: str) -> None:
         interval = ROLL_CALL_SECONDS * random.uniform(0.3, 1.0)  # a server's queues spread out

@@ -97,6 +97,15 @@ async def test_the_roll_call_renews_every_sockets_lease(make_queue, clock):
 # --- Through a real socket --------------------------------------------------------------------------------
 
 
+async def watching(slug: str, name: str) -> tuple[Any, store.TicketState]:
+    """A waiting visitor's open socket, past its catch-up read, and its ticket."""
+    ticket = await sync_to_async(join)(slug, name)
+    communicator, ready, _ = await open_socket(slug, await sync_to_async(ticket_token)(slug, ticket))
+    assert ready
+    await next_event(communicator, "position")
+    return communicator, ticket
+
+
 @pytest.fixture
 def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The status reads the sockets make (ticket ids)."""
@@ -128,10 +137,7 @@ async def test_an_open_socket_reads_its_status_once_and_the_roll_call_reads_none
 
 async def test_an_admission_whose_push_was_lost_reaches_the_socket_through_the_roll_call(make_queue, reads):
     queue = await sync_to_async(make_queue)(state="paused", capacity=1)
-    ticket = await sync_to_async(join)(queue.slug, "v")
-    communicator, ready, _ = await open_socket(queue.slug, await sync_to_async(ticket_token)(queue.slug, ticket))
-    assert ready
-    await next_event(communicator, "position")
+    communicator, ticket = await watching(queue.slug, "v")
     consumer: Any = next(iter(wsserver.roll_call().members[queue.slug]))
     # The push is lost: the socket is no longer subscribed to its ticket's events.
     assert consumer.claims is not None
@@ -194,14 +200,23 @@ async def test_roll_calls_go_in_batches_and_as_often_as_the_queues_windows_need(
 
 async def test_a_roll_call_after_redis_lost_the_policy_has_one_socket_restore_it(make_queue):
     queue = await sync_to_async(make_queue)(state="paused")
-    ticket = await sync_to_async(join)(queue.slug, "v")
-    communicator, ready, _ = await open_socket(queue.slug, await sync_to_async(ticket_token)(queue.slug, ticket))
-    assert ready
-    await next_event(communicator, "position")
+    communicator, _ = await watching(queue.slug, "v")
     keys = store.queue_keys(queue.slug)
     await sync_to_async(store.client().delete)(keys.cfg)
     await wsserver.roll_call().call(queue.slug)
     await next_event(communicator, "position", timeout=3)  # its read went through the database
     assert await sync_to_async(store.client().exists)(keys.cfg)
     assert (await wsserver.roll_call().call(queue.slug)) == wsserver.ROLL_CALL_SECONDS
+    await communicator.disconnect()
+
+
+async def test_an_admission_the_socket_was_pushed_is_not_read_again_by_the_roll_call(make_queue, reads):
+    queue = await sync_to_async(make_queue)(state="paused", capacity=1)
+    communicator, ticket = await watching(queue.slug, "v")
+    await sync_to_async(services.queue_configure)(slug=queue.slug, changes={"state": "open"})
+    await sync_to_async(services.queue_admit)(slug=queue.slug)
+    assert (await next_event(communicator, "admitted"))["ticket_id"] == ticket.ticket_id
+    await wsserver.roll_call().call(queue.slug)  # it hears the ticket was admitted: told already
+    await no_event(communicator, "admitted", within=0.5)
+    assert reads == [ticket.ticket_id]  # the catch-up read only
     await communicator.disconnect()

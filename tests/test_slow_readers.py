@@ -88,12 +88,14 @@ async def websocket_server() -> AsyncIterator[int]:
         await asyncio.wait_for(serving, 30)
 
 
+@pytest.mark.parametrize("small_group", [100, 1], ids=["written-at-once", "by-a-writer-task"])
 async def test_a_client_that_stops_reading_holds_up_no_other_socket_and_is_closed_when_too_far_behind(
-    make_queue, monkeypatch
+    make_queue, monkeypatch, small_group
 ):
     from websockets.asyncio.client import connect
 
     monkeypatch.setattr(wsserver, "MAX_PENDING", 50)
+    monkeypatch.setattr(wsserver, "SMALL_GROUP", small_group)  # its group's events: inline, or a writer's
     queue = await sync_to_async(make_queue)(state="paused")
     stalled_ticket = await sync_to_async(ticket_token)(queue.slug, await sync_to_async(join)(queue.slug, "stalled"))
     reader_ticket = await sync_to_async(ticket_token)(queue.slug, await sync_to_async(join)(queue.slug, "reader"))
@@ -115,6 +117,9 @@ async def test_a_client_that_stops_reading_holds_up_no_other_socket_and_is_close
                     await asyncio.sleep(0.05)
                 reader_key = (await sync_to_async(decode_ticket)(reader_ticket, slug=queue.slug)).visitor_key
                 [slow] = [s for s in router.groups[group] if s.lease and s.lease.ticket_id.split(".")[1] != reader_key]
+                # Under this server, events go to the sockets' transports as frames built once (the ASGI send
+                # only when a frame cannot be written at once).
+                assert all(s.raw is not wsserver._never for s in router.groups[group])
 
                 # Events of 16 KB each, until the stalled client's buffers (its own, the kernel's, the server's)
                 # are full, its frames have piled up to the bound and it was closed: the reader hears every one
