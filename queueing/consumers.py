@@ -54,12 +54,11 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
     claims: tokens.VisitorClaims | None = None
     mode: modes.QueueMode[Any] = modes.TRACKED
     answering: viewer_services.Answering | None = None
-    known = 1  # the roll call's last news of the ticket that this socket acted on (1: waiting)
+    known = viewer_services.WAITING  # the roll call's last news of the ticket that this socket acted on
     pending: deque[dict[str, Any]] | None = None  # frames waiting for a slow reader (wsserver.write)
     raw: Callable[[], Any] = staticmethod(wsserver.raw_transport(None))
     groups_joined: tuple[str, ...] = ()
 
-    lease: viewer_services.SocketLease | None = None
     timer: asyncio.TimerHandle | None = None  # the hello deadline, then the catch-up read
     greeted = False
     quiet_until = -1e9  # no status asked by the client is read before then (once a second, or limited)
@@ -117,7 +116,7 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         if not taken:
             await self.close(code=CLOSE_TOO_MANY_SOCKETS)
             return
-        self.claims, self.mode, self.lease = claims, mode, lease
+        self.claims, self.mode = claims, mode
         if isinstance(claims, tokens.TicketClaims):
             self.answering = viewer_services.Answering(lease, claims.visitor_key, claims.seq)
         else:

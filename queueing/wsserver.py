@@ -22,7 +22,7 @@ import redis
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from . import modes, selectors
+from . import selectors
 from .services import viewers as viewer_services
 
 logger = logging.getLogger(__name__)
@@ -40,9 +40,7 @@ class Socket(Protocol):
     """What the server's machinery needs of a socket (consumers.QueueConsumer)."""
 
     slug: str
-    mode: modes.QueueMode[Any]
-    answering: viewer_services.Answering | None
-    lease: viewer_services.SocketLease | None
+    answering: viewer_services.Answering | None  # its lease, and what it answers for in the roll call
     pending: deque[dict[str, Any]] | None  # frames waiting for a slow reader, oldest first
     known: int  # the ticket status its visitor was last told of (roll_call.lua's codes)
     raw: Callable[[], Any]  # its transport while a frame may be written to it directly (raw_transport)
@@ -344,17 +342,16 @@ class RollCall:
             task = self.tasks.pop(socket.slug, None)
             if task is not None:
                 task.cancel()
-        if socket.lease is not None:
+        if socket.answering is not None:
             with contextlib.suppress(redis.RedisError):  # then its lease runs out on its own
-                await viewer_services.aviewer_close(socket.lease, now=time.time())
+                await viewer_services.aviewer_close(socket.answering.lease, now=time.time())
 
     async def call(self, slug: str) -> float:
         """One roll call of the queue's sockets here; returns the seconds until the next."""
-        members = [m for m in self.members.get(slug, ()) if m.answering is not None]
+        members = [(m, m.answering) for m in self.members.get(slug, ()) if m.answering is not None]
         interval = ROLL_CALL_SECONDS
         for start in range(0, len(members), ROLL_CALL_SOCKETS):
-            chunk = members[start : start + ROLL_CALL_SOCKETS]
-            sockets = [m.answering for m in chunk if m.answering is not None]
+            chunk, sockets = zip(*members[start : start + ROLL_CALL_SOCKETS], strict=True)
             answer = await viewer_services.aroll_call(slug, sockets, now=time.time())
             if answer.outcome == "ok":
                 ceiling = selectors.sighting_ceiling(answer.presence_timeout_s, answer.claim_ttl_s)

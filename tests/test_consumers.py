@@ -449,9 +449,7 @@ async def test_the_cap_holds_across_websocket_servers_and_a_dead_servers_sockets
     ticket_id = (await sync_to_async(decode_ticket)(ticket, slug=queue.slug)).ticket_id
     elsewhere = [viewer_services.SocketLease(queue.slug, ticket_id, f"other-server-{i}") for i in range(5)]
     for lease in elsewhere:
-        assert await sync_to_async(viewer_services.viewer_open)(
-            lease, most=consumers.SOCKETS_PER_TICKET, now=time.time()
-        )
+        assert await viewer_services.aviewer_open(lease, most=consumers.SOCKETS_PER_TICKET, now=time.time())
     communicator, ready, code = await open_socket(queue.slug, ticket)
     assert (ready, code) == (False, consumers.CLOSE_TOO_MANY_SOCKETS)
     await communicator.disconnect()
@@ -460,7 +458,7 @@ async def test_the_cap_holds_across_websocket_servers_and_a_dead_servers_sockets
     later = time.time() + store.VIEWERS_FRESH_SECONDS + 1
     assert await sync_to_async(store.viewers_count)(queue.slug, now=later) == 0
     lease = viewer_services.SocketLease(queue.slug, ticket_id, "this-server")
-    assert await sync_to_async(viewer_services.viewer_open)(lease, most=consumers.SOCKETS_PER_TICKET, now=later)
+    assert await viewer_services.aviewer_open(lease, most=consumers.SOCKETS_PER_TICKET, now=later)
 
 
 # --- Small frames only (issue 13, item 8b) ------------------------------------------------------------------

@@ -5,34 +5,25 @@ tickets with a live socket (store/viewers.py, lua/roll_call.lua)."""
 from __future__ import annotations
 
 from ..store import viewers as viewer_store
-from ..store.viewers import OVERDUE, PARKED, UNKNOWN, Answering, RollCall, SocketLease, aroll_call
+from ..store.viewers import OVERDUE, PARKED, UNKNOWN, WAITING, Answering, RollCall, SocketLease, aroll_call
 
 __all__ = [
     "OVERDUE",
     "PARKED",
     "UNKNOWN",
+    "WAITING",
     "Answering",
     "RollCall",
     "SocketLease",
     "aroll_call",
     "aviewer_close",
     "aviewer_open",
-    "viewer_close",
-    "viewer_open",
 ]
 
 
-def viewer_open(lease: SocketLease, *, most: int, now: float) -> bool:
-    """A socket starts watching; False (and not counted) when its ticket already holds `most` sockets."""
-    return viewer_store.viewer_open(lease, most=most, now=now)
-
-
 async def aviewer_open(lease: SocketLease, *, most: int, now: float) -> bool:
+    """A socket starts watching; False (and not counted) when its ticket already holds `most` sockets."""
     return await viewer_store.aviewer_open(lease, most=most, now=now)
-
-
-def viewer_close(lease: SocketLease, *, now: float) -> None:
-    viewer_store.viewer_close(lease, now=now)
 
 
 async def aviewer_close(lease: SocketLease, *, now: float) -> None:

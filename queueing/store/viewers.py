@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .connection import arun, client, run
+from .connection import arun, client
 from .keys import queue_keys
 from .replies import Reply
 
@@ -33,28 +33,15 @@ def _ms(now: float) -> int:
     return int(now * 1000)
 
 
-def _open_args(lease: SocketLease, most: int, now: float) -> list[Any]:
-    return [lease.socket_id, lease.ticket_id, _ms(now), VIEWERS_FRESH_SECONDS * 1000, most]
-
-
-def viewer_open(lease: SocketLease, *, most: int, now: float) -> bool:
-    """Take a socket's lease; False when its ticket already holds `most` live sockets."""
-    taken, _held = run("viewer_open", _keys(lease), _open_args(lease, most, now))
-    return bool(taken)
-
-
 async def aviewer_open(lease: SocketLease, *, most: int, now: float) -> bool:
-    """`viewer_open` from the event loop."""
-    taken, _held = await arun("viewer_open", _keys(lease), _open_args(lease, most, now))
+    """Take a socket's lease; False when its ticket already holds `most` live sockets."""
+    args = [lease.socket_id, lease.ticket_id, _ms(now), VIEWERS_FRESH_SECONDS * 1000, most]
+    taken, _held = await arun("viewer_open", _keys(lease), args)
     return bool(taken)
-
-
-def viewer_close(lease: SocketLease, *, now: float) -> None:
-    run("viewer_close", _keys(lease), [lease.socket_id, lease.ticket_id, _ms(now)])
 
 
 async def aviewer_close(lease: SocketLease, *, now: float) -> None:
-    """`viewer_close` from the event loop."""
+    """Give a socket's lease back (it closed)."""
     await arun("viewer_close", _keys(lease), [lease.socket_id, lease.ticket_id, _ms(now)])
 
 
@@ -84,7 +71,7 @@ class RollCall(Reply):
     CONVERT = {"news": _news}
 
 
-PARKED, OVERDUE, UNKNOWN = -1, -2, 0
+WAITING, PARKED, OVERDUE, UNKNOWN = 1, -1, -2, 0  # TicketStatus.WAITING, then the script's own
 
 
 async def aroll_call(slug: str, sockets: Sequence[Answering], *, now: float) -> RollCall:
