@@ -83,14 +83,15 @@ class Event:
 
 
 def raw_transport(send: Any) -> Callable[[], Any]:
-    """For the websocket server runstack starts (uvicorn, the sans-I/O protocol): a function that gives the
-    socket's transport while a frame may be written to it directly (open, not closing, its buffer not
-    full), else None. For any other server, a function that always gives None (the ASGI send is used).
+    """For the websocket server runstack starts (uvicorn, its sans-I/O protocol, wsprotocol.py's form of
+    it): a function that gives the socket's transport while a frame may be written to it directly (open,
+    not closing, its buffer not full), else None. For any other server, a function that always gives None
+    (the ASGI send is used).
 
     Writing the event's frame, built once, to each socket's transport costs a third of what the ASGI send
     does, which frames the text again for every socket (bench/RESULTS.md)."""
     protocol = getattr(send, "__self__", None)
-    if type(protocol) is not _SANSIO or getattr(send, "__func__", None) is not _SANSIO.send:
+    if not isinstance(protocol, _SANSIO) or getattr(send, "__func__", None) is not _SANSIO.send:
         return _never
     writable, transport = protocol.writable, protocol.transport
 

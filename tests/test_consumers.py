@@ -487,14 +487,15 @@ def _option(command: list[str], name: str) -> str:
 
 
 async def test_the_websocket_server_is_started_refusing_big_frames_by_runstack_and_by_compose():
-    """Both start the sans-I/O protocol (a task per socket, not four; issue 15) refusing big frames."""
+    """Both start the sans-I/O protocol (a task per socket, not four; issue 15), its lean form
+    (wsprotocol.py), refusing big frames."""
     import yaml
 
     args = runstack._parse(["--only", "ws", "--ws-port", "8001"])
     compose = yaml.safe_load((Path(__file__).resolve().parent.parent / "docker-compose.yml").read_text())
     for command in (runstack.commands(args, "w")["ws"], compose["services"]["ws"]["command"]):
         assert int(_option(command, "--ws-max-size")) <= consumers.MAX_MESSAGE_CHARS
-        assert _option(command, "--ws") == "websockets-sansio"
+        assert _option(command, "--ws") == runstack.WS_PROTOCOL == "queueing.wsprotocol:LeanSansIOProtocol"
 
 
 # --- Status asked over the socket is limited like a poll (issue 13, item 8c) --------------------------------

@@ -6,13 +6,8 @@ frames in order up to a bound, and then closes it, while every other socket hear
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import socket
-import struct
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -20,72 +15,9 @@ from asgiref.sync import sync_to_async
 from queueing import realtime, wsserver
 
 from .factories import decode_ticket, join, ticket_token
+from .wsserve import stalled_client, websocket_server
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _client_frame(text: str) -> bytes:
-    """A masked text frame, as a browser sends it."""
-    payload, mask = text.encode(), os.urandom(4)
-    head = bytes([0x81])
-    head += (
-        bytes([0x80 | len(payload)]) if len(payload) < 126 else bytes([0x80 | 126]) + struct.pack("!H", len(payload))
-    )
-    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-
-
-async def _stalled_client(port: int, slug: str, ticket: str) -> socket.socket:
-    """Opens the socket, says hello and never reads again (a tiny receive buffer fills at once)."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
-    sock.connect(("127.0.0.1", port))
-    sock.sendall(
-        f"GET /ws/queues/{slug}/ HTTP/1.1\r\nHost: localhost\r\nOrigin: http://localhost\r\n"
-        "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-        "Sec-WebSocket-Version: 13\r\n\r\n".encode()
-    )
-    answer = await asyncio.to_thread(sock.recv, 4096)
-    assert answer.startswith(b"HTTP/1.1 101"), answer
-    sock.sendall(_client_frame(json.dumps({"type": "hello", "ticket": ticket})))
-    return sock
-
-
-@contextlib.asynccontextmanager
-async def websocket_server() -> AsyncIterator[int]:
-    """The websocket server as runstack starts it (uvicorn, the sans-I/O protocol), in this test's loop, on a
-    free port; yields the port."""
-    import uvicorn
-
-    from waitingroom_site.asgi import application
-
-    port = _free_port()
-    config = uvicorn.Config(
-        application,
-        host="127.0.0.1",
-        port=port,
-        ws="websockets-sansio",
-        ws_per_message_deflate=False,
-        ws_max_size=4096,
-        lifespan="off",
-        log_level="warning",
-        timeout_graceful_shutdown=5,
-    )
-    server = uvicorn.Server(config)
-    serving = asyncio.ensure_future(server.serve())
-    try:
-        while not server.started:
-            assert not serving.done(), serving
-            await asyncio.sleep(0.05)
-        yield port
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(serving, 30)
 
 
 @pytest.mark.parametrize("small_group", [100, 1], ids=["written-at-once", "by-a-writer-task"])
@@ -100,7 +32,7 @@ async def test_a_client_that_stops_reading_holds_up_no_other_socket_and_is_close
     stalled_ticket = await sync_to_async(ticket_token)(queue.slug, await sync_to_async(join)(queue.slug, "stalled"))
     reader_ticket = await sync_to_async(ticket_token)(queue.slug, await sync_to_async(join)(queue.slug, "reader"))
     async with websocket_server() as port:
-        stalled = await _stalled_client(port, queue.slug, stalled_ticket)
+        stalled = await stalled_client(port, queue.slug, stalled_ticket)
         try:
             async with connect(
                 f"ws://127.0.0.1:{port}/ws/queues/{queue.slug}/",
@@ -152,7 +84,7 @@ async def test_a_client_that_stops_reading_holds_up_no_other_socket_and_is_close
 
 
 # A socket's own objects. Not channels_redis: its per-loop layer of an earlier test's loop is not a socket's.
-SOCKET_MODULES = ("queueing.consumers", "uvicorn.", "websockets.", "channels.")
+SOCKET_MODULES = ("queueing.consumers", "queueing.wsprotocol", "uvicorn.", "websockets.", "channels.")
 
 
 async def test_closed_sockets_leave_no_cyclic_garbage_for_the_frozen_generation(make_queue):
@@ -166,7 +98,7 @@ async def test_closed_sockets_leave_no_cyclic_garbage_for_the_frozen_generation(
         await sync_to_async(ticket_token)(queue.slug, await sync_to_async(join)(queue.slug, f"v{i}")) for i in range(40)
     ]
     async with websocket_server() as port:
-        clients = [await _stalled_client(port, queue.slug, ticket) for ticket in tickets]
+        clients = [await stalled_client(port, queue.slug, ticket) for ticket in tickets]
         deadline = time.monotonic() + 10
         while wsserver.roll_call().count(queue.slug) < len(tickets):
             assert time.monotonic() < deadline, "the sockets never said hello"

@@ -36,6 +36,7 @@ from . import devredis, liveness
 BASE_DIR = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 ROLES = ("web", "ws", "worker", "beat")
+WS_PROTOCOL = "queueing.wsprotocol:LeanSansIOProtocol"  # uvicorn's sans-I/O protocol, lighter per socket
 
 QUICK_SECONDS = 10.0  # a death this soon after a start counts as a failure to start
 GIVE_UP_AFTER = 5  # quick deaths in a row
@@ -131,8 +132,9 @@ def commands(args: argparse.Namespace, worker_name: str) -> dict[str, list[str]]
             *("--port", str(args.ws_port)),
             # The sans-I/O websockets protocol: one task per socket where the legacy one keeps four (a
             # third fewer objects for the collector to walk, bench/RESULTS.md), and it waits for a slow
-            # reader's buffer to drain instead of buffering without end.
-            *("--ws", "websockets-sansio"),
+            # reader's buffer to drain instead of buffering without end; without what each connection
+            # kept and did not need (queueing/wsprotocol.py).
+            *("--ws", WS_PROTOCOL),
             # Events are a few hundred bytes: compressing them saves little and costs two zlib contexts
             # (tens of KB) and CPU per socket (bench/RESULTS.md, push latency).
             *("--ws-per-message-deflate", "false"),

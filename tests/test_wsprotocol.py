@@ -1,0 +1,174 @@
+"""The websocket server's lean protocol (queueing/wsprotocol.py, issue 15): uvicorn's sans-I/O protocol
+without the handshake it kept, an asyncio.Queue and an asyncio.Event per connection. Its stand-ins behave
+as asyncio's do where uvicorn uses them; through the real server a socket works as before and costs less."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import time
+import tracemalloc
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from websockets.asyncio.client import connect
+
+from queueing import realtime, wsserver
+from queueing.wsprotocol import Flag, Inbox, LeanSansIOProtocol
+
+from .factories import join, ticket_token
+from .wsserve import stalled_client, websocket_server
+
+pytestmark = [pytest.mark.asyncio]
+
+ASYNCIO_OR_OURS = pytest.mark.parametrize("ours", [False, True], ids=["asyncio", "lean"])
+
+
+@ASYNCIO_OR_OURS
+async def test_the_inbox_hands_items_out_in_order_one_to_each_getter_as_asyncio_queue_does(ours):
+    inbox: Any = Inbox() if ours else asyncio.Queue()
+    assert inbox.empty()
+    inbox.put_nowait(1)
+    inbox.put_nowait(2)
+    assert not inbox.empty() and inbox.qsize() == 2
+    assert [await inbox.get(), await inbox.get()] == [1, 2]
+    assert inbox.empty()
+
+    got: list[tuple[str, Any]] = []
+
+    async def getter(name: str) -> None:
+        got.append((name, await inbox.get()))
+
+    first, second = asyncio.ensure_future(getter("a")), asyncio.ensure_future(getter("b"))
+    await asyncio.sleep(0)
+    assert got == []  # both wait
+    inbox.put_nowait("x")
+    await asyncio.sleep(0)
+    assert got == [("a", "x")] and not second.done()  # one item, one getter, the first to ask
+    inbox.put_nowait("y")
+    await asyncio.gather(first, second)
+    assert got == [("a", "x"), ("b", "y")]
+
+
+@ASYNCIO_OR_OURS
+async def test_an_inbox_getter_cancelled_after_it_was_woken_leaves_the_item_to_the_next(ours):
+    inbox: Any = Inbox() if ours else asyncio.Queue()
+    first = asyncio.ensure_future(inbox.get())
+    second = asyncio.ensure_future(inbox.get())
+    await asyncio.sleep(0)
+    inbox.put_nowait("only")  # wakes the first...
+    first.cancel()  # ...which is cancelled before it runs
+    assert await asyncio.wait_for(second, 1) == "only"
+    assert first.cancelled() and inbox.empty()
+
+    waiting = asyncio.ensure_future(inbox.get())
+    await asyncio.sleep(0)
+    waiting.cancel()  # cancelled while it waits: forgotten
+    await asyncio.sleep(0)
+    inbox.put_nowait("next")
+    assert await asyncio.wait_for(inbox.get(), 1) == "next"
+
+
+@ASYNCIO_OR_OURS
+async def test_the_flag_wakes_every_waiter_when_set_as_asyncio_event_does(ours):
+    flag: Any = Flag(True) if ours else asyncio.Event()
+    if not ours:
+        flag.set()
+    assert flag.is_set() and await asyncio.wait_for(flag.wait(), 1) is True  # set: at once
+    flag.clear()
+    assert not flag.is_set()
+    waiters = [asyncio.ensure_future(flag.wait()) for _ in range(3)]
+    cancelled = asyncio.ensure_future(flag.wait())
+    await asyncio.sleep(0.01)
+    assert not any(w.done() for w in waiters)
+    cancelled.cancel()
+    await asyncio.sleep(0)
+    flag.set()
+    assert await asyncio.wait_for(asyncio.gather(*waiters), 1) == [True, True, True]
+    assert cancelled.cancelled()
+    if ours:
+        assert flag._waiters == []  # nobody is held on to
+
+
+# --- Through the real server --------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_socket_on_the_lean_protocol_keeps_no_handshake_and_works_both_ways(make_queue):
+    queue = await sync_to_async(make_queue)(state="paused")
+    ticket = await sync_to_async(ticket_token)(queue.slug, await sync_to_async(join)(queue.slug, "v"))
+    async with (
+        websocket_server() as port,
+        connect(f"ws://127.0.0.1:{port}/ws/queues/{queue.slug}/", origin="http://localhost") as client,  # type: ignore[arg-type]
+    ):
+        await client.send(json.dumps({"type": "hello", "ticket": ticket}))
+        assert json.loads(await asyncio.wait_for(client.recv(), 5))["type"] == "ready"
+        [socket] = wsserver.router().groups[realtime.queue_group(queue.slug)]
+        protocol = socket.base_send.__self__
+        assert type(protocol) is LeanSansIOProtocol
+        assert protocol.request is None and protocol.response is None  # answered, and let go
+        assert isinstance(protocol.queue, Inbox) and isinstance(protocol.writable, Flag)
+        assert socket.raw() is protocol.transport  # frames go straight to it
+
+        await client.send(json.dumps({"type": "status"}))  # asked: its position comes back
+        kinds: list[str] = []
+        while "position" not in kinds:
+            kinds.append(json.loads(await asyncio.wait_for(client.recv(), 5))["type"])
+        await sync_to_async(realtime.send)(
+            [(realtime.queue_group(queue.slug), {"type": "queue_move", "seq": 7, "ops": []})]
+        )
+        while (event := json.loads(await asyncio.wait_for(client.recv(), 5)))["type"] != "queue_move":
+            pass
+        assert event["seq"] == 7
+
+        await client.close()
+        deadline = time.monotonic() + 5
+        while wsserver.roll_call().count(queue.slug):
+            assert time.monotonic() < deadline, "the server never heard the close"
+            await asyncio.sleep(0.05)
+        assert protocol.disconnected
+
+
+SOCKETS = 60
+
+
+async def _bytes_per_socket(ws: str, slug: str, tickets: list[str]) -> float:
+    """What each of SOCKETS open, greeted sockets holds in the server (traced Python allocations)."""
+    async with websocket_server(ws) as port:
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        clients = [await stalled_client(port, slug, ticket) for ticket in tickets]
+        try:
+            deadline = time.monotonic() + 15
+            while wsserver.roll_call().count(slug) < len(tickets):
+                assert time.monotonic() < deadline, "the sockets never said hello"
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(2.5)  # their catch-up reads are done
+            gc.collect()
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            for client in clients:
+                client.close()
+            while wsserver.roll_call().count(slug):
+                await asyncio.sleep(0.05)
+    return held / len(tickets)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_socket_on_the_lean_protocol_holds_kilobytes_less_than_on_uvicorns_own(make_queue):
+    queue = await sync_to_async(make_queue)(state="paused")
+    tickets = [
+        await sync_to_async(ticket_token)(queue.slug, await sync_to_async(join)(queue.slug, f"v{i}"))
+        for i in range(SOCKETS)
+    ]
+    tracemalloc.start()
+    try:
+        await _bytes_per_socket("websockets-sansio", queue.slug, tickets)  # warms up what the first run grows
+        stock = await _bytes_per_socket("websockets-sansio", queue.slug, tickets)
+        lean = await _bytes_per_socket(LeanSansIOProtocol.__module__ + ":LeanSansIOProtocol", queue.slug, tickets)
+    finally:
+        tracemalloc.stop()
+    print(f"per socket: uvicorn's sans-I/O protocol {stock:.0f} B, the lean one {lean:.0f} B")
+    assert lean <= stock - 4000, (stock, lean)  # measured: 5.6 KB less (23.7 → 18.1 KB)
