@@ -51,6 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -628,9 +629,68 @@ def run_one(args: argparse.Namespace, n: int, env: dict[str, str], var: Path) ->
         tickets = join_all(base, slug, n)
         waiting = [t for t in tickets if t["status"] == "waiting"]
         log(f"N={n}: {len(tickets)} joined in {time.monotonic() - started:.1f} s ({len(waiting)} waiting)")
-        return measure(args, n, stack, slug, waiting, var)
+        result = measure(args, n, stack, slug, waiting, var)
     finally:
         stop_stack(stack)
+    if args.reference_rounds > 0:  # with the product stopped: the machine as the product had it
+        result["reference"] = reference(args, waiting, var)
+        ours, floor = result["queue_move_last_socket_ms"], result["reference"]["queue_move_last_socket_ms"]
+        result["public_event_vs_reference"] = {
+            q: round(ours[q] / floor[q], 2) if ours[q] and floor[q] else None for q in ("p50", "p99")
+        }
+        log(
+            f"N={n}: reference: queue_move at the last socket p50 {floor['p50']} p99 {floor['p99']} ms "
+            f"(writes alone p50 {result['reference']['writes_ms']['p50']} ms); "
+            f"the product's is {result['public_event_vs_reference']['p50']}x (p50) and "
+            f"{result['public_event_vs_reference']['p99']}x (p99) the reference's"
+        )
+    return result
+
+
+def reference(args: argparse.Namespace, tickets: list[dict[str, Any]], var: Path) -> dict[str, Any]:
+    """The public event's figure on the framework-free reference (bench/push_reference.py): the same clients,
+    as many sockets, one event every `--interval` seconds for `--reference-rounds` rounds."""
+    port = free_port()
+    command = [sys.executable, str(BENCH / "push_reference.py"), "--port", str(port)]
+    server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert server.stdin is not None and server.stdout is not None
+    try:
+        if server.stdout.readline().strip() != "LISTENING":
+            raise RuntimeError("the reference server did not start")
+        own = [{**t, "ws_url": f"ws://127.0.0.1:{port}{urlsplit(t['ws_url']).path}"} for t in tickets]
+        clients = ClientProcs(args, own, var)
+        try:
+            opened, failures = clients.wait_open()
+            time.sleep(args.settle)
+            window = CpuWindow([server.pid], clients.pids)
+            sent: list[tuple[int, float]] = []
+            writes: list[float] = []
+            for seq in range(1, args.reference_rounds + 1):
+                t0 = time.time()
+                server.stdin.write(f"MOVE {seq}\n")
+                server.stdin.flush()
+                writes.append(float(server.stdout.readline().split()[1]))
+                sent.append((seq, t0))
+                time.sleep(max(0.0, args.interval - (time.time() - t0)))
+            cpu = window.result()
+            time.sleep(1)
+            heard = clients.stop()
+        finally:
+            clients.kill()
+    finally:
+        server.kill()
+        server.wait()
+    fanout = [heard["move_last"][seq] - t0 for seq, t0 in sent if seq in heard["move_last"]]
+    return {
+        "connected": opened,
+        "connect_failures": failures,
+        "rounds": len(sent),
+        "queue_move_last_socket_ms": summary_ms(fanout),
+        "queue_move_min_sockets_reached": min((heard["move_count"][seq] for seq, _ in sent), default=None),
+        "writes_ms": summary_ms(writes),
+        "server_cpu_pct": cpu["ws_server_cpu_pct"],
+        "client_processes_cpu_pct": cpu["client_processes_cpu_pct"],
+    }
 
 
 def main() -> None:
@@ -647,6 +707,9 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of each idle CPU measurement")
     parser.add_argument("--open-settle", type=float, default=13.0, help="seconds from opening to the rounds")
     parser.add_argument("--py-spy", default="", help="path of a py-spy binary: also profile the server")
+    parser.add_argument(
+        "--reference-rounds", type=int, default=120, help="events on the framework-free reference (0: none)"
+    )
     parser.add_argument("--output", default=str(OUT / "push_bench.json"))
     args = parser.parse_args()
 

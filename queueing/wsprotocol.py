@@ -13,11 +13,21 @@ Same protocol, same behaviour; three things each connection kept that it does no
 - an asyncio.Event for whether its buffer has room (~0.8 KB, a deque again).
 
 The two stand-ins below do what uvicorn asks of the queue and the event, and nothing more.
+
+And its keepalive pings (`--ws-ping-interval`, `--ws-ping-timeout`: 20 s each) come from one sweep per
+server instead of two timers per connection: uvicorn schedules each socket's next ping and its pong
+deadline on timers of their own (a TimerHandle each, ~0.5 KB, and at 18,000 sockets 900 pings a second,
+each framed by the websockets library and timed by two timers, whose young objects the collector walks
+in the middle of fan-outs). The sweep (Keepalive) visits a slice of the server's sockets every
+SWEEP_SECONDS, so each is visited once an interval: it writes them one ping frame built once, and fails,
+as uvicorn does, a socket whose last ping has gone unanswered for the timeout (1011).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -99,6 +109,59 @@ class Inbox:
                 return
 
 
+SWEEP_SECONDS = 0.25  # the keepalive sweep visits interval / SWEEP_SECONDS slices of the sockets
+
+
+class Keepalive:
+    """One event loop's keepalive pings (the module's docstring). A socket is pinged once every interval,
+    in the slice it falls in: the sweep takes the sockets held at the start of each interval and visits
+    them over the interval's slices. A socket whose ping is unanswered past its timeout is failed."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.sockets: dict[LeanSansIOProtocol, None] = {}
+        self.payload = os.urandom(4)  # its pings' payload: a pong that echoes it answers one
+        self.frame = bytes((0x89, len(self.payload))) + self.payload  # a ping, unmasked (RFC 6455 5.5.2)
+        self.task: asyncio.Task[None] | None = None
+
+    def add(self, protocol: LeanSansIOProtocol) -> None:
+        self.sockets[protocol] = None
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._sweep())
+
+    def discard(self, protocol: LeanSansIOProtocol) -> None:
+        self.sockets.pop(protocol, None)
+        if not self.sockets and self.task is not None:
+            self.task.cancel()
+            self.task = None
+
+    async def _sweep(self) -> None:
+        slices = max(1, round(self.interval / SWEEP_SECONDS))
+        loop = asyncio.get_running_loop()
+        while True:
+            held = list(self.sockets)
+            started = loop.time()
+            for index in range(slices):
+                await asyncio.sleep(max(0.0, started + self.interval * (index + 1) / slices - loop.time()))
+                now = loop.time()
+                for protocol in held[index * len(held) // slices : (index + 1) * len(held) // slices]:
+                    if protocol in self.sockets:
+                        protocol.keepalive(now)
+
+
+_sweeps: dict[tuple[asyncio.AbstractEventLoop, float], Keepalive] = {}
+
+
+def _keepalive(interval: float) -> Keepalive:
+    loop = asyncio.get_running_loop()
+    found = _sweeps.get((loop, interval))
+    if found is None:
+        for old in [key for key in _sweeps if key[0].is_closed()]:
+            del _sweeps[old]
+        found = _sweeps[(loop, interval)] = Keepalive(interval)
+    return found
+
+
 class LeanSansIOProtocol(WebSocketsSansIOProtocol):
     """uvicorn's sans-I/O websocket protocol without what a connection keeps and does not need (the module's
     docstring). uvicorn takes it by its import path: `--ws queueing.wsprotocol:LeanSansIOProtocol`."""
@@ -107,9 +170,36 @@ class LeanSansIOProtocol(WebSocketsSansIOProtocol):
         super().__init__(*args, **kwargs)
         self.queue = Inbox()  # type: ignore[assignment]
         self.writable = Flag(True)  # type: ignore[assignment]
+        self.pinged_at: float | None = None  # when its unanswered ping was written
+        self.sweep: Keepalive | None = None
 
     def start_keepalive(self) -> None:
         # uvicorn calls this once it has written the handshake's answer (101), the last use of the request
         # and of the response it built for it.
         self.request = self.response = None  # type: ignore[assignment]
-        super().start_keepalive()
+        if self.ping_interval is not None and self.ping_interval > 0:
+            self.sweep = _keepalive(self.ping_interval)
+            self.sweep.add(self)
+
+    def stop_keepalive(self) -> None:
+        if self.sweep is not None:
+            self.sweep.discard(self)
+            self.sweep = None
+        super().stop_keepalive()
+
+    def keepalive(self, now: float) -> None:
+        """Its turn in the sweep: a ping, or the end if the last one went unanswered for the timeout."""
+        if self.close_sent or self.transport.is_closing() or self.sweep is None:
+            return
+        if self.pinged_at is not None and self.ping_timeout is not None:
+            if now - self.pinged_at >= self.ping_timeout:
+                self.pinged_at = None
+                with contextlib.suppress(Exception):  # its connection is going anyway
+                    self.keepalive_timeout()  # uvicorn's: a close frame (1011), and the transport closed
+            return  # else its pong may still come
+        self.pinged_at = now
+        self.transport.write(self.sweep.frame)
+
+    def handle_pong(self, event: Any) -> None:
+        if self.sweep is not None and bytes(event.data) == self.sweep.payload:
+            self.pinged_at = None

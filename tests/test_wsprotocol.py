@@ -19,7 +19,7 @@ from queueing import realtime, wsserver
 from queueing.wsprotocol import Flag, Inbox, LeanSansIOProtocol
 
 from .factories import join, ticket_token
-from .wsserve import stalled_client, websocket_server
+from .wsserve import client_frame, server_frame, stalled_client, websocket_server
 
 pytestmark = [pytest.mark.asyncio]
 
@@ -172,3 +172,77 @@ async def test_a_socket_on_the_lean_protocol_holds_kilobytes_less_than_on_uvicor
         tracemalloc.stop()
     print(f"per socket: uvicorn's sans-I/O protocol {stock:.0f} B, the lean one {lean:.0f} B")
     assert lean <= stock - 4000, (stock, lean)  # measured: 5.6 KB less (23.7 → 18.1 KB)
+
+
+# --- Keepalive: one sweep per server, not two timers per socket ---------------------------------------------
+
+PING, PONG, CLOSE = 0x9, 0xA, 0x8
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_keepalive_pings_come_from_the_servers_sweep_and_an_answering_socket_stays(make_queue):
+    queue = await sync_to_async(make_queue)(state="paused")
+    ticket = await sync_to_async(ticket_token)(queue.slug, await sync_to_async(join)(queue.slug, "v"))
+    async with websocket_server(ws_ping_interval=0.3, ws_ping_timeout=0.3) as port:
+        client = await stalled_client(port, queue.slug, ticket, reading=True)
+        try:
+
+            def answer_pings_for(seconds: float) -> list[int]:
+                client.settimeout(0.1)
+                seen: list[int] = []
+                deadline = time.monotonic() + seconds
+                while time.monotonic() < deadline:
+                    try:
+                        opcode, payload = server_frame(client)
+                    except TimeoutError:
+                        continue
+                    seen.append(opcode)
+                    if opcode == PING:
+                        client.sendall(client_frame(payload, opcode=PONG))
+                    if opcode in (CLOSE, -1):
+                        break
+                return seen
+
+            seen = await asyncio.to_thread(answer_pings_for, 2.0)
+            assert seen.count(PING) >= 4 and CLOSE not in seen and -1 not in seen, seen
+            [socket] = wsserver.router().groups[realtime.queue_group(queue.slug)]
+            protocol = socket.base_send.__self__
+            assert protocol.ping_timer is None and protocol.pong_timer is None  # no timers of its own
+            assert protocol.sweep is not None and protocol in protocol.sweep.sockets
+            sweep = protocol.sweep
+        finally:
+            client.close()
+        deadline = time.monotonic() + 5
+        while sweep.sockets or sweep.task is not None:
+            assert time.monotonic() < deadline, "the sweep kept a closed socket"
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_socket_that_leaves_a_ping_unanswered_past_the_timeout_is_closed_with_1011(make_queue):
+    queue = await sync_to_async(make_queue)(state="paused")
+    ticket = await sync_to_async(ticket_token)(queue.slug, await sync_to_async(join)(queue.slug, "v"))
+    async with websocket_server(ws_ping_interval=0.3, ws_ping_timeout=0.5) as port:
+        client = await stalled_client(port, queue.slug, ticket, reading=True)
+        try:
+
+            def read_until_closed() -> tuple[list[int], bytes, float]:
+                client.settimeout(5)
+                seen: list[int] = []
+                started = time.monotonic()
+                while True:
+                    opcode, payload = server_frame(client)
+                    seen.append(opcode)
+                    if opcode in (CLOSE, -1):
+                        return seen, payload, time.monotonic() - started
+
+            seen, payload, after = await asyncio.to_thread(read_until_closed)
+        finally:
+            client.close()
+    assert seen[-1] == CLOSE and int.from_bytes(payload[:2], "big") == 1011, (seen, payload)
+    assert seen.count(PING) == 1  # one ping, unanswered: no second one while it waits for the pong
+    assert 0.5 <= after < 0.3 * 2 + 0.5 + 1.0, after  # not before the timeout; at the first visit after it
+    deadline = time.monotonic() + 5
+    while wsserver.roll_call().count(queue.slug):
+        assert time.monotonic() < deadline, "the failed socket was not released"
+        await asyncio.sleep(0.05)

@@ -9,26 +9,52 @@ import os
 import socket
 import struct
 from collections.abc import AsyncIterator
+from typing import Any
 
 from waitingroom_site import runstack
 
 from .stack import free_port
 
 
-def client_frame(text: str) -> bytes:
-    """A masked text frame, as a browser sends it."""
-    payload, mask = text.encode(), os.urandom(4)
-    head = bytes([0x81])
+def client_frame(text: str | bytes, opcode: int = 0x1) -> bytes:
+    """A masked frame (text unless `opcode` says otherwise), as a browser sends it."""
+    payload, mask = (text.encode() if isinstance(text, str) else text), os.urandom(4)
+    head = bytes([0x80 | opcode])
     head += (
         bytes([0x80 | len(payload)]) if len(payload) < 126 else bytes([0x80 | 126]) + struct.pack("!H", len(payload))
     )
     return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
 
 
-async def stalled_client(port: int, slug: str, ticket: str) -> socket.socket:
-    """Opens the socket, says hello and never reads again (a tiny receive buffer fills at once)."""
+def server_frame(sock: socket.socket) -> tuple[int, bytes]:
+    """(opcode, payload) of the next frame the server sends (unmasked, RFC 6455 5.2); (-1, b"") at its end."""
+
+    def exactly(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                raise EOFError
+            data += chunk
+        return data
+
+    try:
+        first, length = exactly(2)
+        if length & 0x7F == 126:
+            length = struct.unpack("!H", exactly(2))[0]
+        elif length & 0x7F == 127:
+            length = struct.unpack("!Q", exactly(8))[0]
+        return first & 0x0F, exactly(length & 0x7F if length < 126 else length)
+    except (EOFError, ConnectionError):
+        return -1, b""
+
+
+async def stalled_client(port: int, slug: str, ticket: str, *, reading: bool = False) -> socket.socket:
+    """Opens the socket and says hello; then it never reads again (a tiny receive buffer fills at once),
+    unless `reading`: then the caller reads it (server_frame)."""
     sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    if not reading:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
     sock.connect(("127.0.0.1", port))
     sock.sendall(
         f"GET /ws/queues/{slug}/ HTTP/1.1\r\nHost: localhost\r\nOrigin: http://localhost\r\n"
@@ -42,9 +68,9 @@ async def stalled_client(port: int, slug: str, ticket: str) -> socket.socket:
 
 
 @contextlib.asynccontextmanager
-async def websocket_server(ws: str = runstack.WS_PROTOCOL) -> AsyncIterator[int]:
+async def websocket_server(ws: str = runstack.WS_PROTOCOL, **options: Any) -> AsyncIterator[int]:
     """The websocket server as runstack starts it (uvicorn, the sans-I/O protocol in its lean form unless `ws`
-    names another), in this test's loop, on a free port; yields the port."""
+    names another), in this test's loop, on a free port, with uvicorn's further `options`; yields the port."""
     import uvicorn
 
     from waitingroom_site.asgi import application
@@ -60,6 +86,7 @@ async def websocket_server(ws: str = runstack.WS_PROTOCOL) -> AsyncIterator[int]
         lifespan="off",
         log_level="warning",
         timeout_graceful_shutdown=5,
+        **options,
     )
     server = uvicorn.Server(config)
     serving = asyncio.ensure_future(server.serve())
