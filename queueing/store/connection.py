@@ -23,6 +23,7 @@ import asyncio
 import hashlib
 import os
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -257,6 +258,7 @@ def _hiredis_packing(connection_class: type) -> type:
 
 # The longest the event loop's scripts wait for Redis's reply before the request is answered 503.
 LANE_TIMEOUT_SECONDS = 5.0
+LANE_CONNECTIONS = 32  # per event loop (_Lane): Redis runs one command at a time; more only queue there
 
 
 class _AsyncConnection:
@@ -286,7 +288,8 @@ class _AsyncConnection:
             )
             pool = client.connection_pool
             pool.connection_class = _hiredis_packing(pool.connection_class)  # type: ignore[arg-type]
-            found = self._clients[loop] = (url, client, _Lane(pool, timeout=LANE_TIMEOUT_SECONDS))
+            lane = _Lane(pool, timeout=LANE_TIMEOUT_SECONDS, most=LANE_CONNECTIONS)
+            found = self._clients[loop] = (url, client, lane)
         return found[1], found[2]
 
     def get(self) -> redis.asyncio.Redis:
@@ -311,15 +314,25 @@ class _Lane:
     (Redis restarted, an idle timeout) is sent once more on a new one: it cannot have run. A command that
     gets no reply within `timeout` seconds fails with redis's TimeoutError: a watchdog, once a second,
     closes connections that have waited that long (a deadline per command, as redis-py keeps it, costs a
-    task or a timer per command: a tenth of a poll's Python)."""
+    task or a timer per command: a tenth of a poll's Python).
 
-    def __init__(self, pool: redis.asyncio.ConnectionPool, *, timeout: float = 5.0) -> None:
+    At most `most` connections are open at a time: a command beyond them waits for one to come free, and
+    fails with TimeoutError if none does within `timeout`. A burst (a websocket server's sockets all saying
+    hello again after a restart) would otherwise open a connection per command in flight and keep every
+    one of them: 117 after 1,000 hellos, towards Redis's limit of clients, on every server at once."""
+
+    def __init__(
+        self, pool: redis.asyncio.ConnectionPool, *, timeout: float = 5.0, most: int = LANE_CONNECTIONS
+    ) -> None:
         self._pool = pool
         self._timeout = timeout
+        self._most = most
+        self._open = 0  # connections open or being opened, and places handed to a waiter to open one
         self._loop = asyncio.get_running_loop()
         self._idle: list[redis.asyncio.connection.AbstractConnection] = []
         self._busy: dict[redis.asyncio.connection.AbstractConnection, float] = {}
         self._expired: set[redis.asyncio.connection.AbstractConnection] = set()
+        self._waiters: deque[asyncio.Future[redis.asyncio.connection.AbstractConnection | None]] = deque()
         self._watchdog: asyncio.Task[None] | None = None
 
     async def command(self, *args: Any) -> Any:
@@ -332,7 +345,7 @@ class _Lane:
         return await self._once(args)
 
     async def _once(self, args: tuple[Any, ...]) -> Any:
-        connection = self._idle.pop() if self._idle else await self._connected()
+        connection = self._idle.pop() if self._idle else await self._take()
         self._busy[connection] = self._loop.time()
         if self._watchdog is None:
             self._watchdog = self._loop.create_task(self._watch())
@@ -340,18 +353,60 @@ class _Lane:
             await connection.send_packed_command(connection.pack_command(*args), check_health=False)
             reply = await connection.read_response()
         except redis.exceptions.ResponseError:
-            self._idle.append(connection)  # an error reply (no library, a script's error): the connection is fine
+            self._give(connection)  # an error reply (no library, a script's error): the connection is fine
             raise
         except BaseException as exc:
             await connection.disconnect(nowait=True)
+            self._give(None)
             if connection in self._expired:
                 self._expired.discard(connection)
                 raise redis.exceptions.TimeoutError(f"No reply from Redis in {self._timeout} s") from exc
             raise
         finally:
             self._busy.pop(connection, None)
-        self._idle.append(connection)
+        self._give(connection)
         return reply
+
+    async def _take(self) -> redis.asyncio.connection.AbstractConnection:
+        """None idle: a new one while fewer than `most` are open, else the next to come free."""
+        if self._open >= self._most:
+            waiter: asyncio.Future[redis.asyncio.connection.AbstractConnection | None] = self._loop.create_future()
+            self._waiters.append(waiter)
+            timer = self._loop.call_later(self._timeout, self._expire, waiter)
+            try:
+                handed = await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                    self._give(waiter.result())  # handed one, and gone: the next may have it
+                raise
+            finally:
+                timer.cancel()
+            if handed is not None:
+                return handed
+        else:
+            self._open += 1
+        try:  # a place of its own (or a dropped connection's, handed on): it opens a connection there
+            return await self._connected()
+        except BaseException:
+            self._give(None)
+            raise
+
+    def _expire(self, waiter: asyncio.Future[Any]) -> None:
+        if not waiter.done():
+            waiter.set_exception(redis.exceptions.TimeoutError(f"No Redis connection free in {self._timeout} s"))
+
+    def _give(self, connection: redis.asyncio.connection.AbstractConnection | None) -> None:
+        """A connection back, or (None) the place of one dropped: to the first waiter still waiting, else
+        kept idle (a place: freed)."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(connection)
+                return
+        if connection is None:
+            self._open -= 1
+        else:
+            self._idle.append(connection)
 
     async def _connected(self) -> redis.asyncio.connection.AbstractConnection:
         connection: redis.asyncio.connection.AbstractConnection = self._pool.make_connection()  # type: ignore[no-untyped-call]
@@ -373,6 +428,7 @@ class _Lane:
             self._watchdog.cancel()
             self._watchdog = None
         idle, self._idle = self._idle, []
+        self._open -= len(idle)
         for connection in idle:
             await connection.disconnect()
 
