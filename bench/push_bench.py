@@ -17,7 +17,11 @@ ports of their own, against Redis under a prefix of its own. It then
    which publishes their private `admitted` events and one `queue_move` to every socket. Latency of a
    ticket = arrival of its first `admitted` message at its client - the time taken just before the
    `queue_admit` call of its round; a round's public event latency = the arrival of its `queue_move` at
-   the last socket to get it - the same time.
+   the last socket to get it - the same time;
+4. with the product stopped, opens as many sockets from the same clients on the framework-free reference
+   (bench/push_reference.py: accept, and write one frame built once to every socket when told) and times
+   `--reference-rounds` of its events the same way: the product's public event figure as a ratio to this
+   machine's floor.
 
 The servers report their worst event-loop pause every 5 s (queueing/loopwatch.py), with their longest
 garbage collection. Their settings are production's: objects frozen out of the collector's sight every
@@ -26,6 +30,7 @@ N seconds, to see what it would cost.
 
     .venv/bin/python bench/push_bench.py [--sockets 2000 5000] [--duration 120] [--ws-servers 1]
                                          [--client-procs 2] [--per-round 20] [--py-spy PATH]
+                                         [--reference-rounds 120]
 
 Progress goes to stderr; the figures are printed as JSON and written to bench/out/push_bench.json.
 Every connection goes to 127.0.0.1.
