@@ -1,9 +1,9 @@
-"""uvicorn's sans-I/O websocket protocol (`--ws websockets-sansio`), lighter by a quarter per connection, for
-a server that holds tens of thousands of them (runstack starts uvicorn with `--ws
-queueing.wsprotocol:LeanSansIOProtocol`).
+"""uvicorn's sans-I/O websocket protocol (`--ws websockets-sansio`), lighter per connection, for a server that
+holds tens of thousands of them (runstack starts uvicorn with `--ws queueing.wsprotocol:LeanSansIOProtocol`):
+28.5 → 22.0 KB a socket at 18,000 (bench/RESULTS.md).
 
 Same protocol, same behaviour; three things each connection kept that it does not need (tracemalloc at
-3,000 sockets, bench/RESULTS.md):
+3,000 sockets):
 
 - the handshake's request and response, with their headers (~3.4 KB): uvicorn reads neither once the
   handshake is answered, and the app has the request's headers in its scope;
