@@ -23,7 +23,6 @@ import random
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -56,7 +55,7 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
     answering: viewer_services.Answering | None = None
     known = viewer_services.WAITING  # the roll call's last news of the ticket that this socket acted on
     pending: deque[dict[str, Any]] | None = None  # frames waiting for a slow reader (wsserver.write)
-    raw: Callable[[], Any] = staticmethod(wsserver.raw_transport(None))
+    wire: Any = None  # its protocol, when frames may go straight to its transport (wsserver.wire)
     groups_joined: tuple[str, ...] = ()
 
     timer: asyncio.TimerHandle | None = None  # the hello deadline, then the catch-up read
@@ -68,7 +67,7 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         # messages, where here the server's router brings the events (wsserver.Router) and this socket's
         # own task (the server's) reads its client and nothing else. Released however the consumer ends
         # (Channels runs disconnect() only on a normal close), once: _release forgets the claims.
-        self.scope, self.base_send, self.raw = scope, send, wsserver.raw_transport(send)
+        self.scope, self.base_send, self.wire = scope, send, wsserver.wire(send)
         try:
             while True:
                 await self.dispatch(await receive())

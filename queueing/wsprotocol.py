@@ -164,7 +164,15 @@ def _keepalive(interval: float) -> Keepalive:
 
 class LeanSansIOProtocol(WebSocketsSansIOProtocol):
     """uvicorn's sans-I/O websocket protocol without what a connection keeps and does not need (the module's
-    docstring). uvicorn takes it by its import path: `--ws queueing.wsprotocol:LeanSansIOProtocol`."""
+    docstring). uvicorn takes it by its import path: `--ws queueing.wsprotocol:LeanSansIOProtocol`.
+
+    `direct` is its transport while a frame may be written to it straight (wsserver.write): answered, its
+    buffer not full, no close sent, not lost; else None. Kept as the state changes, so that a fan-out
+    over thousands of sockets reads one attribute a socket (and asks the transport whether it is closing)."""
+
+    direct: Any = None
+    _answered = False
+    _close_sent = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -173,10 +181,38 @@ class LeanSansIOProtocol(WebSocketsSansIOProtocol):
         self.pinged_at: float | None = None  # when its unanswered ping was written
         self.sweep: Keepalive | None = None
 
+    @property
+    def close_sent(self) -> bool:
+        return self._close_sent
+
+    @close_sent.setter
+    def close_sent(self, value: bool) -> None:  # uvicorn sets it wherever it sends or fails a close
+        self._close_sent = value
+        if value:
+            self.direct = None
+
+    def _writable_directly(self) -> None:
+        ready = self._answered and not self._close_sent and not self.disconnected and self.writable.is_set()
+        self.direct = self.transport if ready else None
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self.direct = None
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._writable_directly()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.direct = None
+        super().connection_lost(exc)
+
     def start_keepalive(self) -> None:
         # uvicorn calls this once it has written the handshake's answer (101), the last use of the request
         # and of the response it built for it.
         self.request = self.response = None  # type: ignore[assignment]
+        self._answered = True
+        self._writable_directly()
         if self.ping_interval is not None and self.ping_interval > 0:
             self.sweep = _keepalive(self.ping_interval)
             self.sweep.add(self)

@@ -15,7 +15,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Generator
 from typing import Any, Protocol
 
 import redis
@@ -24,6 +24,7 @@ from django.conf import settings
 
 from . import selectors
 from .services import viewers as viewer_services
+from .wsprotocol import LeanSansIOProtocol
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class Socket(Protocol):
     answering: viewer_services.Answering | None  # its lease, and what it answers for in the roll call
     pending: deque[dict[str, Any]] | None  # frames waiting for a slow reader, oldest first
     known: int  # the ticket status its visitor was last told of (roll_call.lua's codes)
-    raw: Callable[[], Any]  # its transport while a frame may be written to it directly (raw_transport)
+    wire: LeanSansIOProtocol | None  # its protocol, when frames may go straight to its transport (wire())
 
     base_send: Any  # the server's ASGI send
 
@@ -82,51 +83,31 @@ class Event:
         return self._frame
 
 
-def raw_transport(send: Any) -> Callable[[], Any]:
-    """For the websocket server runstack starts (uvicorn, its sans-I/O protocol, wsprotocol.py's form of
-    it): a function that gives the socket's transport while a frame may be written to it directly (open,
-    not closing, its buffer not full), else None. For any other server, a function that always gives None
-    (the ASGI send is used).
+def wire(send: Any) -> LeanSansIOProtocol | None:
+    """For the websocket server runstack starts (uvicorn, wsprotocol.py's form of its sans-I/O protocol): the
+    protocol whose ASGI `send` this is, whose `direct` is its transport while a frame may be written to it
+    straight (answered, its buffer not full, no close sent). For any other server None: the ASGI send.
 
     Writing the event's frame, built once, to each socket's transport costs a third of what the ASGI send
     does, which frames the text again for every socket (bench/RESULTS.md)."""
     protocol = getattr(send, "__self__", None)
-    if not isinstance(protocol, _SANSIO) or getattr(send, "__func__", None) is not _SANSIO.send:
-        return _never
-    writable, transport = protocol.writable, protocol.transport
-
-    def ready() -> Any:
-        # A paused buffer; a close sent; a close received, a failed frame or a lost connection (the protocol
-        # closes its transport on each). A socket is in the router only once accepted.
-        if writable.is_set() and not protocol.close_sent and not transport.is_closing():
-            return transport
-        return None
-
-    return ready
-
-
-def _never() -> None:
+    if isinstance(protocol, LeanSansIOProtocol) and getattr(send, "__func__", None) is LeanSansIOProtocol.send:
+        return protocol
     return None
-
-
-try:
-    from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol as _SANSIO
-except ImportError:  # another server: the ASGI send
-    _SANSIO = None  # type: ignore[assignment,misc]
 
 
 def write(socket: Socket, event: Event) -> None:
     """Write an event to a socket without waiting for it.
 
-    The frame goes straight to the socket's transport when it can (raw_transport). Otherwise the ASGI send,
+    The frame goes straight to the socket's transport when it can (wire()). Otherwise the ASGI send,
     which waits while the client's buffer is full (a client that stopped reading): awaited in a fan-out,
     one such client would hold every other socket's events behind it. So the send is started here and, in
     the common case, finishes at once. Only when it has to wait does the rest run in a task of its own,
     and later frames for that socket queue behind it in order; a socket that falls MAX_PENDING frames
     behind is dropped (its page polls meanwhile and reconnects)."""
     if socket.pending is None:
-        transport = socket.raw()
-        if transport is not None:
+        transport = socket.wire.direct if socket.wire is not None else None
+        if transport is not None and not transport.is_closing():
             transport.write(event.frame)
             return
         message = {"type": "websocket.send", "text": event.text}
@@ -296,9 +277,11 @@ class Router:
                     if start:
                         await asyncio.sleep(0)
                     for socket in sockets[start : start + FANOUT_YIELD_EVERY]:
-                        # write(socket, event), its common case inlined: thousands of sockets an event
-                        transport = socket.raw() if socket.pending is None else None
-                        if transport is not None:
+                        # write(socket, event), its common case inlined: thousands of sockets an event, and
+                        # the checks were a fifth of the fan-out's time (py-spy, bench/RESULTS.md)
+                        wire_ = socket.wire
+                        transport = wire_.direct if wire_ is not None and socket.pending is None else None
+                        if transport is not None and not transport.is_closing():
                             transport.write(frame)
                         else:
                             write(socket, event)

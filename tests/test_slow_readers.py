@@ -51,14 +51,14 @@ async def test_a_client_that_stops_reading_holds_up_no_other_socket_and_is_close
                 [slow] = [s for s in router.groups[group] if s.answering and s.answering.visitor_key != reader_key]
                 # Under this server, events go to the sockets' transports as frames built once (the ASGI send
                 # only when a frame cannot be written at once).
-                assert all(s.raw is not wsserver._never for s in router.groups[group])
+                assert all(s.wire is not None for s in router.groups[group])
 
                 # Events of 16 KB each, until the stalled client's buffers (its own, the kernel's, the server's)
                 # are full, its frames have piled up to the bound and it was closed: the reader hears every one
                 # of them, each soon after it was sent.
                 padding = "x" * 16000
                 late: list[float] = []
-                most_pending, seq = 0, 0
+                most_pending, seq, paused = 0, 0, False
                 while router.members(group) > 1:
                     seq += 1
                     assert seq <= 5000, f"the stalled socket was never closed (at most {most_pending} pending)"
@@ -76,8 +76,10 @@ async def test_a_client_that_stops_reading_holds_up_no_other_socket_and_is_close
                     assert event["seq"] == seq  # in order, none lost
                     late.append(time.monotonic() - sent)
                     most_pending = max(most_pending, len(slow.pending or ()))
+                    paused = paused or slow.wire.direct is None  # its buffer full: no more frames straight to it
                 assert max(late) < 1.0, max(late)
                 assert most_pending == wsserver.MAX_PENDING  # kept in order up to the bound, then closed
+                assert paused and slow.wire.direct is None  # and nothing is written straight to a closed one
                 assert wsserver.roll_call().count(queue.slug) == 1
         finally:
             stalled.close()

@@ -110,7 +110,7 @@ async def test_a_socket_on_the_lean_protocol_keeps_no_handshake_and_works_both_w
         assert type(protocol) is LeanSansIOProtocol
         assert protocol.request is None and protocol.response is None  # answered, and let go
         assert isinstance(protocol.queue, Inbox) and isinstance(protocol.writable, Flag)
-        assert socket.raw() is protocol.transport  # frames go straight to it
+        assert socket.wire is protocol and protocol.direct is protocol.transport  # frames go straight to it
 
         await client.send(json.dumps({"type": "status"}))  # asked: its position comes back
         kinds: list[str] = []
