@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+logger = logging.getLogger(__name__)
 
 
 class Flag:
@@ -144,9 +147,15 @@ class Keepalive:
             for index in range(slices):
                 await asyncio.sleep(max(0.0, started + self.interval * (index + 1) / slices - loop.time()))
                 now = loop.time()
+                # A visit may come up to a slice early after one held up by a fan-out: a timeout that
+                # just ran out is taken as run out, rather than waited on for a whole interval more.
                 for protocol in held[index * len(held) // slices : (index + 1) * len(held) // slices]:
                     if protocol in self.sockets:
-                        protocol.keepalive(now)
+                        try:
+                            protocol.keepalive(now, slack=self.interval / slices)
+                        except Exception:  # one socket's trouble stops nobody else's pings
+                            logger.exception("keepalive of one websocket failed")
+            del held  # closed sockets are not kept for an interval
 
 
 _sweeps: dict[tuple[asyncio.AbstractEventLoop, float], Keepalive] = {}
@@ -168,7 +177,10 @@ class LeanSansIOProtocol(WebSocketsSansIOProtocol):
 
     `direct` is its transport while a frame may be written to it straight (wsserver.write): answered, its
     buffer not full, no close sent, not lost; else None. Kept as the state changes, so that a fan-out
-    over thousands of sockets reads one attribute a socket (and asks the transport whether it is closing)."""
+    over thousands of sockets reads one attribute a socket. uvicorn also closes a transport without a
+    close of its own (the client's close answered, a shutdown, the client's end of file, the app's end):
+    a writer must still ask the transport whether it is closing, since a frame written after a close
+    would follow the close frame out (RFC 6455 5.5.1 forbids it); the two it knows of clear `direct`."""
 
     direct: Any = None
     _answered = False
@@ -201,11 +213,20 @@ class LeanSansIOProtocol(WebSocketsSansIOProtocol):
 
     def resume_writing(self) -> None:
         super().resume_writing()
-        self._writable_directly()
+        if not self.transport.is_closing():
+            self._writable_directly()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.direct = None
         super().connection_lost(exc)
+
+    def handle_close(self, event: Any) -> None:
+        self.direct = None
+        super().handle_close(event)
+
+    def shutdown(self) -> None:
+        self.direct = None
+        super().shutdown()
 
     def start_keepalive(self) -> None:
         # uvicorn calls this once it has written the handshake's answer (101), the last use of the request
@@ -223,12 +244,13 @@ class LeanSansIOProtocol(WebSocketsSansIOProtocol):
             self.sweep = None
         super().stop_keepalive()
 
-    def keepalive(self, now: float) -> None:
-        """Its turn in the sweep: a ping, or the end if the last one went unanswered for the timeout."""
+    def keepalive(self, now: float, *, slack: float = 0.0) -> None:
+        """Its turn in the sweep: a ping, or the end if the last one went unanswered for the timeout (less
+        `slack`, at most a quarter of it)."""
         if self.close_sent or self.transport.is_closing() or self.sweep is None:
             return
         if self.pinged_at is not None and self.ping_timeout is not None:
-            if now - self.pinged_at >= self.ping_timeout:
+            if now - self.pinged_at >= self.ping_timeout - min(slack, self.ping_timeout / 4):
                 self.pinged_at = None
                 with contextlib.suppress(Exception):  # its connection is going anyway
                     self.keepalive_timeout()  # uvicorn's: a close frame (1011), and the transport closed

@@ -15,7 +15,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from websockets.asyncio.client import connect
 
-from queueing import realtime, wsserver
+from queueing import realtime, wsprotocol, wsserver
 from queueing.wsprotocol import Flag, Inbox, LeanSansIOProtocol
 
 from .factories import join, ticket_token
@@ -246,3 +246,38 @@ async def test_a_socket_that_leaves_a_ping_unanswered_past_the_timeout_is_closed
     while wsserver.roll_call().count(queue.slug):
         assert time.monotonic() < deadline, "the failed socket was not released"
         await asyncio.sleep(0.05)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_sweep_pings_every_socket_once_an_interval_over_its_slices(make_queue, monkeypatch):
+    monkeypatch.setattr(wsprotocol, "SWEEP_SECONDS", 0.1)  # an interval of 0.6 s in six slices
+    queue = await sync_to_async(make_queue)(state="paused")
+    tickets = [
+        await sync_to_async(ticket_token)(queue.slug, await sync_to_async(join)(queue.slug, f"v{i}")) for i in range(6)
+    ]
+    async with websocket_server(ws_ping_interval=0.6, ws_ping_timeout=0.6) as port:
+        clients = [await stalled_client(port, queue.slug, ticket, reading=True) for ticket in tickets]
+        try:
+
+            def answer_pings_for(client: Any, seconds: float) -> list[int]:
+                client.settimeout(0.05)
+                seen: list[int] = []
+                deadline = time.monotonic() + seconds
+                while time.monotonic() < deadline:
+                    try:
+                        opcode, payload = server_frame(client)
+                    except TimeoutError:
+                        continue
+                    seen.append(opcode)
+                    if opcode == PING:
+                        client.sendall(client_frame(payload, opcode=PONG))
+                    if opcode in (CLOSE, -1):
+                        break
+                return seen
+
+            heard = await asyncio.gather(*(asyncio.to_thread(answer_pings_for, c, 2.5) for c in clients))
+        finally:
+            for client in clients:
+                client.close()
+    for seen in heard:  # one ping an interval, from the first interval after it joined
+        assert 2 <= seen.count(PING) <= 5 and CLOSE not in seen and -1 not in seen, seen  # 2.5 / 0.6 + 1

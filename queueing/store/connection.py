@@ -356,8 +356,10 @@ class _Lane:
             self._give(connection)  # an error reply (no library, a script's error): the connection is fine
             raise
         except BaseException as exc:
-            await connection.disconnect(nowait=True)
-            self._give(None)
+            try:
+                await connection.disconnect(nowait=True)
+            finally:
+                self._give(None)
             if connection in self._expired:
                 self._expired.discard(connection)
                 raise redis.exceptions.TimeoutError(f"No reply from Redis in {self._timeout} s") from exc
@@ -375,7 +377,7 @@ class _Lane:
             timer = self._loop.call_later(self._timeout, self._expire, waiter)
             try:
                 handed = await waiter
-            except asyncio.CancelledError:
+            except BaseException:  # cancelled (or a timeout)
                 if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                     self._give(waiter.result())  # handed one, and gone: the next may have it
                 raise
@@ -410,7 +412,11 @@ class _Lane:
 
     async def _connected(self) -> redis.asyncio.connection.AbstractConnection:
         connection: redis.asyncio.connection.AbstractConnection = self._pool.make_connection()  # type: ignore[no-untyped-call]
-        await connection.connect()  # type: ignore[no-untyped-call]
+        try:
+            await connection.connect()  # type: ignore[no-untyped-call]
+        except BaseException:  # cancelled mid-handshake too: not left half open
+            await connection.disconnect(nowait=True)
+            raise
         connection.socket_timeout = None  # the watchdog's deadline instead (connecting keeps its own)
         return connection
 
