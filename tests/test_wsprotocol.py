@@ -179,6 +179,24 @@ async def test_a_socket_on_the_lean_protocol_holds_kilobytes_less_than_on_uvicor
 PING, PONG, CLOSE = 0x9, 0xA, 0x8
 
 
+def _answer_pings(client: Any, seconds: float) -> list[int]:
+    """Read a raw client's frames for `seconds`, answering each ping; the opcodes seen (-1: the end)."""
+    client.settimeout(0.05)
+    seen: list[int] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            opcode, payload = server_frame(client)
+        except TimeoutError:
+            continue
+        seen.append(opcode)
+        if opcode == PING:
+            client.sendall(client_frame(payload, opcode=PONG))
+        if opcode in (CLOSE, -1):
+            break
+    return seen
+
+
 @pytest.mark.django_db(transaction=True)
 async def test_keepalive_pings_come_from_the_servers_sweep_and_an_answering_socket_stays(make_queue):
     queue = await sync_to_async(make_queue)(state="paused")
@@ -186,24 +204,7 @@ async def test_keepalive_pings_come_from_the_servers_sweep_and_an_answering_sock
     async with websocket_server(ws_ping_interval=0.3, ws_ping_timeout=0.3) as port:
         client = await stalled_client(port, queue.slug, ticket, reading=True)
         try:
-
-            def answer_pings_for(seconds: float) -> list[int]:
-                client.settimeout(0.1)
-                seen: list[int] = []
-                deadline = time.monotonic() + seconds
-                while time.monotonic() < deadline:
-                    try:
-                        opcode, payload = server_frame(client)
-                    except TimeoutError:
-                        continue
-                    seen.append(opcode)
-                    if opcode == PING:
-                        client.sendall(client_frame(payload, opcode=PONG))
-                    if opcode in (CLOSE, -1):
-                        break
-                return seen
-
-            seen = await asyncio.to_thread(answer_pings_for, 2.0)
+            seen = await asyncio.to_thread(_answer_pings, client, 2.0)
             assert seen.count(PING) >= 4 and CLOSE not in seen and -1 not in seen, seen
             [socket] = wsserver.router().groups[realtime.queue_group(queue.slug)]
             protocol = socket.base_send.__self__
@@ -258,24 +259,7 @@ async def test_the_sweep_pings_every_socket_once_an_interval_over_its_slices(mak
     async with websocket_server(ws_ping_interval=0.6, ws_ping_timeout=0.6) as port:
         clients = [await stalled_client(port, queue.slug, ticket, reading=True) for ticket in tickets]
         try:
-
-            def answer_pings_for(client: Any, seconds: float) -> list[int]:
-                client.settimeout(0.05)
-                seen: list[int] = []
-                deadline = time.monotonic() + seconds
-                while time.monotonic() < deadline:
-                    try:
-                        opcode, payload = server_frame(client)
-                    except TimeoutError:
-                        continue
-                    seen.append(opcode)
-                    if opcode == PING:
-                        client.sendall(client_frame(payload, opcode=PONG))
-                    if opcode in (CLOSE, -1):
-                        break
-                return seen
-
-            heard = await asyncio.gather(*(asyncio.to_thread(answer_pings_for, c, 2.5) for c in clients))
+            heard = await asyncio.gather(*(asyncio.to_thread(_answer_pings, c, 2.5) for c in clients))
         finally:
             for client in clients:
                 client.close()
