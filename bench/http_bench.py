@@ -413,11 +413,15 @@ def redis_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
         join_seconds = time.perf_counter() - started
         fcall = client.info("commandstats").get("cmdstat_fcall", {})
         used = int(client.info("memory")["used_memory"])
-        waiting = client.zcard(store.queue_keys("mem").line)
+        waiting = store.line_count("mem")
         per_key = {
             name: int(client.memory_usage(getattr(store.queue_keys("mem"), name), samples=0) or 0)
-            for name in ("line", "tk", "st", "cfg")
+            for name in ("tk", "st", "cfg")
         }
+        # The line: its buckets and their two indexes (lua/_lib.lua, line_add).
+        line = store.line_keys("mem")
+        per_key["line_buckets_and_indexes"] = sum(int(client.memory_usage(name, samples=0) or 0) for name in line)
+        per_key["line_keys_count"] = len(line)
         # Waiting visitors' records, in small hashes (QueueKeys.record): their count and bytes all told.
         small = store.record_hashes("mem")
         per_key["tk_small_hashes"] = sum(int(client.memory_usage(name, samples=0) or 0) for name in small)

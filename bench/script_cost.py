@@ -124,7 +124,7 @@ def measure(tickets: int, calls: int, rounds: int = 3) -> dict[str, Any]:
     keys = store.queue_keys("bench")
     results = {
         "redis_version": client.info("server")["redis_version"],
-        "waiting": client.zcard(keys.line),
+        "waiting": store.line_count("bench"),
         f"status with its limiter ({with_limit})": per_call(with_limit, poll("status")),
         "status alone": per_call("status", poll("")),
         f"limiter alone (limits/{limiter.algorithm})": per_call(

@@ -250,7 +250,7 @@ def memory_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
         seconds = time.perf_counter() - started
         stats = client.info("commandstats").get("cmdstat_fcall", {})
         used = int(client.info("memory")["used_memory"]) - before
-        waiting = int(client.zcard(store.queue_keys("tracked").line))
+        waiting = store.line_count("tracked")
         out["tracked"] = {
             "waiting": waiting,
             "used_memory_delta_bytes": used,

@@ -66,7 +66,7 @@ class Stack:
         return self.redis.hgetall(f"{self.prefix}:{{{slug}}}:st")  # type: ignore[return-value]
 
     def waiting(self, slug: str) -> int:
-        return int(self.redis.zcard(f"{self.prefix}:{{{slug}}}:line"))
+        return int(self.redis.hget(f"{self.prefix}:{{{slug}}}:line:f", "n") or 0)  # the line's count (lua/_lib.lua)
 
     def staff_password(self) -> str:
         match = re.search(r"password (\S+)", self.log.read_text())

@@ -330,7 +330,7 @@ async def test_the_join_and_its_rate_limiter_are_one_script_and_a_refused_join_j
     settings.WR_RATE_LIMITS = {"join": {"algorithm": "fixed_window", "window_seconds": 60, "max_requests": 2}}
     codes = [(await join(app, paused, headers={"X-Visitor-Id": str(uuid.uuid4())})).status_code for _ in range(3)]
     assert codes == [201, 201, 429] and django.paths == []
-    assert store.client().zcard(store.queue_keys(paused).line) == 2  # the refused join took no place
+    assert store.line_count(paused) == 2  # the refused join took no place
     keys = list(store.client().scan_iter(match="*rl:join:fixed_window:*"))
     assert len(keys) == 1 and "{203.0.113.9}" in keys[0]  # per address, whichever queue it joins
     # Django's path counts in the same bucket.
@@ -447,7 +447,7 @@ async def test_parallel_joins_of_one_visitor_on_the_event_loop_hold_one_ticket(p
     answers = await asyncio.gather(*(join(app, paused, headers=visitor) for _ in range(20)))
     assert sorted(a.status_code for a in answers) == [200] * 19 + [201]
     assert len({a.json()["ticket_id"] for a in answers}) == 1
-    assert store.client().zcard(store.queue_keys(paused).line) == 1
+    assert store.line_count(paused) == 1
 
 
 @pytest.mark.asyncio

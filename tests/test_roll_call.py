@@ -164,14 +164,14 @@ async def test_a_parked_visitor_whose_socket_is_open_gets_its_place_back_at_the_
     await sync_to_async(services.queue_admit)(slug=queue.slug)
     keys = store.queue_keys(queue.slug)
     client = store.client()
-    assert await sync_to_async(client.zcard)(keys.line) == 0  # both absent: parked, nobody admitted
+    assert await sync_to_async(store.line_count)(queue.slug) == 0  # both absent: parked, nobody admitted
     monkeypatch.setattr(consumers.QueueConsumer, "_catch_up", lambda self: None)  # only the roll call reads
     communicator, ready, _ = await open_socket(queue.slug, await sync_to_async(ticket_token)(queue.slug, ahead))
     assert ready
     await wsserver.roll_call().call(queue.slug)
     position = await next_event(communicator, "position", timeout=3)
     assert position["position"] == 1
-    assert await sync_to_async(client.zrange)(keys.line, 0, -1) == [ahead.ticket_id]
+    assert await sync_to_async(store.line_members)(queue.slug) == [ahead.ticket_id]
     assert await sync_to_async(client.zscore)(keys.away, behind.ticket_id) is not None  # no socket: still away
     await communicator.disconnect()
 

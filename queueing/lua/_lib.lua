@@ -6,7 +6,8 @@
 --   KEYS[1] cfg       HASH  the queue's policy, mirrored from the database
 --   KEYS[2] st        HASH  counters, token bucket, EMAs, sequence numbers, tails, cursors, and the
 --                           adaptive outflow's current rate (outflow_effective, outflow_adapted_at)
---   KEYS[3] line      ZSET  waiting tickets: member = ticket id, score = placement
+--   KEYS[3] line            waiting tickets in buckets: ZSETs line:<b>, member = ticket id, score =
+--                           placement, and their indexes line:i, line:f (see line_add below)
 --   KEYS[4] tk        HASH  ticket records: field = visitor key, value = msgpack array (below)
 --   KEYS[5] claims    ZSET  admitted tickets, score = claim deadline (ms)
 --   KEYS[6] sessions  ZSET  active tickets, score = session end (ms)
@@ -29,6 +30,8 @@
 -- The current time always comes from Python (ARGV), never from the Redis server.
 
 local K_CFG, K_ST, K_LINE, K_TK, K_CLAIMS, K_SESSIONS, K_DONE, K_LEADER, K_AWAY, K_WAITS, K_RESTORE  -- bind()
+local K_LINE_I, K_LINE_F  -- bind(): the line's bucket index and count tree (line_add below)
+local LINE  -- this call's copy of the line's count, tail and base (line_meta below; bind() forgets it)
 local WAITS_KEEP = 20000  -- samples not yet drained (the task runs every 10 s): the newest are kept
 
 -- The policy fields scripts read, in the order of cfg's packed copy ('packed'): a JSON array (text, like
@@ -41,7 +44,7 @@ local WAITING, ADMITTED, ACTIVE, COMPLETED, EXPIRED, REVOKED = 1, 2, 3, 4, 5, 6
 -- Record fields. A waiting ticket stores only the first seven (small: this is per waiting visitor).
 local R_SEQ, R_STATUS, R_PRI, R_JOINED, R_SEEN, R_NAME, R_EST = 1, 2, 3, 4, 5, 6, 7
 local R_FENCE, R_ADMITTED, R_DEADLINE, R_EXPIRES, R_ENDED, R_REASON = 8, 9, 10, 11, 12, 13
-local R_LINE_SCORE = 14  -- a parked ticket's place in the line
+local R_LINE_SCORE = 14  -- the ticket's line score when it is not its sequence number, or it is parked
 -- 15 (R_BUCKET, bucket_take): the status limiter's bucket, after `false` in each field before it not set
 
 local SEQ_DIGITS = 10
@@ -58,6 +61,8 @@ local function bind(KEYS)
   K_CFG, K_ST, K_LINE, K_TK = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
   K_CLAIMS, K_SESSIONS, K_DONE, K_LEADER, K_AWAY = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
   K_WAITS, K_RESTORE = KEYS[10], KEYS[11]
+  LINE = nil
+  if K_LINE then K_LINE_I, K_LINE_F = K_LINE .. ':i', K_LINE .. ':f' end  -- (not a queue script's KEYS)
   MOVES, WHERE = {}, {}
 end
 
@@ -133,6 +138,276 @@ local function hash_table(key)
   return t
 end
 
+local function moved(op, rank)
+  local last = MOVES[#MOVES]
+  if last and last[1] == op and last[2] == rank then
+    last[3] = last[3] + 1
+  else
+    MOVES[#MOVES + 1] = {op, rank, 1}
+  end
+end
+
+-- The line (KEYS[3] names it): waiting tickets in order of score, then ticket id, kept in buckets. A
+-- bucket `line:<b>` is a ZSET of the scores in [b x LINE_WIDTH, (b + 1) x LINE_WIDTH), small enough that
+-- Redis keeps it a listpack: about 40 B an entry, where one ZSET of everyone costs 128 (a skiplist node, a
+-- dictionary entry and the member on its own; bench/RESULTS.md). Two small indexes find a place in it:
+--   line:i  ZSET  the buckets that hold anyone (member and score: b), to walk them in order
+--   line:f  HASH  'n': everyone in line; 'tail': the last bucket; 'base': the first bucket the count
+--                 tree counts; and the tree (Fenwick): field i holds the entries of buckets
+--                 base + i - lowbit(i) .. base + i - 1, the tail's excepted. The entries ahead of a bucket
+--                 are a sum of at most LINE_BITS fields (one HMGET); ahead of the tail's, n less its own.
+-- The tail is kept out of the tree so that a join at the back (most joins) writes no tree field: the
+-- tail's count goes into the tree once, when a bucket after it starts (every LINE_WIDTH joins or so).
+-- The bucket is a non-decreasing function of the score (clamped at both ends), so the buckets in order,
+-- each in its own order, are the line in order. A waiting ticket's score is its sequence number unless
+-- its record says otherwise (R_LINE_SCORE: a priority joiner's place, the shuffle's, a restored one's),
+-- so its bucket is found from the record, never by search.
+local LINE_WIDTH = 64  -- level 0 joiners fill a bucket half; priority joiners placed among them, the rest
+local LINE_BITS = 16
+local LINE_SIZE = 2 ^ LINE_BITS  -- buckets the tree counts, from its base: 4.2 million places of score
+local LINE_LAYOUT = 2  -- cfg 'line_layout': 2 = buckets; a policy packed before them is not live (upgrade)
+
+-- This call's copy of line:f's n, tail and base (bind() forgets it). The base is set when the line
+-- starts from empty, at the first score's bucket, and stays while anyone is in line: buckets are a
+-- function of the score only while it stays. A score below the base (a premium joiner ahead of the
+-- head, a parked visitor back) or beyond the tree's reach shares the bucket at that end (in order still,
+-- only less compact). The tree's fields are read in numbers of set bits of (b - base): the base at the
+-- first bucket keeps them few.
+local function line_meta()
+  if LINE == nil then
+    local v = redis.call('HMGET', K_LINE_F, 'n', 'tail', 'base')
+    LINE = {n = tonumber(v[1]) or 0, tail = tonumber(v[2]), base = tonumber(v[3])}
+  end
+  return LINE
+end
+
+-- Everyone in line.
+local function line_count()
+  return line_meta().n
+end
+
+local function line_bucket(score)
+  local meta = line_meta()
+  local b = math.floor(score / LINE_WIDTH)
+  local base = meta.base
+  if base == nil then return math.max(0, b) end  -- nobody in line: the first to come sets the base
+  if b < base then return base end
+  if b >= base + LINE_SIZE then return base + LINE_SIZE - 1 end
+  return b
+end
+
+local function bucket_key(b)
+  return K_LINE .. ':' .. b
+end
+
+-- The tree's fields to read for the entries before slot i, and to write for a change at slot i: lists of
+-- field names kept by the library (at most TREE_PATHS_KEPT of each, then they start again). Building
+-- them cost a poll more than Redis's own work reading them: Redis turns each number given to a command
+-- into text with snprintf.
+local READ_PATHS, WRITE_PATHS, TREE_PATHS_KEPT, tree_paths_kept = {}, {}, 20000, 0
+
+local function tree_path(paths, i, step)
+  local path = paths[i]
+  if path then return path end
+  path = {}
+  local at = i
+  while at > 0 and at <= LINE_SIZE do
+    path[#path + 1] = string.format('%d', at)
+    at = at + step * bit.band(at, -at)
+  end
+  if tree_paths_kept >= TREE_PATHS_KEPT then READ_PATHS, WRITE_PATHS, tree_paths_kept = {}, {}, 0 end
+  paths[i], tree_paths_kept = path, tree_paths_kept + 1
+  return path
+end
+
+-- The tree's count of bucket b changes by delta. A field that comes to 0 goes.
+local function tree_add(b, delta)
+  local fields = tree_path(WRITE_PATHS, b - LINE.base + 1, 1)
+  local values = redis.call('HMGET', K_LINE_F, unpack(fields))
+  local set, drop = {}, {}
+  for j, field in ipairs(fields) do
+    local v = (tonumber(values[j]) or 0) + delta
+    if v == 0 then
+      drop[#drop + 1] = field
+    else
+      set[#set + 1] = field
+      set[#set + 1] = v
+    end
+  end
+  if #set > 0 then redis.call('HSET', K_LINE_F, unpack(set)) end
+  if #drop > 0 then redis.call('HDEL', K_LINE_F, unpack(drop)) end
+end
+
+-- The entries in buckets before b.
+local function line_before(b)
+  local meta = line_meta()
+  if b == meta.tail then return meta.n - redis.call('ZCARD', bucket_key(b)) end
+  local i = b - meta.base
+  if i <= 0 then return 0 end
+  local values = redis.call('HMGET', K_LINE_F, unpack(tree_path(READ_PATHS, i, -1)))
+  local sum = 0
+  for j = 1, #values do sum = sum + (tonumber(values[j]) or 0) end
+  return sum
+end
+
+-- The bucket holding the entry at `rank` (0-based, < line_count()), and the entries before that bucket.
+local function bucket_at(rank)
+  local meta = line_meta()
+  local in_tree = meta.n - redis.call('ZCARD', bucket_key(meta.tail))
+  if rank >= in_tree then return meta.tail, in_tree end
+  local pos, left, step = 0, rank, LINE_SIZE
+  while step >= 1 do
+    local at = pos + step
+    if at <= LINE_SIZE then
+      local v = tonumber(redis.call('HGET', K_LINE_F, string.format('%d', at))) or 0
+      if v <= left then pos, left = at, left - v end
+    end
+    step = step / 2
+  end
+  return meta.base + pos, rank - left
+end
+
+-- A waiting ticket's score: its sequence number unless its record keeps another.
+local function line_score_of(rec)
+  return rec[R_LINE_SCORE] or rec[R_SEQ]
+end
+
+-- Keep `score` in the record when it is not the sequence number (false holds the places before it:
+-- msgpack keeps an array without holes); a record back at its sequence number loses the field.
+local function line_score_keep(rec, score)
+  if score ~= rec[R_SEQ] then
+    while #rec < R_LINE_SCORE - 1 do rec[#rec + 1] = false end
+    rec[R_LINE_SCORE] = score
+  elseif rec[R_LINE_SCORE] then
+    rec[R_LINE_SCORE] = false
+    while #rec > R_EST and not rec[#rec] do rec[#rec] = nil end
+  end
+end
+
+local function line_add(tid, score)
+  local meta = line_meta()
+  local b = line_bucket(score)
+  local key = bucket_key(b)
+  local fresh = false  -- a bucket nobody was in
+  if meta.n == 0 then  -- the line starts again: a new base and tail, an empty tree
+    redis.call('DEL', K_LINE_F)
+    meta.base, meta.tail, fresh = b, b, true
+    redis.call('HSET', K_LINE_F, 'base', b, 'tail', b)
+  elseif b > meta.tail then  -- a bucket after the tail: the tail's count goes into the tree
+    tree_add(meta.tail, redis.call('ZCARD', bucket_key(meta.tail)))
+    meta.tail, fresh = b, true
+    redis.call('HSET', K_LINE_F, 'tail', b)
+  end
+  if redis.call('ZADD', key, score, tid) == 1 then
+    meta.n = redis.call('HINCRBY', K_LINE_F, 'n', 1)
+    if b ~= meta.tail then
+      tree_add(b, 1)
+      fresh = redis.call('ZCARD', key) == 1
+    end
+    if fresh then redis.call('ZADD', K_LINE_I, b, b) end
+  end
+end
+
+-- The ticket's place (0-based), or nil when it is not in line at that score.
+local function line_rank(tid, score)
+  local b = line_bucket(score)
+  local r = redis.call('ZRANK', bucket_key(b), tid)
+  if not r then return nil end
+  return line_before(b) + r
+end
+
+local function line_has(tid, score)
+  return redis.call('ZSCORE', bucket_key(line_bucket(score)), tid) ~= false
+end
+
+-- Take a ticket out of the line; its place, or nil when it was not there. Nobody is told (line_remove).
+local function line_drop(tid, score)
+  local meta = line_meta()
+  local b = line_bucket(score)
+  local key = bucket_key(b)
+  local r = redis.call('ZRANK', key, tid)
+  if not r then return nil end
+  local rank = line_before(b) + r
+  redis.call('ZREM', key, tid)
+  local emptied = redis.call('EXISTS', key) == 0
+  if emptied then redis.call('ZREM', K_LINE_I, b) end
+  if meta.n <= 1 then  -- nobody left: the tree, its base and tail go
+    redis.call('DEL', K_LINE_F)
+    meta.n, meta.tail, meta.base = 0, nil, nil
+    return rank
+  end
+  meta.n = redis.call('HINCRBY', K_LINE_F, 'n', -1)
+  if b ~= meta.tail then
+    tree_add(b, -1)
+  elseif emptied then  -- the tail emptied: the bucket before it is the tail now, out of the tree
+    local before = tonumber(redis.call('ZRANGE', K_LINE_I, '(' .. b, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)[1])
+    tree_add(before, -redis.call('ZCARD', bucket_key(before)))
+    meta.tail = before
+    redis.call('HSET', K_LINE_F, 'tail', before)
+  end
+  return rank
+end
+
+-- Take a ticket out of the line (if it is there), noting the place it left.
+local function line_remove(tid, score)
+  local rank = line_drop(tid, score)
+  if rank then moved('-', rank) end
+end
+
+-- The tickets at places start .. stop (inclusive; -1: the last), and their scores, in line order.
+local function line_range(start, stop)
+  local members, scores = {}, {}
+  local n = line_count()
+  if stop < 0 then stop = n + stop end
+  if stop >= n then stop = n - 1 end
+  if start < 0 then start = 0 end
+  if start > stop then return members, scores end
+  local b, before
+  if start == 0 then
+    b, before = tonumber(redis.call('ZRANGE', K_LINE_I, 0, 0)[1]), 0
+  else
+    b, before = bucket_at(start)
+  end
+  local offset, want, ahead = start - before, stop - start + 1, {}
+  while want > 0 and b do
+    local got = redis.call('ZRANGE', bucket_key(b), offset, offset + want - 1, 'WITHSCORES')
+    for i = 1, #got, 2 do
+      members[#members + 1] = got[i]
+      scores[#scores + 1] = tonumber(got[i + 1])
+    end
+    want, offset = want - #got / 2, 0
+    if want > 0 then
+      if #ahead == 0 then  -- the next buckets, a few at a time
+        ahead = redis.call('ZRANGE', K_LINE_I, '(' .. b, '+inf', 'BYSCORE', 'LIMIT', 0, 32)
+        for i = 1, math.floor(#ahead / 2) do ahead[i], ahead[#ahead + 1 - i] = ahead[#ahead + 1 - i], ahead[i] end
+      end
+      b = tonumber(table.remove(ahead))
+    end
+  end
+  return members, scores
+end
+
+-- A line kept before the buckets (one ZSET at K_LINE itself) moves into them, scores into the records;
+-- once, from policy_pack(), whose packed policy then says the layout: until then no script runs on the
+-- queue (a policy packed before says no layout, and reads as not live: Python writes it again).
+local function line_upgrade()
+  if redis.call('TYPE', K_LINE).ok == 'zset' then
+    local flat = redis.call('ZRANGE', K_LINE, 0, -1, 'WITHSCORES')
+    for i = 1, #flat, 2 do
+      local tid, score = flat[i], tonumber(flat[i + 1])
+      line_add(tid, score)
+      local vk = vk_of(tid)
+      local rec = load(vk)
+      if rec and rec[R_STATUS] == WAITING and line_score_of(rec) ~= score then
+        line_score_keep(rec, score)
+        save(vk, rec)
+      end
+    end
+    redis.call('DEL', K_LINE)
+  end
+  redis.call('HSET', K_CFG, 'line_layout', LINE_LAYOUT)
+end
+
 -- The counters a poll reads: figures() and estimate_wait() (HGETALL would build every other one too).
 local FIGURE_FIELDS = {'admitted', 'evseq', 'ema_rate', 'ema_ts', 'ema_service_ms', 'reported_in_use'}
 
@@ -155,10 +430,11 @@ local function policy_pack()
     'burst', 'session_ttl', 'claim_ttl', 'presence_timeout', 'abandon_timeout', 'max_waiting',
     'max_tickets_per_address', 'pow_difficulty', 'target_url', 'seq_max', 'epoch_floor', 'restore_until_ms',
     'restore_hold_until_ms', 'leader_ttl_ms', 'starts_at_ms', 'prequeue_opens_at_ms', 'ends_at_ms',
-    'shuffle_pending', 'name', 'mode', 'pf1', 'pf2', 'pf3',
+    'shuffle_pending', 'name', 'mode', 'pf1', 'pf2', 'pf3', 'line_layout',
   }
   local POLICY_TEXT = {state = true, live_epoch = true, epoch = true, adaptive_outflow = true, capacity_source = true,
     target_url = true, shuffle_pending = true, name = true, mode = true}
+  line_upgrade()
   local values = redis.call('HMGET', K_CFG, unpack(POLICY_FIELDS))
   for i, field in ipairs(POLICY_FIELDS) do
     if values[i] and not POLICY_TEXT[field] then values[i] = tonumber(values[i]) or false end
@@ -178,7 +454,7 @@ local POLICIES, POLICIES_KEPT = {}, 0  -- at most 256 kept: then they start agai
 local function policy_decode(packed)
   local v = cjson.decode(packed)
   return {
-    live = v[1] and v[2] == v[3],
+    live = v[1] and v[2] == v[3] and v[31] == LINE_LAYOUT,
     live_epoch = v[2],
     outflow_configured = v[4] or 60,
     adaptive = v[5] == '1',
@@ -303,7 +579,7 @@ end
 -- What a poll's answer needs about the queue right now (status.lua; store.PollFigures).
 local function poll_figures(p, st)
   return {
-    p.state, p.capacity, used_slots(p, st), redis.call('ZCARD', K_LINE), st.evseq or '0',
+    p.state, p.capacity, used_slots(p, st), line_count(), st.evseq or '0',
     p.presence_timeout, p.target_url, p.epoch, p.claim_ttl, p.starts_at_ms,
   }
 end
@@ -339,24 +615,6 @@ local function estimate_wait(p, st, ahead, now)
   return math.ceil(until_start + ahead / rate)
 end
 
-local function moved(op, rank)
-  local last = MOVES[#MOVES]
-  if last and last[1] == op and last[2] == rank then
-    last[3] = last[3] + 1
-  else
-    MOVES[#MOVES + 1] = {op, rank, 1}
-  end
-end
-
--- Take a ticket out of the line (if it is there), noting the place it left.
-local function line_remove(tid)
-  local rank = redis.call('ZRANK', K_LINE, tid)
-  if rank then
-    redis.call('ZREM', K_LINE, tid)
-    moved('-', rank)
-  end
-end
-
 -- {event sequence, moves}, or 0 when nobody moved: the sequence grows by one for every call that moved anyone, so a client
 -- that sees a gap knows it missed an event and polls.
 local function moves_reply()
@@ -377,6 +635,7 @@ local function admit(p, tid, rec, now)
   rec[R_EXPIRES] = expires
   rec[R_ENDED] = 0
   rec[R_REASON] = ''
+  line_score_keep(rec, rec[R_SEQ])  -- out of line: no place to keep
   save(vk, rec)
   redis.call('ZADD', K_CLAIMS, deadline, tid)
   redis.call('HINCRBY', K_ST, 'admitted', 1)
@@ -392,7 +651,7 @@ local function finish(tid, rec, status, reason, now)
   local vk = vk_of(tid)
   local held = rec[R_STATUS] == ADMITTED or rec[R_STATUS] == ACTIVE
   if rec[R_STATUS] == WAITING then
-    line_remove(tid)
+    line_remove(tid, line_score_of(rec))
     redis.call('ZREM', K_AWAY, tid)
   elseif held then
     redis.call('ZREM', K_CLAIMS, tid)
@@ -413,23 +672,25 @@ end
 -- A waiting visitor found absent at the head leaves the line for `away`, so admission does not look at
 -- it again; its line score goes into the record. Same memory: one entry moves from one set to another.
 local function park(tid, rec)
-  local score = redis.call('ZSCORE', K_LINE, tid)
+  local score = line_score_of(rec)
   while #rec < R_REASON do rec[#rec + 1] = 0 end
-  rec[R_LINE_SCORE] = tonumber(score)
+  rec[R_LINE_SCORE] = score
   save(vk_of(tid), rec)
-  line_remove(tid)
+  line_remove(tid, score)
   redis.call('ZADD', K_AWAY, rec[R_SEEN], tid)
 end
 
 -- The rank of a waiting ticket; a parked one that shows up again first gets its place back.
 local function waiting_rank(tid, rec)
-  local rank = redis.call('ZRANK', K_LINE, tid)
+  local score = line_score_of(rec)
+  local rank = line_rank(tid, score)
   if rank or not redis.call('ZSCORE', K_AWAY, tid) then return rank end
   redis.call('ZREM', K_AWAY, tid)
-  redis.call('ZADD', K_LINE, rec[R_LINE_SCORE] or rec[R_SEQ], tid)
+  line_add(tid, score)
   for i = #rec, R_EST + 1, -1 do rec[i] = nil end  -- back to the small waiting record
+  line_score_keep(rec, score)
   save(vk_of(tid), rec)
-  local rank = redis.call('ZRANK', K_LINE, tid)
+  rank = line_rank(tid, score)
   moved('+', rank)
   return rank
 end

@@ -32,7 +32,7 @@ if p.mode == 'stateless' then return {'ok', {}, {}, {}, {0, {}}} end  -- the win
 
 local expired = expire_slots(now, max_admit)
 local st = hash_table(K_ST)
-local waiting = redis.call('ZCARD', K_LINE)
+local waiting = line_count()
 
 local tokens, ts = bucket_tokens(p, st, now)
 local admitted = {}
@@ -43,20 +43,20 @@ if admitting(p, now) and waiting > 0 then
   local present_since = math.floor(now / 1000) - p.presence_timeout
   local offset, scanned, chunk, done = 0, 0, 64, free <= 0
   while not done do
-    local batch = redis.call('ZRANGE', K_LINE, offset, offset + chunk - 1)
+    local batch, scores = line_range(offset, offset + chunk - 1)
     if #batch == 0 then break end
-    for _, tid in ipairs(batch) do
+    for j, tid in ipairs(batch) do
       if scanned >= scan_limit then done = true break end
       scanned = scanned + 1
       local rec = load(vk_of(tid))
       if not rec or rec[R_STATUS] ~= WAITING or ticket_id(rec[R_SEQ], vk_of(tid)) ~= tid then
-        line_remove(tid)  -- a stray entry; never admit it
+        line_remove(tid, scores[j])  -- a stray entry; never admit it
         offset = offset - 1
       elseif rec[R_SEEN] < present_since then
         park(tid, rec)
         offset = offset - 1
       elseif rec[R_PRI] == 3 or spent < budget then
-        line_remove(tid)
+        line_remove(tid, scores[j])
         offset = offset - 1
         admitted[#admitted + 1] = admit(p, tid, rec, now)
         spent = spent + 1

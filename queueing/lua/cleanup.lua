@@ -36,12 +36,12 @@ end
 if #away >= chunk then more = 1 end
 
 local cursor = tonumber(redis.call('HGET', K_ST, 'sweep')) or 0
-local batch = redis.call('ZRANGE', K_LINE, cursor, cursor + chunk - 1)
+local batch, scores = line_range(cursor, cursor + chunk - 1)
 local removed = 0
-for _, tid in ipairs(batch) do
+for j, tid in ipairs(batch) do
   local rec = load(vk_of(tid))
   if not rec or rec[R_STATUS] ~= WAITING or ticket_id(rec[R_SEQ], vk_of(tid)) ~= tid then
-    line_remove(tid)
+    line_remove(tid, scores[j])
     removed = removed + 1
   elseif overdue(p, rec, now) then
     finish(tid, rec, EXPIRED, 'abandoned', now)

@@ -61,7 +61,7 @@ if rec and rec[R_STATUS] <= ACTIVE then
       est = estimate_wait(p, st, rank, now)
     end
     local reply = ticket_reply(tid, rec, rank, est, 0)
-    if rank >= 0 then reply[11] = redis.call('ZSCORE', K_LINE, tid) end
+    if rank >= 0 then reply[11] = fmt(line_score_of(rec)) end
     return {'existing', reply, figures(p, st), moves_reply()}
   end
 end
@@ -70,7 +70,7 @@ if p.state == 'closed' or (p.ends_ms > 0 and now >= p.ends_ms) then
   return {'closed', {}, figures(p, st), moves_reply()}
 end
 if p.prequeue_opens_ms > 0 and now < p.prequeue_opens_ms then return {'not_open', {}, figures(p, st), moves_reply()} end
-local n = redis.call('ZCARD', K_LINE)
+local n = line_count()
 if p.max_waiting > 0 and n + redis.call('ZCARD', K_AWAY) >= p.max_waiting then
   return {'full', {}, figures(p, st), moves_reply()}
 end
@@ -113,13 +113,13 @@ if pri > 0 and fraction > 0 and n > 0 then
   end
   local index = math.floor(n * (1 - fraction))
   if index < n then
-    local at = redis.call('ZRANGE', K_LINE, index, index, 'WITHSCORES')
-    local at_score = tonumber(at[2])
+    local _, around = line_range(math.max(0, index - 1), index)  -- the places before and at index
+    local at_score = around[#around]
     if tail ~= nil and at_score <= tail then
       score = tail  -- right behind the last earlier joiner of this level or higher
     else
       local low = at_score - 1
-      if index > 0 then low = tonumber(redis.call('ZRANGE', K_LINE, index - 1, index - 1, 'WITHSCORES')[2]) end
+      if index > 0 then low = around[1] end
       if tail ~= nil and tail > low then low = tail end
       local mid = (low + at_score) / 2
       if mid > low and mid < at_score then
@@ -134,19 +134,20 @@ if pri > 0 and fraction > 0 and n > 0 then
 end
 if pri > 0 then redis.call('HSET', K_ST, 't' .. pri, fmt(score)) end
 
-redis.call('ZADD', K_LINE, score, tid)
+line_add(tid, score)
 redis.call('HINCRBY', K_ST, 'joined', 1)
 redis.call('ZREM', K_DONE, vk)
-local rank = redis.call('ZRANK', K_LINE, tid)
+local rank = line_rank(tid, score)
 local est = estimate_wait(p, st, rank, now)
 rec = {seq, WAITING, pri, now, math.floor(now / 1000), name, est}
+line_score_keep(rec, score)
 
 -- Only from the head: an earlier premium joiner still waiting there goes first.
 local admitted = false
 if admitting(p, now) and rank == 0 and (pri == 3 or n == 0) and used_slots(p, st) < capacity_now(p, st, now) then
   local tokens, ts = bucket_tokens(p, st, now)
   if whole_tokens(tokens) >= 1 or pri == 3 then
-    redis.call('ZREM', K_LINE, tid)  -- never seen in line by anyone: no move to report
+    line_drop(tid, score)  -- never seen in line by anyone: no move to report
     admit(p, tid, rec, now)
     bucket_save(math.max(tokens - 1, -p.burst), ts)
     rate_update(st, now, 1, n > 0)

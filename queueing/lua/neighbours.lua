@@ -13,11 +13,11 @@ local before, after = tonumber(ARGV[3]), tonumber(ARGV[4])
 local rec = load(vk)
 if not rec or rec[R_SEQ] ~= seq or rec[R_STATUS] ~= WAITING then return {-1, {}} end
 local tid = ticket_id(seq, vk)
-local rank = redis.call('ZRANK', K_LINE, tid)
+local rank = line_rank(tid, line_score_of(rec))
 if not rank then return {-1, {}} end
 
 local first = math.max(0, rank - before)
-local members = redis.call('ZRANGE', K_LINE, first, rank + after)
+local members = line_range(first, rank + after)
 local out = {}
 for i, member in ipairs(members) do
   local name, priority = '', 0

@@ -45,7 +45,7 @@ if not admitting(p, now) then
 elseif verdict == 'decrease' then
   rate = rate * factor
 elseif verdict == 'increase' then
-  if redis.call('ZCARD', K_LINE) > 0 then rate = rate + step else outcome = 'not_limiting' end
+  if line_count() > 0 then rate = rate + step else outcome = 'not_limiting' end
 end
 rate = math.min(high, math.max(low, rate))
 redis.call('HSET', K_ST, 'outflow_effective', fmt(rate), 'outflow_adapted_at', now)

@@ -7,7 +7,7 @@
 
 local before = tonumber(ARGV[1])
 local out = {}
-for _, tid in ipairs(redis.call('ZRANGE', K_LINE, 0, -1)) do
+for _, tid in ipairs((line_range(0, -1))) do
   local rec = load(vk_of(tid))
   if rec and rec[R_STATUS] == WAITING and rec[R_JOINED] < before then
     out[#out + 1] = {tid, rec[R_SEQ], rec[R_PRI]}

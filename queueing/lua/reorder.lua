@@ -7,7 +7,18 @@
 
 local moved = 0
 for i = 2, #ARGV, 2 do
-  moved = moved + redis.call('ZADD', KEYS[3], 'XX', 'CH', ARGV[i + 1], ARGV[i])
+  local tid, score = ARGV[i], tonumber(ARGV[i + 1])
+  local vk = vk_of(tid)
+  local rec = load(vk)
+  if rec and rec[R_STATUS] == WAITING and ticket_id(rec[R_SEQ], vk) == tid then
+    local was = line_score_of(rec)
+    if was ~= score and line_drop(tid, was) then
+      line_add(tid, score)
+      line_score_keep(rec, score)
+      save(vk, rec)
+      moved = moved + 1
+    end
+  end
 end
-redis.call('HINCRBY', KEYS[2], 'evseq', 1)
-return {moved, redis.call('HINCRBY', KEYS[2], 'evseq', 1)}
+redis.call('HINCRBY', K_ST, 'evseq', 1)
+return {moved, redis.call('HINCRBY', K_ST, 'evseq', 1)}

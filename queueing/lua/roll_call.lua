@@ -40,7 +40,7 @@ for i = 1, (#ARGV - 2) / 4 do
       code = -2
     elseif rec[R_STATUS] ~= WAITING then
       code = rec[R_STATUS]
-    elseif not redis.call('ZSCORE', K_LINE, tid) then
+    elseif not line_has(tid, line_score_of(rec)) then
       code = -1
     else
       code = false  -- waiting in line: seen, no news

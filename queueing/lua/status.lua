@@ -38,11 +38,12 @@ if not rec and seq > 0 and restorable(p, vk, seq, tonumber(ARGV[4]) or p.epoch, 
   local pri = tonumber(ARGV[5]) or 0
   local score = tonumber(redis.call('HGET', K_RESTORE, seq)) or tonumber(ARGV[6]) or seq
   rec = {seq, WAITING, pri, tonumber(ARGV[7]) or now, math.floor(now / 1000), '', -1}
+  line_score_keep(rec, score)
   save(vk, rec)
   local tid = ticket_id(seq, vk)
-  redis.call('ZADD', K_LINE, score, tid)
+  line_add(tid, score)
   redis.call('HINCRBY', K_ST, 'restored', 1)
-  moved('+', redis.call('ZRANK', K_LINE, tid))
+  moved('+', line_rank(tid, score))
 end
 if not rec or (seq ~= 0 and rec[R_SEQ] ~= seq) then return {'gone', {}, {}, moves_reply()} end
 local tid = ticket_id(rec[R_SEQ], vk)

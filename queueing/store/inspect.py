@@ -33,14 +33,13 @@ def snapshot(slug: str) -> QueueSnapshot:
     pipe = client().pipeline(transaction=False)
     pipe.hgetall(keys.cfg)
     pipe.hgetall(keys.st)
-    pipe.zcard(keys.line)
     pipe.zcard(keys.claims)
     pipe.zcard(keys.sessions)
     pipe.zcard(keys.done)
     pipe.zcard(keys.away)
-    pipe.zrange(keys.line, 0, 0)
-    cfg, st, line, admitted, active, done, away, head = pipe.execute()
-    head_id = parse_ticket_id(head[0]) if head else None
+    cfg, st, admitted, active, done, away = pipe.execute()
+    line, head = line_read(slug, 0, 0)
+    head_id = parse_ticket_id(head[0][0]) if head else None
     counts = (int(line) + int(away), int(admitted), int(active), int(done), int(away))
     return QueueSnapshot(cfg, st, *counts, head_seq=head_id[0] if head_id else None)
 
@@ -101,13 +100,24 @@ def ticket_records(slug: str) -> list[TicketRecord]:
     return [TicketRecord.parse(vk, msgpack.unpackb(packed, raw=False)) for vk, packed in found.items()]
 
 
+def line_read(slug: str, start: int = 0, stop: int = -1) -> tuple[int, list[tuple[str, float]]]:
+    """(everyone in line, [(ticket id, score), ...] at places start .. stop, inclusive) in line order: the
+    line is kept in buckets (lua/_lib.lua, line_add), read by lua/line.lua."""
+    count, flat = run("line", queue_keys(slug).script_keys(), [start, stop])
+    return int(count), [(str(flat[i]), float(flat[i + 1])) for i in range(0, len(flat), 2)]
+
+
+def line_count(slug: str) -> int:
+    """Everyone in line (not those parked as absent)."""
+    return int(client().hget(queue_keys(slug).line_tree, "n") or 0)
+
+
 def line_members(slug: str, start: int = 0, stop: int = -1) -> list[str]:
-    return cast(list[str], client().zrange(queue_keys(slug).line, start, stop))
+    return [tid for tid, _ in line_read(slug, start, stop)[1]]
 
 
 def line_scores(slug: str) -> dict[str, float]:
-    pairs = cast(list[tuple[str, float]], client().zrange(queue_keys(slug).line, 0, -1, withscores=True))
-    return dict(pairs)
+    return dict(line_read(slug)[1])
 
 
 def away_members(slug: str) -> list[str]:

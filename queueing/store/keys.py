@@ -22,7 +22,7 @@ class QueueKeys:
 
     cfg: str
     st: str
-    line: str
+    line: str  # the line's buckets and indexes are `line:<b>`, `line:i`, `line:f` (lua/_lib.lua)
     tk: str
     claims: str
     sessions: str
@@ -46,6 +46,16 @@ class QueueKeys:
         """(hash, field) of a waiting visitor's record: one of 4,096 small hashes by the visitor key's first
         two characters (`record_slot` in lua/_lib.lua). Other records are in `tk` itself, by visitor key."""
         return f"{self.tk}:{visitor_key[:2]}", visitor_key
+
+    @property
+    def line_tree(self) -> str:
+        """The line's count index (a Fenwick tree over its buckets; field 'n': everyone in line)."""
+        return f"{self.line}:f"
+
+    @property
+    def line_keys(self) -> str:
+        """SCAN pattern of the line's buckets and their indexes (lua/_lib.lua, line_add)."""
+        return f"{self.line}:*"
 
     @property
     def record_hashes(self) -> str:

@@ -87,11 +87,16 @@ def record_hashes(slug: str) -> list[str]:
     return sorted(client().scan_iter(match=queue_keys(slug).record_hashes, count=1000))
 
 
+def line_keys(slug: str) -> list[str]:
+    """The line's buckets and indexes (QueueKeys.line_keys), found by SCAN."""
+    return sorted(client().scan_iter(match=queue_keys(slug).line_keys, count=1000))
+
+
 def queue_delete(slug: str) -> None:
     """Drop all live state of one queue (a deleted queue, or a test)."""
     keys = queue_keys(slug)
     slices = health_slice_keys(slug, newest=int(time.time()))
-    client().delete(*keys.script_keys(), keys.viewers, keys.win, *slices, *record_hashes(slug))
+    client().delete(*keys.script_keys(), keys.viewers, keys.win, *slices, *record_hashes(slug), *line_keys(slug))
 
 
 def mode_state_clear(slug: str, *, keep_window: bool) -> None:
@@ -99,7 +104,7 @@ def mode_state_clear(slug: str, *, keep_window: bool) -> None:
     keys = queue_keys(slug)
     if keep_window:  # now stateless: the tracked line, records and slots go
         tracked = (keys.line, keys.tk, keys.claims, keys.sessions, keys.done, keys.away, keys.waits, keys.restore)
-        client().delete(*tracked, *record_hashes(slug))
+        client().delete(*tracked, *record_hashes(slug), *line_keys(slug))
     else:
         client().delete(keys.win)
 

@@ -1,0 +1,189 @@
+"""The line kept in buckets (lua/_lib.lua, line_add): small ZSETs Redis keeps as listpacks, a bucket index
+and a count tree. Every place a visitor is told, every range and every admission must be what one sorted
+set of everyone would give, across many buckets, with priority joiners, leavers and parked visitors."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import cast
+
+import msgpack
+
+from queueing import services, store
+from queueing.store import TicketStatus, connection
+
+from .factories import join, status, visitor
+
+
+def _order(slug: str) -> list[str]:
+    """Everyone in line, in the order one sorted set of (score, ticket id) would keep them."""
+    _, pairs = store.line_read(slug)
+    return [tid for tid, _ in sorted(pairs, key=lambda pair: (pair[1], pair[0]))]
+
+
+def _check_layout(slug: str) -> None:
+    """Each bucket a listpack within Redis's small-set limit, the index naming exactly the buckets that
+    hold anyone, and the count tree's total right."""
+    client, keys = store.client(), store.queue_keys(slug)
+    buckets = [key for key in store.line_keys(slug) if key not in (f"{keys.line}:i", f"{keys.line}:f")]
+    sizes = {int(key.rsplit(":", 1)[1]): int(client.zcard(key)) for key in buckets}
+    assert all(client.object("encoding", key) == "listpack" for key in buckets)
+    assert all(0 < size <= 128 for size in sizes.values())
+    indexed = sorted(int(b) for b in cast(list[str], client.zrange(f"{keys.line}:i", 0, -1)))
+    assert indexed == sorted(sizes)
+    assert store.line_count(slug) == sum(sizes.values())
+
+
+def test_a_long_line_across_many_buckets_tells_everyone_their_true_place(make_queue, clock):
+    queue = make_queue(state="paused")
+    pick = random.Random(15)
+    tickets = []
+    for i in range(700):
+        level = pick.choice([0] * 8 + [1, 2])  # one in five a priority joiner, placed inside the line
+        tickets.append(join(queue.slug, f"v{i}", now=clock(), priority=level))
+    gone = set(pick.sample(range(700), 150))
+    for i in sorted(gone):
+        ticket = tickets[i]
+        store.leave(queue.slug, visitor_key=visitor(f"v{i}"), seq=ticket.seq, now_ms=int(clock() * 1000))
+
+    line = store.line_members(queue.slug)
+    assert line == _order(queue.slug)
+    assert len(line) == 550 and store.snapshot(queue.slug).waiting == 550
+    assert len(store.line_keys(queue.slug)) > 10  # many buckets, not one set
+    _check_layout(queue.slug)
+    for i, ticket in enumerate(tickets):
+        if i not in gone:
+            assert status(queue.slug, ticket, now=clock()).rank == line.index(ticket.ticket_id)
+    # Any range, from any place (the count tree finds the bucket of a place deep in the line).
+    for start in (0, 1, 63, 64, 65, 200, 401, 548, 549):
+        assert store.line_members(queue.slug, start, start + 70) == line[start : start + 71]
+    # The neighbours of a visitor deep in the line.
+    deep = next(t for i, t in enumerate(tickets) if i not in gone and line.index(t.ticket_id) > 400)
+    name = f"v{tickets.index(deep)}"
+    rank, rows = store.neighbours(queue.slug, visitor_key=visitor(name), seq=deep.seq, before=3, after=3)
+    assert rank == line.index(deep.ticket_id)
+    assert [row.rank for row in rows] == list(range(rank - 3, rank + 4))
+
+
+def test_admission_walks_the_buckets_in_order_and_an_emptied_line_leaves_no_key(make_queue, clock):
+    queue = make_queue(state="paused", capacity=1000, burst=1000, outflow_per_minute=60000)
+    for i in range(300):
+        join(queue.slug, f"v{i}", now=clock(), priority=2 if i % 7 == 6 else 0)
+    line = store.line_members(queue.slug)
+    services.queue_resume(queue)
+    first = services.queue_admit(slug=queue.slug, now=clock.advance(1))
+    assert first is not None
+    admitted = [a.ticket_id for a in first.admitted]
+    assert admitted == line[: len(admitted)] and len(admitted) >= 100
+    while store.line_count(queue.slug):
+        reply = services.queue_admit(slug=queue.slug, now=clock.advance(1))
+        assert reply is not None and reply.admitted
+        admitted += [a.ticket_id for a in reply.admitted]
+    assert admitted == line  # everyone, once, in line order
+    assert store.line_keys(queue.slug) == []  # no empty bucket, index or count left behind
+
+
+def test_a_parked_visitor_and_a_shuffled_pre_queue_keep_their_places_in_the_buckets(make_queue, clock):
+    queue = make_queue(state="paused", capacity=1, burst=1, presence_timeout=30)
+    early = [join(queue.slug, f"e{i}", now=clock() - 100) for i in range(3)]  # silent for 100 s
+    rest = [join(queue.slug, f"r{i}", now=clock(), priority=1 if i % 5 == 4 else 0) for i in range(150)]
+    services.queue_resume(queue)
+    services.queue_admit(slug=queue.slug, now=clock.advance(1))  # the silent three are parked
+    assert store.line_count(queue.slug) == 149 and len(store.away_members(queue.slug)) == 3
+    back = status(queue.slug, early[1], now=clock())  # seen again: back at its place, at the head
+    assert back.status == TicketStatus.WAITING and back.rank == 0
+    assert store.line_members(queue.slug)[0] == early[1].ticket_id
+    line = store.line_members(queue.slug)
+    assert line == _order(queue.slug)
+    for ticket in rest[1:]:
+        assert status(queue.slug, ticket, now=clock()).rank == line.index(ticket.ticket_id)
+    _check_layout(queue.slug)
+
+    # The shuffle's new places (reorder.lua) move tickets between buckets, and their records keep them.
+    places = {tid: float(1000 - i * 3) for i, tid in enumerate(line)}  # the line reversed, spread out
+    moved, _ = store.reorder(queue.slug, list(places.items()), now_ms=int(clock() * 1000))
+    assert moved == len(line)
+    assert store.line_members(queue.slug) == list(reversed(line)) == _order(queue.slug)
+    records = {r.ticket_id: r for r in store.ticket_records(queue.slug)}
+    assert all(records[tid].line_score == score for tid, score in places.items())
+    _check_layout(queue.slug)
+
+
+def test_a_line_kept_in_one_set_before_the_buckets_moves_into_them_on_the_next_call(make_queue, clock):
+    queue = make_queue(state="paused")
+    tickets = [join(queue.slug, f"v{i}", now=clock(), priority=2 if i == 90 else 0) for i in range(100)]
+    before = store.line_read(queue.slug)[1]
+    # The state as the release before the buckets left it: one ZSET at `line`, a policy packed without
+    # the layout, no line score in any record.
+    client, keys = store.client(), store.queue_keys(queue.slug)
+    client.delete(*store.line_keys(queue.slug))
+    client.zadd(keys.line, dict(before))
+    packed = json.loads(client.hget(keys.cfg, "packed"))  # type: ignore[arg-type]
+    client.hset(keys.cfg, "packed", json.dumps(packed[:-1]))
+    client.hdel(keys.cfg, "line_layout")
+    raw = connection.raw_client()
+    where, field = keys.record(visitor("v90"))
+    if not raw.hexists(where, field):
+        where = keys.tk
+    fields = msgpack.unpackb(cast(bytes, raw.hget(where, field)), raw=False)
+    assert len(fields) == 14  # the priority joiner's record keeps its place: the old one did not
+    raw.hset(where, field, msgpack.packb(fields[:7]))
+    raw.close()
+
+    late = join(queue.slug, "late", now=clock())  # the policy reads as missing: synced again, which moves the line
+    assert client.exists(keys.line) == 0
+    assert store.line_read(queue.slug)[1] == [*before, (late.ticket_id, float(late.seq))]
+    assert late.rank == 100
+    order = [tid for tid, _ in before]
+    for ticket in tickets:
+        assert status(queue.slug, ticket, now=clock()).rank == order.index(ticket.ticket_id)
+    priority = next(r for r in store.ticket_records(queue.slug) if r.ticket_id == tickets[90].ticket_id)
+    assert priority.line_score == dict(before)[tickets[90].ticket_id] != tickets[90].seq
+    _check_layout(queue.slug)
+
+
+def test_when_the_last_bucket_empties_the_one_before_it_becomes_the_last_and_places_stay_right(make_queue, clock):
+    queue = make_queue(state="paused")
+    tickets = [join(queue.slug, f"v{i}", now=clock()) for i in range(200)]
+    keys = store.queue_keys(queue.slug)
+    client = store.client()
+    tail = int(cast(str, client.hget(keys.line_tree, "tail")))
+    # Everyone from the middle of the second-to-last bucket on leaves, from the back.
+    for ticket in reversed(tickets[150:]):
+        store.leave(
+            queue.slug, visitor_key=visitor(f"v{tickets.index(ticket)}"), seq=ticket.seq, now_ms=int(clock() * 1000)
+        )
+    assert int(cast(str, client.hget(keys.line_tree, "tail"))) < tail
+    line = store.line_members(queue.slug)
+    assert line == [t.ticket_id for t in tickets[:150]]
+    for i, ticket in enumerate(tickets[:150]):
+        assert status(queue.slug, ticket, now=clock()).rank == i
+    later = [join(queue.slug, f"w{i}", now=clock()) for i in range(150)]  # new last buckets, one after another
+    assert [t.rank for t in later] == list(range(150, 300))
+    assert store.line_members(queue.slug) == line + [t.ticket_id for t in later]
+    for i, ticket in enumerate(tickets[:150] + later):
+        assert status(queue.slug, ticket, now=clock()).rank == i
+    _check_layout(queue.slug)
+
+
+def test_scores_below_the_first_bucket_or_beyond_the_trees_reach_share_the_end_buckets_in_order(make_queue, clock):
+    queue = make_queue(state="paused")
+    tickets = [join(queue.slug, f"v{i}", now=clock()) for i in range(100)]
+    # Ten go far behind (beyond 2^16 buckets of the first), ten far ahead (below zero): the shuffle's
+    # scores are free, and a parked visitor of long ago comes back with its own.
+    places = [(t.ticket_id, (1e9 if i < 5 else 2e9) + 1000 - i) for i, t in enumerate(tickets[:10])]
+    places += [(t.ticket_id, -5.0 - i) for i, t in enumerate(tickets[10:20])]
+    store.reorder(queue.slug, places, now_ms=int(clock() * 1000))
+    line = store.line_members(queue.slug)
+    assert line == _order(queue.slug)
+    assert line[:10] == [t.ticket_id for t in reversed(tickets[10:20])]
+    assert line[-10:] == [t.ticket_id for t in [*reversed(tickets[:5]), *reversed(tickets[5:10])]]
+    for ticket in tickets:
+        assert status(queue.slug, ticket, now=clock()).rank == line.index(ticket.ticket_id)
+    latecomer = join(queue.slug, "late", now=clock())
+    assert latecomer.rank == 90  # ahead of the far ones: in order of score, whatever bucket holds them
+    assert store.line_members(queue.slug) == [*line[:90], latecomer.ticket_id, *line[90:]]
+    assert all(
+        status(queue.slug, t, now=clock()).rank == line.index(t.ticket_id) + (t.ticket_id in line[90:]) for t in tickets
+    )
