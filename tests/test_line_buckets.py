@@ -22,6 +22,15 @@ def _order(slug: str) -> list[str]:
     return [tid for tid, _ in sorted(pairs, key=lambda pair: (pair[1], pair[0]))]
 
 
+def _rank(slug: str, ticket_id: str, now: float) -> int | None:
+    """The place a poll of that ticket is told."""
+    parsed = store.parse_ticket_id(ticket_id)
+    assert parsed is not None
+    reply = store.status(slug, visitor_key=parsed[1], seq=parsed[0], now_ms=int(now * 1000))
+    assert reply.ticket is not None
+    return reply.ticket.rank
+
+
 def _check_layout(slug: str) -> None:
     """Each bucket a listpack within Redis's small-set limit, the index naming exactly the buckets that
     hold anyone, and the count tree's total right."""
@@ -67,7 +76,7 @@ def test_a_long_line_across_many_buckets_tells_everyone_their_true_place(make_qu
 
 
 def test_admission_walks_the_buckets_in_order_and_an_emptied_line_leaves_no_key(make_queue, clock):
-    queue = make_queue(state="paused", capacity=1000, burst=1000, outflow_per_minute=60000)
+    queue = make_queue(state="paused", capacity=1000, burst=40, outflow_per_minute=2400)
     for i in range(300):
         join(queue.slug, f"v{i}", now=clock(), priority=2 if i % 7 == 6 else 0)
     line = store.line_members(queue.slug)
@@ -75,12 +84,28 @@ def test_admission_walks_the_buckets_in_order_and_an_emptied_line_leaves_no_key(
     first = services.queue_admit(slug=queue.slug, now=clock.advance(1))
     assert first is not None
     admitted = [a.ticket_id for a in first.admitted]
-    assert admitted == line[: len(admitted)] and len(admitted) >= 100
+    assert admitted == line[: len(admitted)] and len(admitted) == 40
+    while len(admitted) < 200:
+        reply = services.queue_admit(slug=queue.slug, now=clock.advance(1))
+        assert reply is not None and reply.admitted
+        admitted += [a.ticket_id for a in reply.admitted]
+    # The first bucket emptied and the next became the first, again and again: every place still right.
+    left = store.line_members(queue.slug)
+    assert left == line[len(admitted) :] == _order(queue.slug)
+    for i, tid in enumerate(left):
+        assert _rank(queue.slug, tid, clock()) == i
+    # One of the last goes to the very front (a score before the first bucket's): it is the first bucket now.
+    store.reorder(queue.slug, [(left[-1], 0.5)], now_ms=int(clock() * 1000))
+    left = [left[-1], *left[:-1]]
+    assert store.line_members(queue.slug) == left
+    for i, tid in enumerate(left):
+        assert _rank(queue.slug, tid, clock()) == i
+    _check_layout(queue.slug)
     while store.line_count(queue.slug):
         reply = services.queue_admit(slug=queue.slug, now=clock.advance(1))
         assert reply is not None and reply.admitted
         admitted += [a.ticket_id for a in reply.admitted]
-    assert admitted == line  # everyone, once, in line order
+    assert admitted == line[:200] + left  # everyone, once, in line order
     assert store.line_keys(queue.slug) == []  # no empty bucket, index or count left behind
 
 

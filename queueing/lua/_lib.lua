@@ -152,12 +152,15 @@ end
 -- Redis keeps it a listpack: about 40 B an entry, where one ZSET of everyone costs 128 (a skiplist node, a
 -- dictionary entry and the member on its own; bench/RESULTS.md). Two small indexes find a place in it:
 --   line:i  ZSET  the buckets that hold anyone (member and score: b), to walk them in order
---   line:f  HASH  'n': everyone in line; 'tail': the last bucket; 'base': the first bucket the count
---                 tree counts; and the tree (Fenwick): field i holds the entries of buckets
---                 base + i - lowbit(i) .. base + i - 1, the tail's excepted. The entries ahead of a bucket
---                 are a sum of at most LINE_BITS fields (one HMGET); ahead of the tail's, n less its own.
--- The tail is kept out of the tree so that a join at the back (most joins) writes no tree field: the
--- tail's count goes into the tree once, when a bucket after it starts (every LINE_WIDTH joins or so).
+--   line:f  HASH  'n': everyone in line; 'head', 'tail': the first and last buckets; 'hn': the first
+--                 bucket's entries; 'base': the first bucket the count tree counts; and the tree
+--                 (Fenwick): field i holds the entries of
+--                 buckets base + i - lowbit(i) .. base + i - 1, the head's and the tail's excepted. The
+--                 entries ahead of a bucket are the head's and a sum of at most LINE_BITS fields (one
+--                 HMGET); ahead of the head's, none; ahead of the tail's, n less its own.
+-- The two ends are kept out of the tree so that a join at the back and an admission at the front (most
+-- changes) write no tree field: an end's count goes into the tree once, when a bucket beyond it starts,
+-- and comes out when it becomes an end again (about every LINE_WIDTH joins or admissions).
 -- The bucket is a non-decreasing function of the score (clamped at both ends), so the buckets in order,
 -- each in its own order, are the line in order. A waiting ticket's score is its sequence number unless
 -- its record says otherwise (R_LINE_SCORE: a priority joiner's place, the shuffle's, a restored one's),
@@ -167,17 +170,28 @@ local LINE_BITS = 16
 local LINE_SIZE = 2 ^ LINE_BITS  -- buckets the tree counts, from its base: 4.2 million places of score
 local LINE_LAYOUT = 2  -- cfg 'line_layout': 2 = buckets; a policy packed before them is not live (upgrade)
 
--- This call's copy of line:f's n, tail and base (bind() forgets it). The base is set when the line
+-- This call's copy of line:f's n, head, tail, hn and base (bind() forgets it). The base is set when the line
 -- starts from empty, at the first score's bucket, and stays while anyone is in line: buckets are a
 -- function of the score only while it stays. A score below the base (a premium joiner ahead of the
 -- head, a parked visitor back) or beyond the tree's reach shares the bucket at that end (in order still,
 -- only less compact). The tree's fields are read in numbers of set bits of (b - base): the base at the
 -- first bucket keeps them few.
-local function line_meta()
-  if LINE == nil then
-    local v = redis.call('HMGET', K_LINE_F, 'n', 'tail', 'base')
-    LINE = {n = tonumber(v[1]) or 0, tail = tonumber(v[2]), base = tonumber(v[3])}
+-- The base each line had when it was last read (the library's, across calls: at most BASES_KEPT, then
+-- they start again), so a poll reads the line's figures and its tree fields in one HMGET.
+local BASES, BASES_KEPT, bases_kept = {}, 4096, 0
+
+local function meta_read(v)
+  LINE = {n = tonumber(v[1]) or 0, head = tonumber(v[2]), tail = tonumber(v[3]), base = tonumber(v[4]),
+          hn = tonumber(v[5]) or 0}
+  if LINE.base and BASES[K_LINE] ~= LINE.base then
+    if bases_kept >= BASES_KEPT then BASES, bases_kept = {}, 0 end
+    BASES[K_LINE], bases_kept = LINE.base, bases_kept + 1
   end
+  return LINE
+end
+
+local function line_meta()
+  if LINE == nil then meta_read(redis.call('HMGET', K_LINE_F, 'n', 'head', 'tail', 'base', 'hn')) end
   return LINE
 end
 
@@ -186,14 +200,16 @@ local function line_count()
   return line_meta().n
 end
 
-local function line_bucket(score)
-  local meta = line_meta()
+local function bucket_of(score, base)
   local b = math.floor(score / LINE_WIDTH)
-  local base = meta.base
   if base == nil then return math.max(0, b) end  -- nobody in line: the first to come sets the base
   if b < base then return base end
   if b >= base + LINE_SIZE then return base + LINE_SIZE - 1 end
   return b
+end
+
+local function line_bucket(score)
+  return bucket_of(score, line_meta().base)
 end
 
 local function bucket_key(b)
@@ -241,11 +257,12 @@ end
 -- The entries in buckets before b.
 local function line_before(b)
   local meta = line_meta()
+  if b == meta.head then return 0 end
   if b == meta.tail then return meta.n - redis.call('ZCARD', bucket_key(b)) end
+  local sum = meta.hn
   local i = b - meta.base
-  if i <= 0 then return 0 end
+  if i <= 0 then return sum end
   local values = redis.call('HMGET', K_LINE_F, unpack(tree_path(READ_PATHS, i, -1)))
-  local sum = 0
   for j = 1, #values do sum = sum + (tonumber(values[j]) or 0) end
   return sum
 end
@@ -253,9 +270,11 @@ end
 -- The bucket holding the entry at `rank` (0-based, < line_count()), and the entries before that bucket.
 local function bucket_at(rank)
   local meta = line_meta()
+  local first = meta.hn
+  if rank < first then return meta.head, 0 end
   local in_tree = meta.n - redis.call('ZCARD', bucket_key(meta.tail))
   if rank >= in_tree then return meta.tail, in_tree end
-  local pos, left, step = 0, rank, LINE_SIZE
+  local pos, left, step = 0, rank - first, LINE_SIZE
   while step >= 1 do
     local at = pos + step
     if at <= LINE_SIZE then
@@ -284,23 +303,62 @@ local function line_score_keep(rec, score)
   end
 end
 
+-- An end moves to bucket b: the bucket that was the end goes into the tree, unless it is the other end.
+local function end_moves(which, b)
+  local meta = line_meta()
+  local was = meta[which]
+  if meta.head ~= meta.tail then tree_add(was, redis.call('ZCARD', bucket_key(was))) end
+  meta[which] = b
+  if which == 'head' then
+    meta.hn = 0
+    redis.call('HSET', K_LINE_F, 'head', b, 'hn', 0)
+  else
+    redis.call('HSET', K_LINE_F, 'tail', b)
+  end
+end
+
+-- An end's bucket emptied: the next bucket inwards (`toward` 1: after it, -1: before it) is that end
+-- now, and comes out of the tree, unless it is the other end already.
+local function end_emptied(which, b, toward)
+  local meta = line_meta()
+  local found
+  if toward > 0 then
+    found = redis.call('ZRANGE', K_LINE_I, '(' .. b, '+inf', 'BYSCORE', 'LIMIT', 0, 1)
+  else
+    found = redis.call('ZRANGE', K_LINE_I, '(' .. b, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)
+  end
+  local inward = tonumber(found[1])
+  local count = redis.call('ZCARD', bucket_key(inward))
+  if inward ~= meta.head and inward ~= meta.tail then tree_add(inward, -count) end
+  meta[which] = inward
+  if which == 'head' then
+    meta.hn = count
+    redis.call('HSET', K_LINE_F, 'head', inward, 'hn', count)
+  else
+    redis.call('HSET', K_LINE_F, 'tail', inward)
+  end
+end
+
 local function line_add(tid, score)
   local meta = line_meta()
   local b = line_bucket(score)
   local key = bucket_key(b)
   local fresh = false  -- a bucket nobody was in
-  if meta.n == 0 then  -- the line starts again: a new base and tail, an empty tree
+  if meta.n == 0 then  -- the line starts again: a new base and ends, an empty tree
     redis.call('DEL', K_LINE_F)
-    meta.base, meta.tail, fresh = b, b, true
-    redis.call('HSET', K_LINE_F, 'base', b, 'tail', b)
-  elseif b > meta.tail then  -- a bucket after the tail: the tail's count goes into the tree
-    tree_add(meta.tail, redis.call('ZCARD', bucket_key(meta.tail)))
-    meta.tail, fresh = b, true
-    redis.call('HSET', K_LINE_F, 'tail', b)
+    meta.base, meta.head, meta.tail, meta.hn, fresh = b, b, b, 0, true
+    redis.call('HSET', K_LINE_F, 'base', b, 'head', b, 'tail', b, 'hn', 0)
+  elseif b > meta.tail then
+    end_moves('tail', b)
+    fresh = true
+  elseif b < meta.head then
+    end_moves('head', b)
+    fresh = true
   end
   if redis.call('ZADD', key, score, tid) == 1 then
     meta.n = redis.call('HINCRBY', K_LINE_F, 'n', 1)
-    if b ~= meta.tail then
+    if b == meta.head then meta.hn = redis.call('HINCRBY', K_LINE_F, 'hn', 1) end
+    if b ~= meta.head and b ~= meta.tail then
       tree_add(b, 1)
       fresh = redis.call('ZCARD', key) == 1
     end
@@ -308,8 +366,30 @@ local function line_add(tid, score)
   end
 end
 
--- The ticket's place (0-based), or nil when it is not in line at that score.
+-- The ticket's place (0-based), or nil when it is not in line at that score. A poll's first read of the
+-- line: with the base last seen, its figures and the tree fields ahead of the bucket come in one HMGET.
 local function line_rank(tid, score)
+  local guess = BASES[K_LINE]
+  if LINE == nil and guess then
+    local b = bucket_of(score, guess)
+    local i = b - guess
+    local v
+    if i > 0 then
+      v = redis.call('HMGET', K_LINE_F, 'n', 'head', 'tail', 'base', 'hn', unpack(tree_path(READ_PATHS, i, -1)))
+    else
+      v = redis.call('HMGET', K_LINE_F, 'n', 'head', 'tail', 'base', 'hn')
+    end
+    local meta = meta_read(v)
+    if meta.base == guess then  -- else the line started again since: read as below
+      local r = redis.call('ZRANK', bucket_key(b), tid)
+      if not r then return nil end
+      if b == meta.head then return r end
+      if b == meta.tail then return meta.n - redis.call('ZCARD', bucket_key(b)) + r end
+      local sum = meta.hn
+      for j = 6, #v do sum = sum + (tonumber(v[j]) or 0) end
+      return sum + r
+    end
+  end
   local b = line_bucket(score)
   local r = redis.call('ZRANK', bucket_key(b), tid)
   if not r then return nil end
@@ -329,21 +409,19 @@ local function line_drop(tid, score)
   if not r then return nil end
   local rank = line_before(b) + r
   redis.call('ZREM', key, tid)
-  local emptied = redis.call('EXISTS', key) == 0
-  if emptied then redis.call('ZREM', K_LINE_I, b) end
-  if meta.n <= 1 then  -- nobody left: the tree, its base and tail go
-    redis.call('DEL', K_LINE_F)
-    meta.n, meta.tail, meta.base = 0, nil, nil
+  if meta.n <= 1 then  -- nobody left: the tree, its base and ends go
+    redis.call('DEL', K_LINE_F, K_LINE_I)
+    meta.n, meta.head, meta.tail, meta.base = 0, nil, nil, nil
     return rank
   end
   meta.n = redis.call('HINCRBY', K_LINE_F, 'n', -1)
-  if b ~= meta.tail then
+  if b == meta.head then meta.hn = redis.call('HINCRBY', K_LINE_F, 'hn', -1) end
+  local emptied = redis.call('EXISTS', key) == 0
+  if emptied then redis.call('ZREM', K_LINE_I, b) end
+  if b ~= meta.head and b ~= meta.tail then
     tree_add(b, -1)
-  elseif emptied then  -- the tail emptied: the bucket before it is the tail now, out of the tree
-    local before = tonumber(redis.call('ZRANGE', K_LINE_I, '(' .. b, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)[1])
-    tree_add(before, -redis.call('ZCARD', bucket_key(before)))
-    meta.tail = before
-    redis.call('HSET', K_LINE_F, 'tail', before)
+  elseif emptied then  -- an end emptied (not both: someone is left)
+    if b == meta.head then end_emptied('head', b, 1) else end_emptied('tail', b, -1) end
   end
   return rank
 end
