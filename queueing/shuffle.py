@@ -49,6 +49,13 @@ def shuffle_order(seed: str, tickets: Iterable[tuple[int, int]]) -> list[int]:
     return [seq for seq, _ in ordered]
 
 
+def shuffled_places(order: list[int]) -> dict[int, float]:
+    """The line score each pre-queue ticket gets from the shuffle: the k-th in the order gets the k-th
+    smallest of their own sequence numbers, so the pre-queue keeps the span of scores it had (the line is
+    kept in buckets by score: lua/_lib.lua)."""
+    return {seq: float(score) for seq, score in zip(order, sorted(order), strict=True)}
+
+
 def verify(record: dict[str, object]) -> list[str]:
     """Problems with a published shuffle record (empty when it checks out)."""
     problems = []

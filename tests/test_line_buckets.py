@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import random
+from datetime import UTC, datetime
 from typing import cast
 
 import msgpack
 
-from queueing import services, store
+from queueing import services, shuffle, store
+from queueing.models import QueueShuffle
 from queueing.store import TicketStatus, connection
 
 from .factories import join, status, visitor
@@ -212,3 +214,58 @@ def test_scores_below_the_first_bucket_or_beyond_the_trees_reach_share_the_end_b
     assert all(
         status(queue.slug, t, now=clock()).rank == line.index(t.ticket_id) + (t.ticket_id in line[90:]) for t in tickets
     )
+
+
+def test_a_score_from_below_the_first_bucket_moves_the_base_down_and_every_place_stays_right(make_queue, clock):
+    queue = make_queue(state="paused")
+    first = join(queue.slug, "first", now=clock())  # the live state exists: numbers from here on start at 20,000
+    store.leave(queue.slug, visitor_key=visitor("first"), seq=first.seq, now_ms=int(clock() * 1000))
+    store.client().hset(store.queue_keys(queue.slug).st, "seq", 20000)
+    tickets = [join(queue.slug, f"v{i}", now=clock()) for i in range(200)]
+    tree = store.queue_keys(queue.slug).line_tree
+    base = int(cast(str, store.client().hget(tree, "base")))
+    # Far behind (beyond the tree's reach from a low base), then one far ahead: the base cannot move down
+    # yet, so the far-ahead one shares the first bucket.
+    store.reorder(queue.slug, [(tickets[0].ticket_id, 1e9)], now_ms=int(clock() * 1000))
+    store.reorder(queue.slug, [(tickets[1].ticket_id, 100.0)], now_ms=int(clock() * 1000))
+    assert int(cast(str, store.client().hget(tree, "base"))) == base
+    line = store.line_members(queue.slug)
+    assert line == _order(queue.slug) and line[0] == tickets[1].ticket_id
+    # The far-behind one comes back; then another goes ahead, into a bucket of its own below the base: the
+    # base moves down, and the one kept in the first bucket goes to its own.
+    store.reorder(queue.slug, [(tickets[0].ticket_id, 30000.0)], now_ms=int(clock() * 1000))
+    store.reorder(queue.slug, [(tickets[2].ticket_id, 200.0)], now_ms=int(clock() * 1000))
+    assert int(cast(str, store.client().hget(tree, "base"))) < base
+    line = store.line_members(queue.slug)
+    assert line[:2] == [tickets[1].ticket_id, tickets[2].ticket_id]
+    assert line == _order(queue.slug)
+    for tid in line:
+        assert _rank(queue.slug, tid, clock()) == line.index(tid)
+    _check_layout(queue.slug)
+    later = join(queue.slug, "later", now=clock())
+    assert line[-1] == tickets[0].ticket_id  # at 30,000: behind the latecomer
+    assert later.rank == len(line) - 1 and store.line_members(queue.slug) == [*line[:-1], later.ticket_id, line[-1]]
+
+
+def test_the_shuffled_pre_queue_keeps_the_span_of_scores_it_had_so_its_buckets_stay_small(make_queue, clock):
+    t0 = clock.now
+    queue = make_queue(
+        capacity=3,
+        burst=10,
+        presence_timeout=600,
+        abandon_timeout=3600,
+        prequeue_opens_at=datetime.fromtimestamp(t0 + 60, tz=UTC),
+        starts_at=datetime.fromtimestamp(t0 + 120, tz=UTC),
+    )
+    store.client().hset(store.queue_keys(queue.slug).st, "seq", 20000)  # a later sale: numbers far from 0
+    prequeue = [join(queue.slug, f"v{i}", now=t0 + 61) for i in range(300)]
+    services.queue_tick(slug=queue.slug, now=t0 + 121)  # the shuffle, then the first admissions
+    record = QueueShuffle.objects.get(queue=queue)
+    places = shuffle.shuffled_places(record.order)
+    assert sorted(places.values()) == sorted(float(t.seq) for t in prequeue)  # their own numbers, reordered
+    line = store.line_read(queue.slug)[1]
+    by_seq = {t.seq: t.ticket_id for t in prequeue}
+    waiting = [by_seq[seq] for seq in record.order[3:]]
+    assert [tid for tid, _ in line] == waiting  # in the shuffled order, behind the three admitted
+    assert [score for _, score in line] == [places[seq] for seq in record.order[3:]]
+    _check_layout(queue.slug)

@@ -339,8 +339,58 @@ local function end_emptied(which, b, toward)
   end
 end
 
+-- A score came from below the base (a parked visitor of long ago, a ticket restored after lost state, a
+-- premium joiner ahead of the first): the base moves down to a little below its bucket. Entries kept in
+-- the old base's bucket only because they were below it go to their own buckets, and the tree is written
+-- again from the bucket counts (once: a few fields a bucket). Not when the line would then reach past
+-- the tree: the score then shares the base's bucket (in order still).
+local function line_rebase(low)
+  local meta = LINE
+  local base = math.max(0, low - LINE_WIDTH)  -- room below for more of the same
+  if base >= meta.base or meta.tail - base >= LINE_SIZE then return end
+  local old = bucket_key(meta.base)
+  local below = redis.call('ZRANGE', old, '-inf', '(' .. (meta.base * LINE_WIDTH), 'BYSCORE', 'WITHSCORES')
+  for i = 1, #below, 2 do
+    local to = bucket_of(tonumber(below[i + 1]), base)
+    redis.call('ZREM', old, below[i])
+    redis.call('ZADD', bucket_key(to), below[i + 1], below[i])
+    redis.call('ZADD', K_LINE_I, to, to)
+  end
+  if #below > 0 and redis.call('EXISTS', old) == 0 then redis.call('ZREM', K_LINE_I, meta.base) end
+  meta.base = base
+  meta.head = tonumber(redis.call('ZRANGE', K_LINE_I, 0, 0)[1])
+  meta.tail = tonumber(redis.call('ZRANGE', K_LINE_I, -1, -1)[1])
+  meta.hn = redis.call('ZCARD', bucket_key(meta.head))
+  local tree, slots = {}, {}
+  for _, name in ipairs(redis.call('ZRANGE', K_LINE_I, 0, -1)) do
+    local b = tonumber(name)
+    if b ~= meta.head and b ~= meta.tail then
+      local count, i = redis.call('ZCARD', bucket_key(b)), b - base + 1
+      while i <= LINE_SIZE do
+        if tree[i] == nil then
+          tree[i] = 0
+          slots[#slots + 1] = i
+        end
+        tree[i] = tree[i] + count
+        i = i + bit.band(i, -i)
+      end
+    end
+  end
+  redis.call('DEL', K_LINE_F)
+  redis.call('HSET', K_LINE_F, 'n', meta.n, 'head', meta.head, 'tail', meta.tail, 'hn', meta.hn, 'base', base)
+  for first = 1, #slots, 500 do
+    local set = {}
+    for j = first, math.min(first + 499, #slots) do
+      set[#set + 1] = string.format('%d', slots[j])
+      set[#set + 1] = tree[slots[j]]
+    end
+    redis.call('HSET', K_LINE_F, unpack(set))
+  end
+end
+
 local function line_add(tid, score)
   local meta = line_meta()
+  if meta.n > 0 and math.floor(score / LINE_WIDTH) < meta.base then line_rebase(math.floor(score / LINE_WIDTH)) end
   local b = line_bucket(score)
   local key = bucket_key(b)
   local fresh = false  -- a bucket nobody was in
@@ -476,7 +526,7 @@ local function line_upgrade()
       line_add(tid, score)
       local vk = vk_of(tid)
       local rec = load(vk)
-      if rec and rec[R_STATUS] == WAITING and line_score_of(rec) ~= score then
+      if rec and rec[R_STATUS] == WAITING and ticket_id(rec[R_SEQ], vk) == tid and line_score_of(rec) ~= score then
         line_score_keep(rec, score)
         save(vk, rec)
       end

@@ -6,6 +6,7 @@
 -- Returns {{ticket id, sequence number, priority level}, ...}
 
 local before = tonumber(ARGV[1])
+line_upgrade()  -- a line kept in one ZSET by the release before (its first tick may come before a sync)
 local out = {}
 for _, tid in ipairs((line_range(0, -1))) do
   local rec = load(vk_of(tid))

@@ -5,6 +5,7 @@
 -- Returns {tickets moved, event sequence}. The event sequence grows by two, so that every client sees
 -- a gap and asks for its new place (a shuffle cannot be told as moves).
 
+line_upgrade()  -- a line kept in one ZSET by the release before (its first tick may come before a sync)
 local moved = 0
 for i = 2, #ARGV, 2 do
   local tid, score = ARGV[i], tonumber(ARGV[i + 1])

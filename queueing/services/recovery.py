@@ -12,7 +12,7 @@ from typing import TypeVar
 from django.conf import settings
 from django.db import transaction
 
-from .. import clock, selectors, store
+from .. import clock, selectors, shuffle, store
 from ..models import Queue
 from .audit import queue_change_record
 from .errors import QueueNotFound
@@ -189,5 +189,5 @@ def restore_hold_seconds(queue: Queue) -> float:
 def _shuffled_places(queue: Queue) -> dict[int, float]:
     """The line scores the pre-queue shuffle gave its tickets (their places), if a shuffle was revealed."""
     record = queue.shuffles.filter(revealed_at__isnull=False).order_by("-starts_at").first()
-    return {int(seq): float(place) for place, seq in enumerate(record.order)} if record else {}
+    return shuffle.shuffled_places([int(seq) for seq in record.order]) if record else {}
 

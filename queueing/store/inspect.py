@@ -33,13 +33,15 @@ def snapshot(slug: str) -> QueueSnapshot:
     pipe = client().pipeline(transaction=False)
     pipe.hgetall(keys.cfg)
     pipe.hgetall(keys.st)
+    pipe.hmget(keys.line_tree, "n", "head")
     pipe.zcard(keys.claims)
     pipe.zcard(keys.sessions)
     pipe.zcard(keys.done)
     pipe.zcard(keys.away)
-    cfg, st, admitted, active, done, away = pipe.execute()
-    line, head = line_read(slug, 0, 0)
-    head_id = parse_ticket_id(head[0][0]) if head else None
+    cfg, st, (line, first), admitted, active, done, away = pipe.execute()
+    head = cast(list[str], client().zrange(f"{keys.line}:{first}", 0, 0)) if first is not None else []
+    head_id = parse_ticket_id(head[0]) if head else None
+    line = line or 0
     counts = (int(line) + int(away), int(admitted), int(active), int(done), int(away))
     return QueueSnapshot(cfg, st, *counts, head_seq=head_id[0] if head_id else None)
 
