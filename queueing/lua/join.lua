@@ -136,7 +136,7 @@ if pri > 0 then redis.call('HSET', K_ST, 't' .. pri, fmt(score)) end
 
 line_add(tid, score)
 redis.call('HINCRBY', K_ST, 'joined', 1)
-redis.call('ZREM', K_DONE, vk)
+if rec then redis.call('ZREM', K_DONE, vk) end  -- a visitor with no record has no finished ticket kept
 local rank = line_rank(tid, score)
 local est = estimate_wait(p, st, rank, now)
 rec = {seq, WAITING, pri, now, math.floor(now / 1000), name, est}
