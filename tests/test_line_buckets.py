@@ -35,7 +35,7 @@ def _rank(slug: str, ticket_id: str, now: float) -> int | None:
 
 def _check_layout(slug: str) -> None:
     """Each bucket a listpack within Redis's small-set limit, the index naming exactly the buckets that
-    hold anyone, and the count tree's total right."""
+    hold anyone, and the count tree's total right (and the tree a hashtable)."""
     client, keys = store.client(), store.queue_keys(slug)
     buckets = [key for key in store.line_keys(slug) if key not in (f"{keys.line}:i", f"{keys.line}:f")]
     sizes = {int(key.rsplit(":", 1)[1]): int(client.zcard(key)) for key in buckets}
@@ -44,6 +44,9 @@ def _check_layout(slug: str) -> None:
     indexed = sorted(int(b) for b in cast(list[str], client.zrange(f"{keys.line}:i", 0, -1)))
     assert indexed == sorted(sizes)
     assert store.line_count(slug) == sum(sizes.values())
+    # The count tree stays a hashtable (a field longer than a listpack's values): as a listpack of hundreds
+    # of fields, every field a poll reads would be a scan of them all.
+    assert client.object("encoding", keys.line_tree) == "hashtable"
 
 
 def test_a_long_line_across_many_buckets_tells_everyone_their_true_place(make_queue, clock):

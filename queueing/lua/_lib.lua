@@ -216,6 +216,13 @@ local function bucket_key(b)
   return K_LINE .. ':' .. b
 end
 
+-- A field longer than any listpack's value (hash-max-listpack-value, 64 by default) keeps line:f a
+-- hashtable: as a listpack (up to hash-max-listpack-entries fields, 512 on some builds) each field read
+-- is a scan of them all, which cost a poll 6 µs with 326 fields.
+local TREE_PAD = '----------------------------------------------------------------' ..
+  '----------------------------------------------------------------' .. '----------------------------------------------------------------' ..
+  '----------------------------------------------------------------'  -- 256 bytes (the load has no string library)
+
 -- The tree's fields to read for the entries before slot i, and to write for a change at slot i: lists of
 -- field names kept by the library (at most TREE_PATHS_KEPT of each, then they start again). Building
 -- them cost a poll more than Redis's own work reading them: Redis turns each number given to a command
@@ -377,7 +384,8 @@ local function line_rebase(low)
     end
   end
   redis.call('DEL', K_LINE_F)
-  redis.call('HSET', K_LINE_F, 'n', meta.n, 'head', meta.head, 'tail', meta.tail, 'hn', meta.hn, 'base', base)
+  redis.call('HSET', K_LINE_F, 'n', meta.n, 'head', meta.head, 'tail', meta.tail, 'hn', meta.hn, 'base', base,
+    'pad', TREE_PAD)
   for first = 1, #slots, 500 do
     local set = {}
     for j = first, math.min(first + 499, #slots) do
@@ -397,7 +405,7 @@ local function line_add(tid, score)
   if meta.n == 0 then  -- the line starts again: a new base and ends, an empty tree
     redis.call('DEL', K_LINE_F)
     meta.base, meta.head, meta.tail, meta.hn, fresh = b, b, b, 0, true
-    redis.call('HSET', K_LINE_F, 'base', b, 'head', b, 'tail', b, 'hn', 0)
+    redis.call('HSET', K_LINE_F, 'base', b, 'head', b, 'tail', b, 'hn', 0, 'pad', TREE_PAD)
   elseif b > meta.tail then
     end_moves('tail', b)
     fresh = true
