@@ -153,11 +153,11 @@ end
 -- dictionary entry and the member on its own; bench/RESULTS.md). Two small indexes find a place in it:
 --   line:i  ZSET  the buckets that hold anyone (member and score: b), to walk them in order
 --   line:f  HASH  'n': everyone in line; 'head', 'tail': the first and last buckets; 'hn': the first
---                 bucket's entries; 'base': the first bucket the count tree counts; and the tree
---                 (Fenwick): field i holds the entries of
---                 buckets base + i - lowbit(i) .. base + i - 1, the head's and the tail's excepted. The
---                 entries ahead of a bucket are the head's and a sum of at most LINE_BITS fields (one
---                 HMGET); ahead of the head's, none; ahead of the tail's, n less its own.
+--                 bucket's entries; 'base': the first bucket the count tree counts; 'pad' (TREE_PAD);
+--                 and the tree (Fenwick): field i holds the entries of buckets base + i - lowbit(i) ..
+--                 base + i - 1, the head's and the tail's excepted. The entries ahead of a bucket are the
+--                 head's and a sum of at most LINE_BITS fields (one HMGET); ahead of the head's, none;
+--                 ahead of the tail's, n less its own.
 -- The two ends are kept out of the tree so that a join at the back and an admission at the front (most
 -- changes) write no tree field: an end's count goes into the tree once, when a bucket beyond it starts,
 -- and comes out when it becomes an end again (about every LINE_WIDTH joins or admissions).
@@ -170,15 +170,16 @@ local LINE_BITS = 16
 local LINE_SIZE = 2 ^ LINE_BITS  -- buckets the tree counts, from its base: 4.2 million places of score
 local LINE_LAYOUT = 2  -- cfg 'line_layout': 2 = buckets; a policy packed before them is not live (upgrade)
 
--- This call's copy of line:f's n, head, tail, hn and base (bind() forgets it). The base is set when the line
--- starts from empty, at the first score's bucket, and stays while anyone is in line: buckets are a
--- function of the score only while it stays. A score below the base (a premium joiner ahead of the
--- head, a parked visitor back) or beyond the tree's reach shares the bucket at that end (in order still,
--- only less compact). The tree's fields are read in numbers of set bits of (b - base): the base at the
--- first bucket keeps them few.
--- The base each line had when it was last read (the library's, across calls: at most BASES_KEPT, then
--- they start again), so a poll reads the line's figures and its tree fields in one HMGET.
+-- The base is set when the line starts from empty, at the first score's bucket; it moves down when a
+-- score comes from below it (line_rebase) and stays otherwise while anyone is in line: buckets are a
+-- function of the score only while it stays. A score beyond the tree's reach (or below 0) shares the
+-- bucket at that end, in order still, only less compact. A place's tree fields are the set bits of
+-- (b - base): a base at the first bucket keeps them few.
+-- BASES: the base each line had when it was last read (the library's, across calls: at most BASES_KEPT,
+-- then they start again), so a poll reads the line's figures and its tree fields in one HMGET.
 local BASES, BASES_KEPT, bases_kept = {}, 4096, 0
+
+-- This call's copy of line:f's n, head, tail, hn and base (LINE; bind() forgets it).
 
 local function meta_read(v)
   LINE = {n = tonumber(v[1]) or 0, head = tonumber(v[2]), tail = tonumber(v[3]), base = tonumber(v[4]),
@@ -219,14 +220,12 @@ end
 -- A field longer than any listpack's value (hash-max-listpack-value, 64 by default) keeps line:f a
 -- hashtable: as a listpack (up to hash-max-listpack-entries fields, 512 on some builds) each field read
 -- is a scan of them all, which cost a poll 6 µs with 326 fields.
-local TREE_PAD = '----------------------------------------------------------------' ..
-  '----------------------------------------------------------------' .. '----------------------------------------------------------------' ..
-  '----------------------------------------------------------------'  -- 256 bytes (the load has no string library)
+local TREE_PAD = '----------------------------------------------------------------' -- 256 bytes, by hand:
+TREE_PAD = TREE_PAD .. TREE_PAD .. TREE_PAD .. TREE_PAD  -- the library's load has no string library
 
 -- The tree's fields to read for the entries before slot i, and to write for a change at slot i: lists of
--- field names kept by the library (at most TREE_PATHS_KEPT of each, then they start again). Building
--- them cost a poll more than Redis's own work reading them: Redis turns each number given to a command
--- into text with snprintf.
+-- field names (text) kept by the library, so a poll builds none (at most TREE_PATHS_KEPT of each, then
+-- they start again).
 local READ_PATHS, WRITE_PATHS, TREE_PATHS_KEPT, tree_paths_kept = {}, {}, 20000, 0
 
 local function tree_path(paths, i, step)
