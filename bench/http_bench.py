@@ -363,17 +363,22 @@ def dedicated_redis(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
     return server, url
 
 
+def django_on(url: str) -> None:
+    """Django set up in this process, its Redis the benchmark's own at `url`."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "waitingroom_site.settings")
+    os.environ.setdefault("SECRET_KEY", "bench-" + "x" * 50)
+    os.environ["REDIS_URL"] = url
+    import django
+
+    django.setup()
+
+
 def redis_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
     """On a dedicated redis-server: memory per waiting ticket, and the admission script's cost."""
     directory = Path(tempfile.mkdtemp(prefix="wrbench-redis-"))
     server, url = dedicated_redis(directory)
     try:
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "waitingroom_site.settings")
-        os.environ.setdefault("SECRET_KEY", "bench-" + "x" * 50)
-        os.environ["REDIS_URL"] = url
-        import django
-
-        django.setup()
+        django_on(url)
         from queueing import store, tokens
 
         client = store.client()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -20,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from http_bench import dedicated_redis  # noqa: E402  (it puts the project root on sys.path)
+from http_bench import dedicated_redis, django_on  # noqa: E402  (it puts the project root on sys.path)
 
 
 def main() -> None:
@@ -30,12 +29,7 @@ def main() -> None:
     directory = Path(tempfile.mkdtemp(prefix="wrbench-upgrade-"))
     server, url = dedicated_redis(directory)
     try:
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "waitingroom_site.settings")
-        os.environ.setdefault("SECRET_KEY", "bench-" + "x" * 50)
-        os.environ["REDIS_URL"] = url
-        import django
-
-        django.setup()
+        django_on(url)
         from queueing import store, tokens
 
         client = store.client()

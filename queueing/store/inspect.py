@@ -39,7 +39,7 @@ def snapshot(slug: str) -> QueueSnapshot:
     pipe.zcard(keys.done)
     pipe.zcard(keys.away)
     cfg, st, (line, first), admitted, active, done, away = pipe.execute()
-    head = cast(list[str], client().zrange(f"{keys.line}:{first}", 0, 0)) if first is not None else []
+    head = cast(list[str], client().zrange(keys.line_bucket(first), 0, 0)) if first is not None else []
     head_id = parse_ticket_id(head[0]) if head else None
     line = line or 0
     counts = (int(line) + int(away), int(admitted), int(active), int(done), int(away))

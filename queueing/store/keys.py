@@ -52,6 +52,10 @@ class QueueKeys:
         """The line's count index (a Fenwick tree over its buckets; field 'n': everyone in line)."""
         return f"{self.line}:f"
 
+    def line_bucket(self, bucket: int | str) -> str:
+        """One bucket of the line: a ZSET of 64 places of score (lua/_lib.lua, bucket_key)."""
+        return f"{self.line}:{bucket}"
+
     @property
     def line_keys(self) -> str:
         """SCAN pattern of the line's buckets and their indexes (lua/_lib.lua, line_add)."""
