@@ -17,6 +17,7 @@ from django.core.signals import setting_changed
 
 HOT = (
     "REDIS_URL",
+    "REDIS_CLUSTER_NODES",
     "WR_REDIS_PREFIX",
     "WR_RATE_LIMITS",
     "WR_TICKET_SIGNING_KEY",

@@ -9,7 +9,7 @@ core layer) would instead push one message per member channel into Redis lists, 
 event. Pub/sub delivers at most once, which suits push here: push is a hint, and polling (with the
 event sequence numbers that reveal a missed event) remains the source of truth.
 
-Sync code (Django views, Celery tasks) publishes with the ordinary Redis client, in the layer's own
+Sync code (Django views, Celery tasks) publishes with an ordinary Redis client on the layer's server, in the layer's own
 wire format, rather than through `async_to_sync(layer.group_send)`: in a Celery worker that starts an
 event loop, opens a connection and closes both on every send, the pattern behind channels-redis issue
 #332 ("Event loop is closed"). One pipelined round trip sends all of a transition's events.
@@ -89,10 +89,7 @@ def send(messages: Iterable[Message]) -> int:
     """Publish events to groups (one pipelined round trip); returns how many were sent."""
     published = encoded(messages)
     if published:
-        pipe = store.client().pipeline(transaction=False)
-        for channel, payload in published:
-            pipe.publish(channel, payload)
-        pipe.execute()
+        store.publish(published)
     return len(published)
 
 

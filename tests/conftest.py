@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -12,6 +13,8 @@ from rest_framework.test import APIClient
 
 from queueing import services, signing_keys, store
 from queueing.models import Queue
+from queueing.store.connection import cluster_client
+from waitingroom_site.devcluster import LocalCluster
 
 from .factories import Clock
 from .stack import Stack, run_stack
@@ -23,10 +26,58 @@ _slugs = itertools.count(1)
 def _clean_redis() -> Iterator[None]:
     """Each test starts and ends with no keys under this run's prefix (and never touches other keys)."""
     yield
-    client = store.client()
+    _delete_keys(store.client())
+
+
+def _delete_keys(client: Any) -> None:
     keys = list(client.scan_iter(match=store.key_pattern(), count=1000))
     for start in range(0, len(keys), 500):
         client.delete(*keys[start : start + 500])
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A real Redis Cluster, three masters and three replicas, from the redis-server binary (free ports, a
+    directory of its own), stopped by process id at the end of the run."""
+    cluster = LocalCluster(tmp_path_factory.mktemp("cluster")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(params=["redis", "cluster"])
+def live_state(request: pytest.FixtureRequest, settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The live state on a single Redis, then on the Redis Cluster (REDIS_CLUSTER_NODES): a module that
+    uses it (`pytestmark = pytest.mark.usefixtures("live_state")`) runs each of its tests on both. Processes
+    the test spawns find the cluster in their environment (tests/settings.py)."""
+    if request.param == "cluster":
+        cluster = request.getfixturevalue("redis_cluster")
+        settings.REDIS_CLUSTER_NODES = cluster.nodes
+        monkeypatch.setenv("WR_TEST_CLUSTER_NODES", cluster.nodes)
+        try:
+            yield request.param
+        finally:  # on the cluster itself, wherever the test pointed the settings
+            client = cluster_client(cluster.nodes)
+            _delete_keys(client)
+            client.close()
+    else:
+        yield request.param
+
+
+@pytest.fixture
+def redis_away(settings: Any) -> Callable[[], None]:
+    """Point the live state at a port nothing listens on: a single Redis's URL, or the cluster's nodes."""
+
+    def away() -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]  # nothing listens there once the probe is closed
+        settings.REDIS_URL = f"redis://127.0.0.1:{port}/0"
+        if settings.REDIS_CLUSTER_NODES:
+            settings.REDIS_CLUSTER_NODES = f"127.0.0.1:{port}"
+
+    return away
 
 
 @pytest.fixture(autouse=True)

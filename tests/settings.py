@@ -48,3 +48,6 @@ WR_WS_REPORT_SECONDS = 0  # so is the event loop's watch (tests/test_loopwatch.p
 # far faster than any visitor would.
 WR_RATE_LIMITS = {}
 WR_DEMO = True
+# The live state on the tests' own Redis Cluster only where a test asks for it (conftest.live_state, which
+# also names it to the processes a test spawns).
+REDIS_CLUSTER_NODES = os.environ.get("WR_TEST_CLUSTER_NODES", "")

@@ -9,6 +9,8 @@ from rest_framework.test import APIClient
 
 from queueing import store
 
+pytestmark = pytest.mark.usefixtures("live_state")  # on a single Redis and on a Redis Cluster (conftest.live_state)
+
 JSON = "application/json"
 
 
@@ -142,16 +144,16 @@ def test_an_unusable_priority_code_is_400_and_spends_nothing(api, queue):
     assert store.snapshot(queue.slug).waiting == 1
 
 
-def test_when_redis_is_unreachable_the_api_says_503_not_500(api, queue, settings):
-    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+def test_when_redis_is_unreachable_the_api_says_503_not_500(api, queue, redis_away):
+    redis_away()
     response = post(api, url(queue.slug, "join"), "{}")
     body = error(response, 503, "service_unavailable")
     assert response["Retry-After"] == str(body["retry_after_seconds"])
 
 
-def test_a_status_poll_while_redis_is_unreachable_is_503_in_the_error_shape(api, queue, settings):
+def test_a_status_poll_while_redis_is_unreachable_is_503_in_the_error_shape(api, queue, redis_away):
     ticket = post(api, url(queue.slug, "join"), "{}").json()["ticket"]
-    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    redis_away()
     response = api.get(url(queue.slug, "status"), HTTP_AUTHORIZATION=f"Bearer {ticket}")
     body = error(response, 503, "service_unavailable")
     assert response["Retry-After"] == str(body["retry_after_seconds"])

@@ -10,6 +10,8 @@ from rest_framework.test import APIClient
 
 from queueing import signing_keys
 
+pytestmark = pytest.mark.usefixtures("live_state")  # on a single Redis and on a Redis Cluster (conftest.live_state)
+
 
 def url(slug: str, op: str) -> str:
     return f"/api/v1/queues/{slug}/{op}"

@@ -11,6 +11,8 @@ from rest_framework.test import APIClient
 from queueing import services, store
 from queueing.models import QueueChange
 
+pytestmark = pytest.mark.usefixtures("live_state")  # on a single Redis and on a Redis Cluster (conftest.live_state)
+
 
 def url(slug: str, op: str = "") -> str:
     return f"/api/v1/queues/{slug}" + (f"/{op}" if op else "")
@@ -124,13 +126,13 @@ def test_an_unknown_queue_is_404(staff_api, db):
     assert staff_api.get(url("nope", "stats")).json()["error"]["code"] == "not_found"
 
 
-def test_a_change_answered_503_because_redis_is_away_was_not_made(staff_api, make_queue, settings):
+def test_a_change_answered_503_because_redis_is_away_was_not_made(staff_api, make_queue, redis_away):
     """Issue 12: a pause answered "503, retry" was committed anyway (database, audit log and Redis said paused)."""
     from queueing.models import Queue
 
     queue = make_queue(state="open")
     changes_before = QueueChange.objects.filter(queue=queue).count()
-    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    redis_away()
     paused = staff_api.post(f"/api/v1/queues/{queue.slug}/pause")
     patched = staff_api.patch(f"/api/v1/queues/{queue.slug}", {"capacity": 99}, format="json")
     assert paused.status_code == patched.status_code == 503

@@ -18,6 +18,8 @@ from django.test.utils import CaptureQueriesContext
 from queueing import signing_keys, store, tokens
 from queueing.visitors import random_visitor_id
 
+pytestmark = pytest.mark.usefixtures("live_state")  # on a single Redis and on a Redis Cluster (conftest.live_state)
+
 
 def url(slug: str, op: str) -> str:
     return f"/api/v1/queues/{slug}/{op}"

@@ -14,6 +14,8 @@ from queueing.store import TicketStatus
 from . import procs
 from .factories import join, rank_of, status
 
+pytestmark = pytest.mark.usefixtures("live_state")  # on a single Redis and on a Redis Cluster (conftest.live_state)
+
 
 def fill(slug: str, count: int, *, now: float, prefix: str = "v") -> list[store.TicketState]:
     return [join(slug, f"{prefix}{i}", now=now) for i in range(count)]

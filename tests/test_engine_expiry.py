@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from queueing import services, store
 from queueing.store import TicketStatus
 
 from .factories import access_token, join, status, status_reply, ticket_claims
+
+pytestmark = pytest.mark.usefixtures("live_state")  # on a single Redis and on a Redis Cluster (conftest.live_state)
 
 
 def test_an_absent_visitor_keeps_its_place_but_is_skipped_by_admission(make_queue, clock):

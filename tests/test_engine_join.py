@@ -13,6 +13,8 @@ from queueing.store import TicketStatus
 
 from .factories import join, rank_of, visitor
 
+pytestmark = pytest.mark.usefixtures("live_state")  # on a single Redis and on a Redis Cluster (conftest.live_state)
+
 
 @pytest.fixture
 def paused(make_queue):
@@ -118,9 +120,19 @@ def lose_the_library() -> str:
     return name
 
 
-def library_loaded(name: str) -> bool:
-    entries = store.client().function_list(library=name)  # RESP2: each library as a flat key, value list
-    return [dict(zip(entry[::2], entry[1::2], strict=True))["library_name"] for entry in entries] == [name]
+def library_loaded(name: str, *, on: str = "") -> bool:
+    """Whether the server has the library (on a cluster: every master, or the master of the key `on`)."""
+    client = store.client()
+    if isinstance(client, redis.RedisCluster):
+        nodes = [client.get_node_from_key(on)] if on else client.get_primaries()
+        found = [client.execute_command("FUNCTION LIST", "LIBRARYNAME", name, target_nodes=node) for node in nodes]
+    else:
+        found = [client.function_list(library=name)]
+    # RESP2: each library as a flat key, value list
+    return all(
+        [dict(zip(entry[::2], entry[1::2], strict=True))["library_name"] for entry in entries] == [name]
+        for entries in found
+    )
 
 
 def test_a_server_without_the_scripts_gets_them_loaded_and_the_call_run_again(make_queue):

@@ -15,6 +15,8 @@ from queueing.store import TicketStatus
 
 from .factories import access_claims, join, rank_of, status
 
+pytestmark = pytest.mark.usefixtures("live_state")  # on a single Redis and on a Redis Cluster (conftest.live_state)
+
 
 def test_absent_visitors_at_the_head_are_parked_so_present_ones_behind_them_get_in(make_queue, clock):
     queue = make_queue(state="paused", capacity=100, burst=100, presence_timeout=30, abandon_timeout=600)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from queueing import services, store, tokens
 from queueing.store import TicketStatus
 
 from .factories import access_claims, access_token, join, status, ticket_claims
+
+pytestmark = pytest.mark.usefixtures("live_state")  # on a single Redis and on a Redis Cluster (conftest.live_state)
 
 
 def admitted(make_queue, clock, **policy):

@@ -21,6 +21,8 @@ from hypothesis.stateful import (
 from queueing import services, store, tokens
 from queueing.store import TicketStatus
 
+pytestmark = pytest.mark.usefixtures("live_state")  # on a single Redis and on a Redis Cluster (conftest.live_state)
+
 VISITORS = [f"visitor-{i}" for i in range(12)]
 CAPACITY = 3
 POLICY = {
@@ -203,11 +205,12 @@ class QueueMachine(RuleBasedStateMachine):
 
 
 @pytest.mark.django_db
-def test_random_sequences_keep_the_engine_invariants():
+def test_random_sequences_keep_the_engine_invariants(live_state):
     run_state_machine_as_test(
         QueueMachine,
         settings=settings(
-            max_examples=80,
+            # The same scripts on either: on the cluster, fewer sequences check the routing (each costs more).
+            max_examples=80 if live_state == "redis" else 25,
             stateful_step_count=40,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],

@@ -5,7 +5,6 @@ goes to Django in threads, its body read first; joins without a session skip the
 from __future__ import annotations
 
 import asyncio
-import socket
 import uuid
 from collections.abc import MutableMapping
 from typing import Any
@@ -21,7 +20,7 @@ from waitingroom_site.web import application, django_application
 
 from .test_engine_join import library_loaded, lose_the_library
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("live_state")]  # also on a Redis Cluster
 
 
 async def call(
@@ -186,16 +185,13 @@ async def test_a_server_that_lost_its_scripts_gets_them_loaded_again(ticket, set
     name = lose_the_library()
     response = await call(f"/api/v1/queues/{slug}/status", headers={"Authorization": f"Bearer {raw}"})
     assert response.status_code == 200 and response.json()["position"] == 3
-    assert library_loaded(name)
+    assert library_loaded(name, on=store.queue_keys(slug).cfg)  # on a cluster: the queue's master
 
 
 @pytest.mark.asyncio
-async def test_redis_out_of_reach_is_a_503_in_the_error_shape(ticket, settings):
+async def test_redis_out_of_reach_is_a_503_in_the_error_shape(ticket, redis_away):
     slug, raw = ticket
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # nothing listens there once the probe is closed
-    settings.REDIS_URL = f"redis://127.0.0.1:{port}/0"
+    redis_away()
     response = await call(f"/api/v1/queues/{slug}/status", headers={"Authorization": f"Bearer {raw}"})
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "service_unavailable" and int(response.headers["retry-after"]) >= 1
@@ -451,12 +447,9 @@ async def test_parallel_joins_of_one_visitor_on_the_event_loop_hold_one_ticket(p
 
 
 @pytest.mark.asyncio
-async def test_a_join_with_redis_out_of_reach_is_a_503_in_the_error_shape(paused, counted, settings):
+async def test_a_join_with_redis_out_of_reach_is_a_503_in_the_error_shape(paused, counted, redis_away):
     app, _ = counted
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    settings.REDIS_URL = f"redis://127.0.0.1:{port}/0"
+    redis_away()
     response = await join(app, paused, headers={"X-Visitor-Id": str(uuid.uuid4())})
     assert response.status_code == 503 and response.json()["error"]["code"] == "service_unavailable"
 

@@ -10,12 +10,15 @@ from datetime import UTC, datetime
 from typing import cast
 
 import msgpack
+import pytest
 
 from queueing import services, shuffle, store
 from queueing.models import QueueShuffle
 from queueing.store import TicketStatus, connection
 
 from .factories import join, status, visitor
+
+pytestmark = pytest.mark.usefixtures("live_state")  # on a single Redis and on a Redis Cluster (conftest.live_state)
 
 
 def _order(slug: str) -> list[str]:
@@ -159,7 +162,6 @@ def test_a_line_kept_in_one_set_before_the_buckets_moves_into_them_on_the_next_c
     fields = msgpack.unpackb(cast(bytes, raw.hget(where, field)), raw=False)
     assert len(fields) == 14  # the priority joiner's record keeps its place: the old one did not
     raw.hset(where, field, msgpack.packb(fields[:7]))
-    raw.close()
 
     late = join(queue.slug, "late", now=clock())  # the policy reads as missing: synced again, which moves the line
     assert client.exists(keys.line) == 0

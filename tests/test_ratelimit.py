@@ -18,6 +18,8 @@ from queueing.visitors import client_address
 
 from .test_engine_join import library_loaded, lose_the_library
 
+pytestmark = pytest.mark.usefixtures("live_state")  # on a single Redis and on a Redis Cluster (conftest.live_state)
+
 T0 = 1_800_000_000.0  # a window boundary for every window size used here (a multiple of 60 s)
 
 

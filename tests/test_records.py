@@ -5,11 +5,15 @@ found and moved on their next save."""
 
 from __future__ import annotations
 
+import pytest
+
 from queueing import store
 from queueing.store import TicketStatus
 from queueing.store.connection import raw_client
 
 from .factories import join, status, visitor
+
+pytestmark = pytest.mark.usefixtures("live_state")  # on a single Redis and on a Redis Cluster (conftest.live_state)
 
 
 def where(slug: str, name: str) -> list[str]:
@@ -58,12 +62,9 @@ def test_a_record_written_before_the_split_is_found_and_moved_on_its_next_save(m
     ticket = join(queue.slug, "old", now=clock())
     keys, vk = store.queue_keys(queue.slug), visitor("old")
     small, field = keys.record(vk)
-    client = raw_client()
-    try:  # as an earlier version kept it: in tk, by visitor key
-        client.hset(keys.tk, vk, client.hget(small, field))
-        client.hdel(small, field)
-    finally:
-        client.close()
+    client = raw_client()  # as an earlier version kept it: in tk, by visitor key
+    client.hset(keys.tk, vk, client.hget(small, field))
+    client.hdel(small, field)
     assert where(queue.slug, "old") == ["tk"]
     assert status(queue.slug, ticket, now=clock.advance(1)).rank == 0
     assert where(queue.slug, "old") == ["small"]  # one record, in its new place

@@ -50,6 +50,7 @@ def private_redis(settings) -> Iterator[PrivateRedis]:
     port = free_port()
     server = PrivateRedis(f"redis://127.0.0.1:{port}/0", port, _start(port))
     settings.REDIS_URL = server.url  # store reconnects when the URL changes
+    settings.REDIS_CLUSTER_NODES = ""  # a server of the test's own, not the cluster (conftest.live_state)
     try:
         yield server
     finally:

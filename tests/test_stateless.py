@@ -17,6 +17,8 @@ from queueing.models import Queue, QueueChange, QueueShuffle
 
 from .test_recovery import private_redis  # noqa: F401  (a redis-server of the test's own)
 
+pytestmark = pytest.mark.usefixtures("live_state")  # on a single Redis and on a Redis Cluster (conftest.live_state)
+
 
 def at(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, tz=UTC)
@@ -132,7 +134,7 @@ def test_redis_does_not_grow_with_100000_joins(window_queue, clock):
     for _ in range(100):
         pipe = client.pipeline(transaction=False)
         for _ in range(1000):
-            pipe.fcall(join, 2, store.queue_keys(slug).win, "unused", now, 0, 0, "next")
+            pipe.fcall(join, 2, store.queue_keys(slug).win, store.queue_keys(slug).tagged("unused"), now, 0, 0, "next")
         pipe.execute()
     assert store.window_read(slug).issued == 100_000
     assert sorted(client.scan_iter(match=f"{store.key_pattern()[:-1]}{{{slug}}}*")) == keys_before

@@ -548,11 +548,8 @@ def test_it_parses_an_outflow_step_of_a_queue_not_adapting_as_off(make_queue, cl
 def record(slug: str, name: str) -> list[Any]:
     """A ticket's record as the scripts packed it (msgpack, read as bytes)."""
     bytes_client = raw_client()
-    try:
-        keys, vk = store.queue_keys(slug), visitor(name)
-        packed = bytes_client.hget(*keys.record(vk)) or bytes_client.hget(keys.tk, vk)  # waiting, or any other
-    finally:
-        bytes_client.close()
+    keys, vk = store.queue_keys(slug), visitor(name)
+    packed = bytes_client.hget(*keys.record(vk)) or bytes_client.hget(keys.tk, vk)  # waiting, or any other
     assert packed is not None
     return list(msgpack.unpackb(packed, raw=False))
 

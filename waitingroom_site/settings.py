@@ -246,6 +246,10 @@ SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 
 # --- Redis: all live queue state, the Celery broker and (later) the channel layer. ---
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+# The live state on a Redis Cluster instead (README "Redis Cluster"): its nodes, host:port,comma-separated.
+# REDIS_URL then names a standalone Redis for what a cluster does not carry: the channel layer, and by
+# default the Celery broker and Django's cache.
+REDIS_CLUSTER_NODES = os.environ.get("REDIS_CLUSTER_NODES", "").strip()
 WR_REDIS_PREFIX = os.environ.get("WR_REDIS_PREFIX", "wr")
 
 
@@ -260,7 +264,8 @@ def channel_layers(redis_url: str, prefix: str) -> dict[str, Any]:
     }
 
 
-CHANNEL_LAYERS = channel_layers(REDIS_URL, WR_REDIS_PREFIX)
+CHANNEL_LAYER_URL = os.environ.get("CHANNEL_LAYER_URL", "") or REDIS_URL
+CHANNEL_LAYERS = channel_layers(CHANNEL_LAYER_URL, WR_REDIS_PREFIX)
 
 
 def redis_database(url: str, db: int) -> str:

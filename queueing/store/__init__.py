@@ -42,9 +42,11 @@ from .connection import (
     aexecute,
     apublish,
     client,
+    clustered,
     execute,
     library,
     load_library,
+    publish,
 )
 from .health import KEEP_SECONDS as HEALTH_KEEP_SECONDS
 from .health import HealthCounts, health_report, health_slice_key, health_window
@@ -173,6 +175,7 @@ __all__ = [
     "capacity_report",
     "cleanup",
     "client",
+    "clustered",
     "complete",
     "config_read",
     "config_write",
@@ -206,6 +209,7 @@ __all__ = [
     "parse_ticket_id",
     "pow_difficulty",
     "prequeue_entries",
+    "publish",
     "queue_delete",
     "queue_keys",
     "queue_slugs",

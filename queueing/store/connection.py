@@ -28,12 +28,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import hiredis
 import redis
 import redis.asyncio
 from django.conf import settings
+from redis._parsers import CommandsParser
+from redis.cluster import ClusterNode
+from redis.crc import key_slot
+from redis.exceptions import RedisClusterException
 
 from .. import conf
 
@@ -43,42 +47,165 @@ U = TypeVar("U")
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 
 
-class _Connection:
-    """One client per process: after a fork (gunicorn, Celery prefork) the child builds its own."""
+def cluster_nodes(nodes: str) -> list[tuple[str, int]]:
+    """REDIS_CLUSTER_NODES ('host:port,host:port'): the nodes a cluster client starts from."""
+    found = []
+    for part in nodes.split(","):
+        host, _, port = part.strip().rpartition(":")
+        if part.strip():
+            found.append((host or "127.0.0.1", int(port)))
+    return found
 
-    def __init__(self) -> None:
+
+class _FcallKeys(CommandsParser):
+    """FCALL's keys read from its own numkeys, as redis-py reads EVAL's, instead of asking the server
+    (COMMAND GETKEYS, which redis-py sends for a command with movable keys: a round trip more per call)."""
+
+    def __init__(self, parsed: CommandsParser) -> None:  # not super().__init__: it would ask COMMAND again
+        self.commands, self.redis_connection = parsed.commands, parsed.redis_connection
+
+    def get_keys(self, redis_conn: Any, *args: Any) -> Any:
+        if args and str(args[0]).upper() in ("FCALL", "FCALL_RO"):
+            return list(args[3 : 3 + int(args[2])]) or None
+        return super().get_keys(redis_conn, *args)  # type: ignore[no-untyped-call]
+
+
+class _Cluster(redis.RedisCluster):
+    """redis-py's cluster client whose own failures are Redis errors, as every other store failure is (the
+    API answers them 503): RedisClusterException (no node reachable, a slot that no node serves during a
+    failover) is not a RedisError."""
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
+        except RedisClusterException as exc:
+            raise redis.exceptions.ClusterError(str(exc)) from exc
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)  # type: ignore[no-untyped-call]
+        execute = pipe.execute
+
+        def guarded(raise_on_error: bool = True) -> list[Any]:
+            try:
+                return list(execute(raise_on_error))
+            except RedisClusterException as exc:
+                raise redis.exceptions.ClusterError(str(exc)) from exc
+
+        pipe.execute = guarded
+        return pipe
+
+
+def cluster_client(nodes: str, *, decode_responses: bool = True) -> redis.RedisCluster:
+    """A client of the Redis Cluster at `nodes` (REDIS_CLUSTER_NODES). It routes each command to the
+    master of its keys' slot and follows MOVED and ASK; FUNCTION LOAD goes to every master."""
+    try:
+        client = _Cluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in cluster_nodes(nodes)],  # type: ignore[no-untyped-call]
+            decode_responses=decode_responses,
+            socket_timeout=5,
+            socket_connect_timeout=3,
+        )
+    except RedisClusterException as exc:  # no node answered
+        raise redis.exceptions.ConnectionError(f"Redis Cluster at {nodes}: {exc}") from exc
+    client.commands_parser = _FcallKeys(client.commands_parser)
+    return client
+
+
+Client = redis.Redis | redis.RedisCluster
+
+
+class _Connection:
+    """One client per process: after a fork (gunicorn, Celery prefork) the child builds its own. A Redis
+    Cluster's when REDIS_CLUSTER_NODES names one, else the single Redis at REDIS_URL."""
+
+    def __init__(self, *, decode_responses: bool = True) -> None:
         self._lock = threading.Lock()
         self._pid = 0
-        self._url = ""
-        self._client: redis.Redis | None = None
+        self._where: tuple[str, str] = ("", "")
+        self._client: Any = None
+        self._decode = decode_responses
 
-    def get(self) -> redis.Redis:
-        url = conf.hot().REDIS_URL
-        if self._client is None or self._pid != os.getpid() or self._url != url:
+    def get(self) -> Any:
+        hot = conf.hot()
+        where = (hot.REDIS_URL, hot.REDIS_CLUSTER_NODES)
+        if self._client is None or self._pid != os.getpid() or self._where != where:
             with self._lock:
-                if self._client is None or self._pid != os.getpid() or self._url != url:
-                    client = redis.Redis.from_url(
-                        url,
-                        decode_responses=True,
-                        socket_timeout=5,
-                        socket_connect_timeout=3,
-                        health_check_interval=30,
-                    )
-                    self._client, self._pid, self._url = client, os.getpid(), url
-        assert self._client is not None
+                if self._client is None or self._pid != os.getpid() or self._where != where:
+                    if where[1]:
+                        client: Any = cluster_client(where[1], decode_responses=self._decode)
+                    else:
+                        client = redis.Redis.from_url(
+                            where[0],
+                            decode_responses=self._decode,
+                            socket_timeout=5,
+                            socket_connect_timeout=3,
+                            health_check_interval=30,
+                        )
+                    self._client, self._pid, self._where = client, os.getpid(), where
         return self._client
 
 
 _connection = _Connection()
+_raw_connection = _Connection(decode_responses=False)
 
 
 def client() -> redis.Redis:
-    return _connection.get()
+    """The live state's client: a redis.Redis, or a redis.RedisCluster, which speaks the same commands
+    (typed as the former: every call here names its keys, all of one queue under one hash tag)."""
+    return cast(redis.Redis, _connection.get())
+
+
+def clustered() -> bool:
+    """Whether the live state is on a Redis Cluster (REDIS_CLUSTER_NODES)."""
+    return bool(conf.hot().REDIS_CLUSTER_NODES)
 
 
 def raw_client() -> redis.Redis:
-    """A separate client that leaves replies as bytes (ticket records are msgpack); close it after use."""
-    return redis.Redis.from_url(settings.REDIS_URL)
+    """The live state's client that leaves replies as bytes (ticket records are msgpack), one per process."""
+    return cast(redis.Redis, _raw_connection.get())
+
+
+class _LayerConnection:
+    """The channel layer's Redis (CHANNEL_LAYER_URL; REDIS_URL's by default), where events are published
+    (realtime.py): one client per process, and one per event loop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sync: tuple[int, str, redis.Redis] | None = None
+        self._async: dict[asyncio.AbstractEventLoop, tuple[str, redis.asyncio.Redis]] = {}
+
+    def get(self) -> redis.Redis:
+        url, found = layer_url(), self._sync
+        if found is None or found[0] != os.getpid() or found[1] != url:
+            with self._lock:
+                client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=3, health_check_interval=30)
+                found = self._sync = (os.getpid(), url, client)
+        return found[2]
+
+    def aget(self) -> redis.asyncio.Redis:
+        loop, url = asyncio.get_running_loop(), layer_url()
+        found = self._async.get(loop)
+        if found is None or found[0] != url:
+            for old in [key for key in self._async if key.is_closed()]:
+                del self._async[old]
+            client = redis.asyncio.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=3)
+            found = self._async[loop] = (url, client)
+        return found[1]
+
+
+_layer = _LayerConnection()
+
+
+def layer_url() -> str:
+    return str(settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"][0])
+
+
+def publish(messages: Sequence[tuple[str, bytes]]) -> None:
+    """PUBLISH each (channel, payload) on the channel layer's Redis, in one round trip."""
+    pipe = _layer.get().pipeline(transaction=False)
+    for channel, payload in messages:
+        pipe.publish(channel, payload)
+    pipe.execute()
 
 
 GATE = "&"  # in a combination's name: each script runs only if the limiter before it allowed the request
@@ -156,7 +283,10 @@ def _loaded(error: redis.exceptions.ResponseError) -> None:
 def load_library(client: redis.Redis) -> None:
     """Load the library on the client's server, unless it has it (tools that pipeline FCALLs themselves)."""
     try:
-        client.function_load(library().code)
+        if isinstance(client, redis.RedisCluster):  # every master; REPLACE: some may have it already
+            client.function_load(library().code, replace=True)
+        else:
+            client.function_load(library().code)
     except redis.exceptions.ResponseError as exc:
         _loaded(exc)
 
@@ -235,8 +365,29 @@ def _replies(calls: Sequence[ScriptCall], reply: Any) -> list[Any]:
     return list(reply) if len(calls) > 1 else [reply]
 
 
+def _apart(calls: Sequence[ScriptCall]) -> bool:
+    """Whether a plan's calls must run one by one: on a cluster, when their keys are in different slots
+    (a join's limiter keyed by the client's address, and the queue's script), which no one script may
+    touch. Each call is atomic still; the limiter's verdict comes first, as in one script."""
+    if len(calls) < 2 or not conf.hot().REDIS_CLUSTER_NODES:
+        return False
+    return len({key_slot(keys[0].encode()) for _, keys, _ in calls if keys}) > 1
+
+
+def _refused(plan: Plan[Any], index: int, reply: Any) -> bool:
+    """A gated plan's limiter (every call but the last) said no: its reply starts with allowed 0."""
+    return plan.gated and index < len(plan.calls) - 1 and int(reply[0]) == 0
+
+
 def execute(plan: Plan[T]) -> T:
     """Run a plan from synchronous code."""
+    if _apart(plan.calls):
+        replies = []
+        for index, call in enumerate(plan.calls):
+            replies.append(run(*call))
+            if _refused(plan, index, replies[-1]):
+                break
+        return plan.read(replies)
     return plan.read(_replies(plan.calls, run(*plan.call)))
 
 
@@ -261,49 +412,62 @@ LANE_TIMEOUT_SECONDS = 5.0
 LANE_CONNECTIONS = 32  # per event loop (_Lane): Redis runs one command at a time; more only queue there
 
 
-class _AsyncConnection:
-    """The event loop's client (redis.asyncio, hiredis), one per loop: the web server's hot path. A loop
-    belongs to one process (a forked child runs a loop of its own).
+def _async_pool(**where: Any) -> redis.asyncio.ConnectionPool:
+    """A pool for a lane to make its connections with (hiredis packing; its url=, or host= and port=)."""
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "socket_timeout": 5,
+        "socket_connect_timeout": 3,
+        # No periodic PING before a command: a connection found dead is retried on a new one, and the
+        # hot path does not pay for the check.
+        "health_check_interval": 0,
+    }
+    if "url" in where:
+        pool = redis.asyncio.ConnectionPool.from_url(where["url"], **options)
+    else:
+        pool = redis.asyncio.ConnectionPool(**where, **options)
+    pool.connection_class = _hiredis_packing(pool.connection_class)  # type: ignore[arg-type]
+    return pool
 
-    The hot path's scripts (`arun`) go over connections of its own (`_Lane`), not through the client's
-    pool: redis-py 8's command path (a lock, a liveness probe of the socket and four metric hooks per
-    checkout, a retry wrapper, an event dispatch per release) cost a third of a status poll's Python
-    (bench/RESULTS.md). A lane sends one packed FCALL and reads one reply, nothing else."""
+
+class _AsyncConnection:
+    """The event loop's way to the live state, one per loop: the web server's hot path. A loop belongs to
+    one process (a forked child runs a loop of its own).
+
+    The hot path's scripts (`arun`) go over connections of their own (`_Lane`), not through a redis-py
+    client's pool: redis-py 8's command path (a lock, a liveness probe of the socket and four metric hooks
+    per checkout, a retry wrapper, an event dispatch per release) cost a third of a status poll's Python
+    (bench/RESULTS.md). A lane sends one packed FCALL and reads one reply, nothing else. On a Redis
+    Cluster, a lane per node (`_ClusterLanes`)."""
 
     def __init__(self) -> None:
-        self._clients: dict[asyncio.AbstractEventLoop, tuple[str, redis.asyncio.Redis, _Lane]] = {}
+        self._routes: dict[asyncio.AbstractEventLoop, tuple[tuple[str, str], _Lane | _ClusterLanes]] = {}
 
-    def _get(self) -> tuple[redis.asyncio.Redis, _Lane]:
-        loop, url = asyncio.get_running_loop(), conf.hot().REDIS_URL
-        found = self._clients.get(loop)
-        if found is None or found[0] != url:
-            client = redis.asyncio.Redis.from_url(
-                url,
-                decode_responses=True,
-                socket_timeout=5,
-                socket_connect_timeout=3,
-                # No periodic PING before a command: a connection found dead is retried on a new one
-                # (redis-py's default retry), and the hot path does not pay for the check.
-                health_check_interval=0,
-            )
-            pool = client.connection_pool
-            pool.connection_class = _hiredis_packing(pool.connection_class)  # type: ignore[arg-type]
-            lane = _Lane(pool, timeout=LANE_TIMEOUT_SECONDS, most=LANE_CONNECTIONS)
-            found = self._clients[loop] = (url, client, lane)
-        return found[1], found[2]
-
-    def get(self) -> redis.asyncio.Redis:
-        return self._get()[0]
+    def route(self) -> _Lane | _ClusterLanes:
+        loop, hot = asyncio.get_running_loop(), conf.hot()
+        where = (hot.REDIS_URL, hot.REDIS_CLUSTER_NODES)
+        found = self._routes.get(loop)
+        if found is None or found[0] != where:
+            for old in [key for key in self._routes if key.is_closed()]:
+                del self._routes[old]
+            if where[1]:
+                route: _Lane | _ClusterLanes = _ClusterLanes(cluster_nodes(where[1]))
+            else:
+                route = _Lane(_async_pool(url=where[0]), timeout=LANE_TIMEOUT_SECONDS, most=LANE_CONNECTIONS)
+            found = self._routes[loop] = (where, route)
+        return found[1]
 
     def lane(self) -> _Lane:
-        return self._get()[1]
+        """The single Redis's lane (tests)."""
+        route = self.route()
+        assert isinstance(route, _Lane)
+        return route
 
     async def close(self) -> None:
-        """Close this loop's client and lane (the web server's shutdown)."""
-        found = self._clients.pop(asyncio.get_running_loop(), None)
+        """Close this loop's lanes (the web server's shutdown)."""
+        found = self._routes.pop(asyncio.get_running_loop(), None)
         if found is not None:
-            await found[2].close()
-            await found[1].aclose()
+            await found[1].close()
 
 
 class _Lane:
@@ -335,22 +499,32 @@ class _Lane:
         self._waiters: deque[asyncio.Future[redis.asyncio.connection.AbstractConnection | None]] = deque()
         self._watchdog: asyncio.Task[None] | None = None
 
-    async def command(self, *args: Any) -> Any:
+    async def command(self, *args: Any, asking: bool = False) -> Any:
+        """Send one command and read its reply; `asking`: after ASKING, on the same connection (a slot
+        being moved to this node, which answers for it only so)."""
         reused = bool(self._idle)
         try:
-            return await self._once(args)
+            return await self._once(args, asking)
         except (redis.exceptions.ConnectionError, ConnectionError):
             if not reused:
                 raise
-        return await self._once(args)
+        return await self._once(args, asking)
 
-    async def _once(self, args: tuple[Any, ...]) -> Any:
+    async def call(self, keys: Sequence[str], *args: Any) -> Any:
+        return await self.command(*args)
+
+    async def _once(self, args: tuple[Any, ...], asking: bool = False) -> Any:
         connection = self._idle.pop() if self._idle else await self._take()
         self._busy[connection] = self._loop.time()
         if self._watchdog is None:
             self._watchdog = self._loop.create_task(self._watch())
         try:
-            await connection.send_packed_command(connection.pack_command(*args), check_health=False)
+            if asking:
+                packed = connection.pack_commands([("ASKING",), args])
+                await connection.send_packed_command(packed, check_health=False)
+                await connection.read_response()
+            else:
+                await connection.send_packed_command(connection.pack_command(*args), check_health=False)
             reply = await connection.read_response()
         except redis.exceptions.ResponseError:
             self._give(connection)  # an error reply (no library, a script's error): the connection is fine
@@ -439,22 +613,120 @@ class _Lane:
             await connection.disconnect()
 
 
+# A command redirected (MOVED, ASK) or told to try again (TRYAGAIN: a multi-key call, as every script is,
+# while its slot's keys are part moved) is sent again, up to this many times in all, TRYAGAIN after a
+# pause: about 2 s for a slot's move to finish before the call fails (the API's 503).
+CLUSTER_ATTEMPTS = 16
+TRY_AGAIN_SECONDS = 0.25  # (ASK, then TRYAGAIN: 8 pauses)
+REFRESH_SECONDS = 0.5  # the slot map is read again at most this often
+
+
+class _ClusterLanes:
+    """The event loop's scripts on a Redis Cluster: a lane per node, each call sent to the master serving
+    its keys' slot (a queue's keys are under one hash tag: one slot; `run`'s callers never mix queues).
+
+    The slot map comes from CLUSTER SLOTS, asked of any node that answers (those of the last map first,
+    then REDIS_CLUSTER_NODES). A node that answers MOVED (a slot moved for good, a replica promoted) has
+    the slot taken as its, and the map is read again; ASK (a slot being moved) sends that call alone to the
+    node it names, after ASKING; TRYAGAIN (a multi-key call while its slot moves) waits a moment and sends
+    it again. A node that cannot be reached (a master down before its replica takes over) fails the call
+    (the API's 503) and has the map read again, so that calls after the failover go to the new master."""
+
+    def __init__(self, startup: list[tuple[str, int]]) -> None:
+        self._startup = startup
+        self._slots: list[tuple[str, int] | None] = [None] * 16384
+        self._lanes: dict[tuple[str, int], _Lane] = {}
+        self._known: list[tuple[str, int]] = list(startup)
+        self._refreshed_at = -REFRESH_SECONDS
+        self._refreshing: asyncio.Future[None] | None = None
+
+    def _lane(self, node: tuple[str, int]) -> _Lane:
+        found = self._lanes.get(node)
+        if found is None:
+            pool = _async_pool(host=node[0], port=node[1])
+            found = self._lanes[node] = _Lane(pool, timeout=LANE_TIMEOUT_SECONDS, most=LANE_CONNECTIONS)
+        return found
+
+    async def call(self, keys: Sequence[str], *args: Any) -> Any:
+        slot = key_slot(keys[0].encode()) if keys else 0
+        asking: tuple[str, int] | None = None
+        for _ in range(CLUSTER_ATTEMPTS):
+            node = asking or self._slots[slot] or await self._master(slot)
+            try:
+                return await self._lane(node).command(*args, asking=asking is not None)
+            except redis.exceptions.MovedError as exc:
+                self._slots[slot], asking = (str(exc.host), int(exc.port)), None
+                self._stale()
+            except redis.exceptions.AskError as exc:
+                asking = (str(exc.host), int(exc.port))
+            except redis.exceptions.TryAgainError:  # its keys part here, part there: the move ends soon
+                asking = None
+                await asyncio.sleep(TRY_AGAIN_SECONDS)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, ConnectionError):
+                self._stale()
+                raise
+        raise redis.exceptions.ClusterError(f"slot {slot}: still redirected after {CLUSTER_ATTEMPTS} attempts")
+
+    async def _master(self, slot: int) -> tuple[str, int]:
+        await self._refresh()
+        node = self._slots[slot]
+        if node is None:
+            raise redis.exceptions.ClusterDownError(f"no node serves slot {slot}")
+        return node
+
+    def _stale(self) -> None:
+        """Read the slot map again soon (not now: the call that found it stale fails or moves on)."""
+        if self._refreshing is None and asyncio.get_running_loop().time() - self._refreshed_at >= REFRESH_SECONDS:
+            self._refreshing = asyncio.ensure_future(self._read_map())
+
+    async def _refresh(self) -> None:
+        if self._refreshing is None:
+            self._refreshing = asyncio.ensure_future(self._read_map())
+        await asyncio.shield(self._refreshing)
+
+    async def _read_map(self) -> None:
+        try:
+            error: Exception | None = None
+            for node in dict.fromkeys([*self._known, *self._startup]):
+                try:
+                    reply = await self._lane(node).command("CLUSTER", "SLOTS")
+                except (redis.exceptions.RedisError, ConnectionError) as exc:
+                    error = exc
+                    continue
+                slots: list[tuple[str, int] | None] = [None] * 16384
+                known: list[tuple[str, int]] = []
+                for start, end, master, *replicas in reply:
+                    address = (str(master[0]) or node[0], int(master[1]))
+                    slots[int(start) : int(end) + 1] = [address] * (int(end) - int(start) + 1)
+                    known += [address, *((str(r[0]) or node[0], int(r[1])) for r in replicas)]
+                self._slots, self._known = slots, known
+                return
+            raise redis.exceptions.ConnectionError(f"no node of the Redis Cluster answered: {error}")
+        finally:
+            self._refreshed_at = asyncio.get_running_loop().time()
+            self._refreshing = None
+
+    async def close(self) -> None:
+        for lane in self._lanes.values():
+            await lane.close()
+
+
 _async_connection = _AsyncConnection()
 aclose = _async_connection.close
 
 
 async def arun(name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
     """`run` from the event loop."""
-    lane, found = _async_connection.lane(), library()
+    route, found = _async_connection.route(), library()
     function = found.function(name)
     for attempt in range(LOAD_ATTEMPTS):
         try:
-            return await lane.command("FCALL", function, len(keys), *keys, *args)
+            return await route.call(keys, "FCALL", function, len(keys), *keys, *args)
         except redis.exceptions.ResponseError as exc:
             if not _not_loaded(exc) or attempt == LOAD_ATTEMPTS - 1:
                 raise
-            try:
-                await lane.command("FUNCTION", "LOAD", found.code)
+            try:  # on the node that answered (a cluster's: the keys' master)
+                await route.call(keys, "FUNCTION", "LOAD", found.code)
             except redis.exceptions.ResponseError as error:
                 _loaded(error)
     raise AssertionError("unreachable")
@@ -462,12 +734,19 @@ async def arun(name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
 
 async def aexecute(plan: Plan[T]) -> T:
     """Run a plan from the event loop."""
+    if _apart(plan.calls):
+        replies = []
+        for index, call in enumerate(plan.calls):
+            replies.append(await arun(*call))
+            if _refused(plan, index, replies[-1]):
+                break
+        return plan.read(replies)
     return plan.read(_replies(plan.calls, await arun(*plan.call)))
 
 
 async def apublish(messages: Sequence[tuple[str, bytes]]) -> None:
-    """PUBLISH each (channel, payload) from the event loop, in one round trip."""
-    pipe = _async_connection.get().pipeline(transaction=False)
+    """`publish` from the event loop."""
+    pipe = _layer.aget().pipeline(transaction=False)
     for channel, payload in messages:
         pipe.publish(channel, payload)
     await pipe.execute()

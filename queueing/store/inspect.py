@@ -90,15 +90,12 @@ def _number(value: Any) -> float | None:
 def ticket_records(slug: str) -> list[TicketRecord]:
     """Every ticket record of a queue, decoded (for checks and tools, not for request paths)."""
     keys = queue_keys(slug)
-    bytes_client = raw_client()  # bytes: records are msgpack
-    try:
-        others: dict[bytes, bytes] = bytes_client.hgetall(keys.tk)  # type: ignore[assignment]
-        found = {vk.decode(): packed for vk, packed in others.items()}
-        for name in record_hashes(slug):
-            rows: dict[bytes, bytes] = bytes_client.hgetall(name)  # type: ignore[assignment]
-            found.update({vk.decode(): packed for vk, packed in rows.items()})
-    finally:
-        bytes_client.close()
+    pipe = raw_client().pipeline(transaction=False)  # bytes: records are msgpack
+    for name in [keys.tk, *record_hashes(slug)]:
+        pipe.hgetall(name)
+    found: dict[str, bytes] = {}
+    for rows in pipe.execute():
+        found.update({vk.decode(): packed for vk, packed in rows.items()})
     return [TicketRecord.parse(vk, msgpack.unpackb(packed, raw=False)) for vk, packed in found.items()]
 
 

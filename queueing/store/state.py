@@ -3,6 +3,7 @@ the live state runs in (epoch.lua starts it), and dropping state (a deleted queu
 
 from __future__ import annotations
 
+import string
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
@@ -77,26 +78,38 @@ def pow_difficulty(slug: str) -> int:
 
 
 def queue_slugs() -> list[str]:
-    """Every queue that has a policy in Redis (found by SCAN, not KEYS: it does not block the server)."""
+    """Every queue that has a policy in Redis (found by SCAN, not KEYS: it does not block the server; on a
+    cluster, SCAN runs on each master in turn). For the orphan sweep only: everything else that goes over
+    queues takes them from the database."""
     pattern, prefix = queue_config_pattern()
     return sorted(key[len(prefix) : -len("}:cfg")] for key in client().scan_iter(match=pattern, count=1000))
 
 
+_VISITOR_KEY_CHARS = string.ascii_letters + string.digits + "_-"  # keys.parse_ticket_id's alphabet
+
+
+def _kept(slug: str) -> tuple[list[str], list[str]]:
+    records, line = run("kept", queue_keys(slug).script_keys(), [_VISITOR_KEY_CHARS])
+    return list(records), list(line)
+
+
 def record_hashes(slug: str) -> list[str]:
-    """The small hashes holding a queue's waiting visitors' records (QueueKeys.record), found by SCAN."""
-    return sorted(client().scan_iter(match=queue_keys(slug).record_hashes, count=1000))
+    """The small hashes holding a queue's waiting visitors' records (QueueKeys.record), of the 4,160 names
+    they can have (lua/kept.lua)."""
+    return _kept(slug)[0]
 
 
 def line_keys(slug: str) -> list[str]:
-    """The line's buckets and indexes (QueueKeys.line_keys), found by SCAN."""
-    return sorted(client().scan_iter(match=queue_keys(slug).line_keys, count=1000))
+    """The line's buckets and indexes (lua/_lib.lua, line_add; lua/kept.lua)."""
+    return _kept(slug)[1]
 
 
 def queue_delete(slug: str) -> None:
     """Drop all live state of one queue (a deleted queue, or a test)."""
     keys = queue_keys(slug)
     slices = health_slice_keys(slug, newest=int(time.time()))
-    client().delete(*keys.script_keys(), keys.viewers, keys.win, *slices, *record_hashes(slug), *line_keys(slug))
+    records, line = _kept(slug)
+    client().delete(*keys.script_keys(), keys.viewers, keys.win, *slices, *records, *line)
 
 
 def mode_state_clear(slug: str, *, keep_window: bool) -> None:
@@ -104,7 +117,8 @@ def mode_state_clear(slug: str, *, keep_window: bool) -> None:
     keys = queue_keys(slug)
     if keep_window:  # now stateless: the tracked line, records and slots go
         tracked = (keys.line, keys.tk, keys.claims, keys.sessions, keys.done, keys.away, keys.waits, keys.restore)
-        client().delete(*tracked, *record_hashes(slug), *line_keys(slug))
+        records, line = _kept(slug)
+        client().delete(*tracked, *records, *line)
     else:
         client().delete(keys.win)
 
