@@ -35,11 +35,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def redis_server(port: int, directory: Path | None = None, *, aof: bool = False) -> subprocess.Popen[bytes]:
+def redis_server(
+    port: int, directory: Path | None = None, *, aof: bool = False, replica_of: int = 0
+) -> subprocess.Popen[bytes]:
     """A redis-server of a test's own on `port`, answering when this returns: no RDB snapshots, its data in
-    `directory` with an append-only file if `aof` (else it comes back empty after a restart)."""
+    `directory` with an append-only file if `aof` (else it comes back empty after a restart); a replica of
+    the server on port `replica_of`, if given."""
     command = [devredis.server_binary(), "--bind", "127.0.0.1", "--port", str(port), "--save", ""]
     command += ["--appendonly", "yes" if aof else "no", *(("--dir", str(directory)) if directory else ())]
+    command += ["--replicaof", "127.0.0.1", str(replica_of)] if replica_of else []
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     devredis.wait_until_it_answers(f"redis://127.0.0.1:{port}/0", directory or ROOT)
     return process
@@ -106,9 +110,12 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def start_runstack(var: Path, env: dict[str, str], log: Path, *, port: int, ws_port: int) -> subprocess.Popen[bytes]:
-    """`python -m waitingroom_site.runstack --setup`, as bin/run starts it, logging to `log`."""
-    command = [sys.executable, "-m", "waitingroom_site.runstack", "--setup"]
+def start_runstack(
+    var: Path, env: dict[str, str], log: Path, *, port: int, ws_port: int, setup: bool = True
+) -> subprocess.Popen[bytes]:
+    """`python -m waitingroom_site.runstack --setup`, as bin/run starts it, logging to `log` (without
+    `--setup`: another node of a product whose database is set up already)."""
+    command = [sys.executable, "-m", "waitingroom_site.runstack", *(["--setup"] if setup else [])]
     command += ["--port", str(port), "--ws-port", str(ws_port), "--var-dir", str(var)]
     with log.open("wb") as out:
         return subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)

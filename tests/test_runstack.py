@@ -19,9 +19,11 @@ from .stack import ROOT
 
 
 def _verdict(role: str, name: str = "", **kwargs: object) -> liveness.Verdict:
-    return liveness.verdict(role, name=name, url=settings.REDIS_URL, prefix=settings.WR_REDIS_PREFIX, **kwargs)  # type: ignore[arg-type]
+    where = {"url": settings.REDIS_URL, "nodes": settings.REDIS_CLUSTER_NODES, "prefix": settings.WR_REDIS_PREFIX}
+    return liveness.verdict(role, name=name, **where, **kwargs)  # type: ignore[arg-type]
 
 
+@pytest.mark.usefixtures("live_state")  # the marks where the live state is: a single Redis, or the cluster
 def test_the_checker_reads_the_marks_under_the_names_the_store_writes():
     services.beat_alive_mark()
     services.worker_alive_mark("worker-1@box")
@@ -32,6 +34,7 @@ def test_the_checker_reads_the_marks_under_the_names_the_store_writes():
     assert _verdict("worker", "worker-1@box").alive is True
 
 
+@pytest.mark.usefixtures("live_state")
 def test_a_worker_that_runs_no_ticks_while_they_are_sent_is_stalled():
     now = time.time()
     services.beat_alive_mark(now=now)

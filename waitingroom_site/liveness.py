@@ -1,5 +1,6 @@
 """Is the Celery worker (or beat) doing its work? Judged from the marks they leave in Redis
-(queueing/store/liveness.py): the beat notes every admission tick it sends, a worker every tick it has
+(queueing/store/liveness.py; on the Redis Cluster when REDIS_CLUSTER_NODES names one): the beat notes every
+admission tick it sends, a worker every tick it has
 run. A worker is stalled when ticks are being sent and it has run none for `stale` seconds; the beat is
 stalled when it has sent none for that long. No Django here: the supervisor (runstack) asks every few
 seconds, and a container's health check runs it as a command:
@@ -21,6 +22,8 @@ import time
 from dataclasses import dataclass
 
 import redis
+from redis.cluster import ClusterNode
+from redis.exceptions import RedisClusterException
 
 DEFAULT_STALE_SECONDS = 30.0
 
@@ -47,6 +50,17 @@ def _age(marked: str | None, now: float) -> float | None:
     return None if marked is None else max(0.0, now - int(marked) / 1000)
 
 
+def _marks(url: str, nodes: str, keys: list[str]) -> list[str | None]:
+    """The marks, from where the live state is: the Redis Cluster at `nodes` (host:port,…; each key read on
+    its own, they are in different slots) if given, else the Redis at `url`."""
+    if not nodes:
+        with redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2) as client:
+            return list(client.mget(keys))
+    startup = [ClusterNode(*node.strip().rsplit(":", 1)) for node in nodes.split(",") if node.strip()]  # type: ignore[no-untyped-call]
+    with redis.RedisCluster(startup_nodes=startup, socket_timeout=2, socket_connect_timeout=2) as cluster:
+        return [cluster.get(key) for key in keys]
+
+
 def verdict(
     role: str,
     *,
@@ -55,14 +69,15 @@ def verdict(
     prefix: str | None = None,
     stale: float = DEFAULT_STALE_SECONDS,
     now: float | None = None,
+    nodes: str | None = None,
 ) -> Verdict:
     url = url or os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    nodes = os.environ.get("REDIS_CLUSTER_NODES", "") if nodes is None else nodes
     prefix = prefix or os.environ.get("WR_REDIS_PREFIX", "wr")
     now = time.time() if now is None else now
     try:
-        with redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2) as client:
-            beat, worker = client.mget([alive_key(prefix, "beat"), alive_key(prefix, "worker", name)])
-    except (redis.RedisError, OSError) as exc:
+        beat, worker = _marks(url, nodes, [alive_key(prefix, "beat"), alive_key(prefix, "worker", name)])
+    except (redis.RedisError, RedisClusterException, OSError) as exc:
         return Verdict(None, f"Redis cannot be asked ({exc.__class__.__name__}): no verdict")
     sent = _age(beat, now)
     if role == "beat":

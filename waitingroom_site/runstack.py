@@ -245,6 +245,7 @@ class Supervisor:
             child.liveness,
             name=child.node,
             url=env.get("REDIS_URL"),
+            nodes=env.get("REDIS_CLUSTER_NODES", ""),
             prefix=env.get("WR_REDIS_PREFIX"),
             stale=self.stale_seconds,
         )

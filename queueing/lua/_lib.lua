@@ -561,10 +561,10 @@ local function policy_pack()
     'burst', 'session_ttl', 'claim_ttl', 'presence_timeout', 'abandon_timeout', 'max_waiting',
     'max_tickets_per_address', 'pow_difficulty', 'target_url', 'seq_max', 'epoch_floor', 'restore_until_ms',
     'restore_hold_until_ms', 'leader_ttl_ms', 'starts_at_ms', 'prequeue_opens_at_ms', 'ends_at_ms',
-    'shuffle_pending', 'name', 'mode', 'pf1', 'pf2', 'pf3', 'line_layout',
+    'shuffle_pending', 'name', 'mode', 'pf1', 'pf2', 'pf3', 'line_layout', 'server',
   }
   local POLICY_TEXT = {state = true, live_epoch = true, epoch = true, adaptive_outflow = true, capacity_source = true,
-    target_url = true, shuffle_pending = true, name = true, mode = true}
+    target_url = true, shuffle_pending = true, name = true, mode = true, server = true}
   line_upgrade()
   local values = redis.call('HMGET', K_CFG, unpack(POLICY_FIELDS))
   for i, field in ipairs(POLICY_FIELDS) do
@@ -576,7 +576,8 @@ end
 -- The policy, or nil when the queue's config is not in Redis (never synced, or Redis lost it) or its
 -- epoch has not been started there. The outflow is the adapted one while adaptive outflow is on and has
 -- adapted (outflow_adapt.lua), else the configured one. `live_epoch` is read from the hash itself too,
--- so a state that lost it (or never had it) is not live whatever the packed copy says.
+-- so a state that lost it (or never had it) is not live whatever the packed copy says; nor is a state
+-- found on another server than its epoch's (server_moved).
 -- Decoded policies are kept by their packed text (the library's locals outlive a call; Lua compares equal
 -- strings by identity): a poll pays one HMGET for its policy, not the decoding too. A script never
 -- changes the table it is given; `outflow` is set on every call.
@@ -614,7 +615,42 @@ local function policy_decode(packed)
     name = v[26] or '',
     mode = v[27] or 'tracked',  -- 'stateless': these scripts keep nobody (lua/window/ runs the queue)
     fractions = {[1] = v[28] or 0.1, [2] = v[29] or 0.5, [3] = v[30] or 1},
+    server = v[32] or '',
   }
+end
+
+-- The server a queue's state is on (SPEC 3.6): a Redis Cluster node's id ('c' .. CLUSTER MYID) or a single
+-- Redis's run id ('r' .. run_id from INFO). A replica promoted by a failover, or a server started again
+-- from its append-only file, is another server. Asked once per server process: the library's locals live
+-- as long as its Lua state, which a restart (or a new library) makes again.
+local THIS_SERVER = nil
+
+local function server_id()
+  if not THIS_SERVER then
+    local ok, id = pcall(redis.call, 'CLUSTER', 'MYID')
+    THIS_SERVER = ok and ('c' .. id) or ('r' .. string.match(redis.call('INFO', 'server'), 'run_id:(%x+)'))
+  end
+  return THIS_SERVER
+end
+
+-- Whether the queue's state is found on another server than the one its epoch began on (cfg 'server',
+-- written by epoch.lua): policy() asks, on every call (a string comparison). Writes the other server had
+-- acknowledged may be missing here (a replica is updated asynchronously, an append-only file is written
+-- to disk once a second). Then the epoch stops being live (every script answers no_config) and Python
+-- begins the next one over what survived (services/recovery.py): numbers resume above everything
+-- reserved, and a ticket the lost writes had issued gets its place back when its holder polls, as after
+-- a lost state.
+local function server_moved(p)
+  local known, id = p.server, server_id()
+  if known == id then return false end
+  if known == '' then  -- an epoch begun before servers were noted: this one is its server
+    redis.call('HSET', K_CFG, 'server', id)
+  else
+    redis.call('HSET', K_CFG, 'server_moved', known)
+    redis.call('HDEL', K_CFG, 'live_epoch')
+  end
+  policy_pack()
+  return known ~= ''
 end
 
 local function policy()
@@ -627,6 +663,7 @@ local function policy()
     POLICIES[raw[1]], POLICIES_KEPT = p, POLICIES_KEPT + 1
   end
   if not p.live or p.live_epoch ~= raw[2] then return nil end
+  if p.server ~= server_id() and server_moved(p) then return nil end
   p.outflow = p.outflow_configured
   if p.adaptive then
     p.outflow = tonumber(redis.call('HGET', K_ST, 'outflow_effective')) or p.outflow

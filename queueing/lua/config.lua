@@ -9,6 +9,8 @@
 -- switch in another process started the next epoch) writes the rest of the policy but leaves the newer
 -- epoch in place: written back, the old one would make the live state look unstarted (every script
 -- answering no_config, and visitors told their tickets are gone) until the next sync.
+--
+-- The state found on another server than its epoch's is not live (so the sync begins the next epoch).
 
 local current = tonumber(redis.call('HGET', K_CFG, 'epoch')) or 0
 local fields = {}
@@ -20,4 +22,5 @@ for i = 1, #ARGV, 2 do
 end
 if #fields > 0 then redis.call('HSET', K_CFG, unpack(fields)) end
 policy_pack()
+policy()  -- on another server than its epoch's, the epoch stops being live here (_lib.lua server_moved)
 return {redis.call('HGET', K_CFG, 'live_epoch'), redis.call('HGET', K_ST, 'seq')}

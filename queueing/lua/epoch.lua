@@ -13,6 +13,10 @@
 --
 -- Returns 1 when this call started the epoch, 0 when it was live already (a racing starter won).
 --
+-- The epoch begins on this server (_lib.lua server_id, kept in cfg 'server'): found on another one later
+-- (a failover, a restart from the append-only file), the queue's state begins the next epoch
+-- (_lib.lua server_moved).
+--
 -- Sequence numbers never go back: the counter resumes above the floor. Fencing tokens never go back
 -- either (there are never more admissions than tickets, so the floor bounds every fence issued), so
 -- a session started now supersedes any earlier one. New joiners are placed behind every ticket that
@@ -32,7 +36,8 @@ for _, counter in ipairs({'seq', 'fence'}) do
   if (tonumber(redis.call('HGET', K_ST, counter)) or 0) < floor then redis.call('HSET', K_ST, counter, floor) end
 end
 redis.call('HSET', K_CFG, 'live_epoch', epoch, 'epoch', epoch, 'seq_max', seq_max, 'epoch_floor', floor,
-  'restore_until_ms', restore_until, 'restore_hold_until_ms', hold)
+  'restore_until_ms', restore_until, 'restore_hold_until_ms', hold, 'server', server_id())
+redis.call('HDEL', K_CFG, 'server_moved')
 policy_pack()
 redis.call('DEL', K_RESTORE)
 for i = 6, #ARGV, 2 do

@@ -106,7 +106,9 @@ def queue_live_state_ensure(queue_pk: int, *, now: float | None = None, switched
     """Start the live state's epoch in Redis if it is not running, and reserve sequence numbers ahead.
 
     Redis without the queue's epoch has either never held this queue, or lost its state (a flush, a
-    failover to an empty replica, a restart without persistence). After a loss the next epoch begins:
+    failover to an empty replica, a restart without persistence), or has it on another server than the
+    one the epoch began on (a replica promoted, a restart from the append-only file: the writes of the
+    last moments before may be missing). After a loss the next epoch begins:
     numbering resumes above everything the database had reserved (so no number is issued twice), and
     for a while (the abandon timeout) tickets and sessions of earlier epochs are given back their places
     as their holders return, ahead of everyone who joins afterwards; in stateless mode the window resumes
@@ -131,7 +133,13 @@ def queue_live_state_ensure(queue_pk: int, *, now: float | None = None, switched
             if lost:
                 queue.epoch = max(queue.epoch, live.epoch or 0) + 1
             queue.seq_reserved = floor + block
-            if _live_epoch_start(queue, floor=floor, lost=lost, now=now) and lost:
+            # Found on another server (a failover, a restart from the append-only file): the state survived
+            # but for its last moments' writes, the sessions with it, so admissions are not held.
+            moved = bool(tracked.moved_from)
+            if _live_epoch_start(queue, floor=floor, lost=lost, moved=moved, now=now) and lost:
+                what = "Redis lost the queue's live state"
+                if moved:
+                    what = "the queue's live state is on another Redis server"
                 queue_change_record(
                     queue,
                     action="epoch",
@@ -139,18 +147,18 @@ def queue_live_state_ensure(queue_pk: int, *, now: float | None = None, switched
                     after={
                         "epoch": queue.epoch,
                         "sequence_floor": floor,
-                        "admissions_held_seconds": restore_hold_seconds(queue),
+                        "admissions_held_seconds": 0 if moved else restore_hold_seconds(queue),
                     },
                     actor=None,
-                    actor_label="recovery: Redis lost the queue's live state",
+                    actor_label=f"recovery: {what}",
                 )
-                logger.warning("queue %s: Redis lost its live state; epoch %s begins", queue.slug, queue.epoch)
+                logger.warning("queue %s: %s; epoch %s begins", queue.slug, what, queue.epoch)
     fresh = Queue.objects.prefetch_related("priority_levels").get(pk=queue_pk)
     _config_write(fresh)
     return fresh
 
 
-def _live_epoch_start(queue: Queue, *, floor: int, lost: bool, now: float) -> bool:
+def _live_epoch_start(queue: Queue, *, floor: int, lost: bool, moved: bool = False, now: float) -> bool:
     """Save the queue's new epoch and reservation, and start the epoch in Redis (inside the row lock)."""
     if queue.is_stateless:
         # Places continue where the last epoch's left off: this epoch skips the numbers up to the floor.
@@ -172,7 +180,7 @@ def _live_epoch_start(queue: Queue, *, floor: int, lost: bool, now: float) -> bo
         floor=floor,
         seq_max=queue.seq_reserved,
         restore_until_ms=int((now + queue.abandon_timeout) * 1000) if lost else 0,
-        hold_until_ms=int((now + restore_hold_seconds(queue)) * 1000) if lost else 0,
+        hold_until_ms=int((now + restore_hold_seconds(queue)) * 1000) if lost and not moved else 0,
         places=_shuffled_places(queue) if lost else None,
         # Tickets noted finished before the loss get no place or session back (a few seconds' worst).
         finished=list(queue.finished_tickets.values_list("seq", flat=True)) if lost else (),

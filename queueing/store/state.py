@@ -16,6 +16,10 @@ from .keys import queue_config_pattern, queue_keys
 class LiveState(NamedTuple):
     epoch: int | None  # the epoch the live state runs in; None: not started (new queue, or state lost)
     seq: int  # the last sequence number issued
+    # The server the epoch began on, when the state was found on another since (lua/_lib.lua
+    # server_moved: a failover or a restart from the append-only file; the writes of its last moments may
+    # be lost, the rest survived); '' otherwise.
+    moved_from: str = ""
 
 
 def config_write(slug: str, policy: dict[str, Any]) -> LiveState:
@@ -35,9 +39,10 @@ def live_state(slug: str, *, policy: dict[str, Any] | None = None) -> LiveState:
         epoch, seq = run("config", keys.script_keys(), args)
     else:
         pipe = client().pipeline(transaction=False)
-        pipe.hget(keys.cfg, "live_epoch")
+        pipe.hmget(keys.cfg, "live_epoch", "server_moved")
         pipe.hget(keys.st, "seq")
-        epoch, seq = pipe.execute()
+        (epoch, moved_from), seq = pipe.execute()
+        return LiveState(int(epoch) if epoch else None, int(seq or 0), moved_from or "")
     return LiveState(int(epoch) if epoch else None, int(seq or 0))
 
 

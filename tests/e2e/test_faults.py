@@ -15,16 +15,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +30,12 @@ import redis
 
 from .. import proctree
 from ..stack import ROOT, free_port, redis_server
+from .load import Load
 
 pytestmark = pytest.mark.e2e
 
 CAPACITY, OUTFLOW_PER_MINUTE, BURST = 8, 150, 4
 VISITORS = 500
-SESSION_SECONDS = 1.0  # how long the protected site keeps a visitor before completing
 
 
 class RedisServer:
@@ -78,158 +74,6 @@ class RedisServer:
             self.process.send_signal(signal.SIGCONT)
             self.process.kill()
             self.process.wait()
-
-
-@dataclass
-class Record:
-    """What the visitors and the site saw."""
-
-    answers: dict[str, int] = field(default_factory=dict)  # "200", "503", "connection", …
-    violations: list[str] = field(default_factory=list)  # anything outside the promises
-    lost: set[str] = field(default_factory=set)
-    slow: float = 0.0  # the longest answer, seconds
-    admitted_at: dict[str, float] = field(default_factory=dict)  # ticket -> when first seen admitted
-    most_used: int = 0
-    errors_at: list[float] = field(default_factory=list)  # when a 503 or a cut connection was seen
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def count(self, kind: str, when: float) -> None:
-        with self.lock:
-            self.answers[kind] = self.answers.get(kind, 0) + 1
-            if kind != "2xx":
-                self.errors_at.append(when)
-
-
-class Load:
-    """Visitors polling their tickets and a protected site verifying and completing sessions."""
-
-    def __init__(self, base: str, slug: str, api_key: str, redis_url: str, prefix: str) -> None:
-        self.base, self.slug, self.api_key = base, slug, api_key
-        self.redis_url, self.prefix = redis_url, prefix
-        self.tickets: dict[str, str] = {}  # ticket id -> ticket token
-        self.finished: set[str] = set()
-        self.record = Record()
-        self.stopping = threading.Event()
-        self.threads: list[threading.Thread] = []
-        self.sessions: list[tuple[float, str]] = []  # (complete at, access token)
-
-    def join_all(self, count: int) -> None:
-        def one(_: int) -> None:
-            with httpx.Client(base_url=self.base, timeout=30) as client:
-                answer = client.post(
-                    f"/api/v1/queues/{self.slug}/join", json={}, headers={"X-Visitor-Id": str(uuid.uuid4())}
-                )
-                assert answer.status_code == 201, answer.text
-                body = answer.json()
-                self.tickets[body["ticket_id"]] = body["ticket"]
-
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            list(pool.map(one, range(count)))
-
-    def _call(self, client: httpx.Client, method: str, path: str, **kwargs: Any) -> httpx.Response | None:
-        started = time.monotonic()
-        try:
-            answer = client.request(method, path, **kwargs)
-        except httpx.TransportError:
-            self.record.count("connection", time.time())
-            return None
-        took = time.monotonic() - started
-        with self.record.lock:
-            self.record.slow = max(self.record.slow, took)
-        kind = "2xx" if answer.status_code in (200, 204) else str(answer.status_code)
-        self.record.count(kind, time.time())
-        if answer.status_code == 503:
-            error = (
-                answer.json().get("error", {})
-                if answer.headers.get("content-type", "").startswith("application/json")
-                else {}
-            )
-            if error.get("code") != "service_unavailable" or "Retry-After" not in answer.headers:
-                self.record.violations.append(f"503 not in the error shape: {answer.text[:200]}")
-            time.sleep(0.5)  # as a client that honours Retry-After would, if more eagerly
-            return None
-        if answer.status_code not in (200, 204):
-            self.record.violations.append(f"{method} {path}: {answer.status_code} {answer.text[:200]}")
-            return None
-        return answer
-
-    def _poll(self) -> None:
-        with httpx.Client(base_url=self.base, timeout=30) as client:
-            while not self.stopping.is_set():
-                ticket_id, ticket = random.choice(list(self.tickets.items()))
-                if ticket_id in self.finished:
-                    continue
-                answer = self._call(
-                    client, "GET", f"/api/v1/queues/{self.slug}/status", headers={"Authorization": f"Bearer {ticket}"}
-                )
-                if answer is None:
-                    continue
-                body = answer.json()
-                if body["status"] == "expired" and not body.get("reason"):
-                    with self.record.lock:
-                        self.record.lost.add(ticket_id)
-                elif body["status"] == "expired":
-                    self.record.violations.append(f"{ticket_id} expired: {body.get('reason')}")
-                    self.finished.add(ticket_id)
-                elif body["status"] == "admitted" and ticket_id not in self.record.admitted_at:
-                    with self.record.lock:
-                        self.record.admitted_at[ticket_id] = time.time()
-                    self.finished.add(ticket_id)
-                    with self.record.lock:
-                        self.sessions.append((time.monotonic() + SESSION_SECONDS, body["access_token"]))
-                    self._site(client, "verify", body["access_token"])
-
-    def _site(self, client: httpx.Client, action: str, token: str) -> None:
-        self._call(
-            client,
-            "POST",
-            f"/api/v1/queues/{self.slug}/sessions/{action}",
-            json={"access_token": token},
-            headers={"Authorization": f"Api-Key {self.api_key}"},
-        )
-
-    def _complete(self) -> None:
-        with httpx.Client(base_url=self.base, timeout=30) as client:
-            while not self.stopping.is_set():
-                now = time.monotonic()
-                with self.record.lock:
-                    due = [s for s in self.sessions if s[0] <= now]
-                    self.sessions = [s for s in self.sessions if s[0] > now]
-                for _, token in due:
-                    self._site(client, "complete", token)
-                time.sleep(0.1)
-
-    def _watch(self) -> None:
-        client = redis.Redis.from_url(self.redis_url, socket_timeout=1, socket_connect_timeout=1)
-        keys = [f"{self.prefix}:{{{self.slug}}}:{name}" for name in ("claims", "sessions")]
-        while not self.stopping.is_set():
-            try:
-                pipe = client.pipeline(transaction=True)  # one moment's count of both
-                for key in keys:
-                    pipe.zcount(key, int(time.time() * 1000), "+inf")  # live ones: past their end is not in use
-                used = sum(pipe.execute())
-                with self.record.lock:
-                    self.record.most_used = max(self.record.most_used, used)
-            except (redis.RedisError, OSError):
-                pass
-            time.sleep(0.05)
-        client.close()
-
-    def start(self) -> None:
-        targets: list[Callable[[], None]] = [self._poll, self._poll, self._poll, self._complete, self._watch]
-        self.threads = [threading.Thread(target=target, daemon=True) for target in targets]
-        for thread in self.threads:
-            thread.start()
-
-    def stop(self) -> None:
-        self.stopping.set()
-        for thread in self.threads:
-            thread.join(timeout=40)
-
-    def admissions_after(self, moment: float) -> float | None:
-        """Seconds from `moment` to the first admission seen after it."""
-        later = [at for at in self.record.admitted_at.values() if at > moment]
-        return min(later) - moment if later else None
 
 
 @pytest.fixture
@@ -342,7 +186,7 @@ def test_the_product_keeps_its_promises_through_process_and_redis_faults(product
         "paused",
     )
     api_key = _manage(env, "create_api_key", slug).strip()
-    load = Load(base, slug, api_key, server.url, product["prefix"])
+    load = Load(base, slug, api_key, lambda: redis.Redis.from_url(server.url, socket_timeout=1), product["prefix"])
     load.join_all(VISITORS)
     _manage(env, "configure_queue", slug, "--state", "open")
     began = time.time()
@@ -428,7 +272,9 @@ def test_the_product_keeps_its_promises_through_process_and_redis_faults(product
                 load.record.lost.add(ticket_id)
 
     record = load.record
-    epochs = 1 + 2  # the two restarts without the append-only file began new epochs
+    # Every restart began a new epoch: without the append-only file the state was lost; with it, the state
+    # is on another server (its last second's writes may be missing: lua/_lib.lua server_moved).
+    epochs = 1 + 4
     allowed = epochs * BURST + OUTFLOW_PER_MINUTE / 60 * elapsed + epochs * OUTFLOW_PER_MINUTE / 60 * 4
     summary = {
         "faults": figures,
