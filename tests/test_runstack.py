@@ -4,6 +4,7 @@ beat and the workers leave in Redis. The whole stack under the supervisor: tests
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -86,6 +87,17 @@ def test_a_second_run_on_a_taken_port_says_so_in_one_line():
     assert answer.returncode == 2
     lines = (answer.stdout + answer.stderr).strip().splitlines()
     assert len(lines) == 1 and f"port {port}" in lines[0] and "already in use" in lines[0], lines
+
+
+def test_a_run_whose_redis_url_names_a_cluster_node_says_what_to_set_in_one_line(redis_cluster):
+    """Seen: REDIS_URL at a cluster node, and the beat failed at once with MovedError, the run with it."""
+    node = redis_cluster.nodes.split(",")[0]
+    env = {**os.environ, "REDIS_URL": f"redis://{node}/0"}
+    command = [sys.executable, "-m", "waitingroom_site.runstack", "--port", str(devredis.free_port())]
+    answer = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert answer.returncode == 2
+    lines = (answer.stdout + answer.stderr).strip().splitlines()
+    assert len(lines) == 1 and "is a Redis Cluster node" in lines[0] and "REDIS_CLUSTER_NODES" in lines[0], lines
 
 
 def _child(name: str, code: str) -> runstack.Child:

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import redis
+
 DEFAULT_LOCAL = "redis://127.0.0.1:6379/0"
 
 
@@ -44,6 +46,16 @@ def answers(url: str, timeout: float = 0.5) -> bool:
             sock.sendall(b"PING\r\n")
             return sock.recv(64).startswith((b"+PONG", b"-NOAUTH"))
     except OSError:
+        return False
+
+
+def cluster_node(url: str) -> bool:
+    """Whether the Redis at `url` runs in cluster mode: then it cannot be REDIS_URL (Celery's Redis broker
+    and the channel layer speak to one server; the live state goes to a cluster by REDIS_CLUSTER_NODES)."""
+    try:
+        with redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2) as client:
+            return bool(client.info("cluster").get("cluster_enabled"))
+    except (redis.RedisError, OSError):
         return False
 
 

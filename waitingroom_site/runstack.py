@@ -334,6 +334,13 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, supervisor.on_signal)
 
     redis_url = None if args.embedded_redis else devredis.resolve()
+    if redis_url is not None and devredis.cluster_node(redis_url):
+        say(
+            f"REDIS_URL ({redis_url}) is a Redis Cluster node: set REDIS_CLUSTER_NODES to the cluster's nodes "
+            "(host:port,host:port) for the live state, and REDIS_URL to a standalone Redis for the broker, "
+            'the channel layer and the cache (README "Redis Cluster").'
+        )
+        return 2
     if redis_url is None:
         directory = var_dir / "redis"
         port = devredis.free_port()
