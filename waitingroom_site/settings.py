@@ -242,7 +242,9 @@ if envbool("BEHIND_PROXY", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     USE_X_FORWARDED_HOST = True
 # The SSL redirect must not hit the health check a load balancer makes over plain HTTP.
-SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
+# /readyz reports the beat stale after this long without an admission tick (as the liveness command does).
+WR_LIVENESS_STALE_SECONDS = float(os.environ.get("WR_LIVENESS_STALE_SECONDS", "30"))
 
 # --- Redis: all live queue state, the Celery broker and (later) the channel layer. ---
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")

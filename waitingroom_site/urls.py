@@ -1,12 +1,13 @@
 from typing import Any
 
 from django.contrib import admin
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import include, path
 from django.views import defaults
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 from rest_framework_simplejwt.views import TokenObtainPairView, TokenRefreshView
 
+from queueing import selectors
 from queueing.api import errors
 from queueing.api.throttling import StaffLoginThrottle
 from queueing.api.views import jwks_view
@@ -14,6 +15,21 @@ from queueing.api.views import jwks_view
 
 def healthz(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok", content_type="text/plain")
+
+
+def readyz(request: HttpRequest) -> HttpResponse:
+    """Ready to serve: Redis and the database answer (200), else 503 with Retry-After; each check said."""
+    checks = selectors.readiness()
+    ready = all(checks[name].ok for name in selectors.READINESS_REQUIRED)
+    body = {
+        "status": "ready" if ready else "unavailable",
+        "checks": {name: {"ok": check.ok, "detail": check.detail} for name, check in checks.items()},
+    }
+    response = JsonResponse(body, status=200 if ready else 503)
+    response["Cache-Control"] = "no-store"
+    if not ready:
+        response["Retry-After"] = "5"
+    return response
 
 
 def bad_request(request: HttpRequest, exception: Exception) -> Any:
@@ -57,5 +73,6 @@ urlpatterns = [
     path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
     path(".well-known/jwks.json", jwks_view, name="jwks"),
     path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
     path("", include("queueing.urls")),
 ]

@@ -5,6 +5,7 @@ the visitor paths) and reads again.
 * `tickets`  a tracked ticket's status (also its heartbeat), poll advice, admission links, neighbours
 * `windows`  stateless mode: a ticket's state from its number and the window; the public window
 * `queues`   live figures for staff, the site's health, the mirrored policy and mode, sessions, samples
+* `readiness` whether this process can serve: Redis, the database, the beat's last tick (`/readyz`)
 """
 
 from ..store import QueueSnapshot, WaitSample
@@ -26,6 +27,8 @@ from .queues import (
     site_health_get,
     wait_samples_get,
 )
+from .readiness import REQUIRED as READINESS_REQUIRED
+from .readiness import Check, readiness
 from .tickets import (
     NeighbourView,
     PolicyMissing,
@@ -66,6 +69,8 @@ __all__ = [
     "EXPIRED_WINDOW",
     "MODE_CACHE_SECONDS",
     "RATE_TAU_S",
+    "READINESS_REQUIRED",
+    "Check",
     "NeighbourView",
     "PolicyMissing",
     "Polled",
@@ -98,6 +103,7 @@ __all__ = [
     "queue_shuffle_summary_get",
     "queue_snapshot_get",
     "queue_stats_get",
+    "readiness",
     "sighting_ceiling",
     "site_health_get",
     "ticket_neighbours_get",

@@ -68,7 +68,7 @@ from .inspect import (
 )
 from .keys import SEQ_DIGITS, QueueKeys, key_pattern, limit_key, parse_ticket_id, queue_keys, ticket_id
 from .limits import LimitCall, LimitReply, limit_hit
-from .liveness import alive_key, alive_mark, beat_lease
+from .liveness import alive_key, alive_mark, alive_mark_read, beat_lease, ping
 from .state import (
     LiveState,
     config_read,
@@ -169,6 +169,7 @@ __all__ = [
     "aexecute",
     "alive_key",
     "alive_mark",
+    "alive_mark_read",
     "apublish",
     "away_members",
     "beat_lease",
@@ -207,6 +208,7 @@ __all__ = [
     "outflow_adapt_state",
     "outflow_reset",
     "parse_ticket_id",
+    "ping",
     "pow_difficulty",
     "prequeue_entries",
     "publish",

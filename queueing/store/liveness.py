@@ -8,9 +8,12 @@ prefix, to tell a stalled worker from a healthy one; tests check that the two ag
 
 from __future__ import annotations
 
+from typing import Any
+
+import redis
 from django.conf import settings
 
-from .connection import client, run
+from .connection import client, clustered, run
 
 # A mark outlives any staleness threshold an operator would choose, then goes with its process.
 KEEP_SECONDS = 600
@@ -28,3 +31,24 @@ def alive_mark(role: str, name: str = "", *, now_ms: int) -> None:
 def beat_lease(name: str, *, lease_ms: int) -> str:
     """Take or keep the beat's lease for `name`; the name of the beat holding it afterwards."""
     return str(run("beat/lease", [f"{settings.WR_REDIS_PREFIX}:beat:lease"], [name, lease_ms]))
+
+
+def alive_mark_read(role: str, name: str = "") -> int | None:
+    """When `role` (and `name`) last left its mark (ms), if it has."""
+    marked = client().get(alive_key(role, name))
+    return int(marked) if marked else None
+
+
+def ping() -> str:
+    """Ask the live state's Redis whether it serves: PING on a single Redis; on a cluster, CLUSTER INFO of
+    any node, which says ok only while every slot is served (a master down before its replica takes over
+    says fail). Raises a Redis error when it does not; returns what it said."""
+    if not clustered():
+        client().ping()
+        return "PONG"
+    cluster: Any = client()  # a redis.RedisCluster here
+    info = cluster.execute_command("CLUSTER INFO", target_nodes=redis.RedisCluster.RANDOM)
+    state = info.get("cluster_state") if isinstance(info, dict) else str(info)
+    if state != "ok":
+        raise redis.exceptions.ClusterDownError(f"cluster_state:{state}")
+    return "cluster_state:ok"
