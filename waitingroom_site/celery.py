@@ -9,7 +9,9 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import after_task_publish, beat_init
+from celery.signals import after_task_publish, beat_init, before_task_publish, task_postrun, task_prerun
+
+from queueing import logcontext
 
 from . import kombu_patches
 
@@ -41,3 +43,24 @@ def _tick_sent(sender: str | None = None, **_: Any) -> None:
         services.beat_alive_mark()
     except Exception:  # the tick went out; a missing mark only makes the beat look stalled later
         log.warning("could not note the tick sent in Redis", exc_info=True)
+
+
+@before_task_publish.connect
+def _carry_request_id(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """A task published while a request is served carries its id (README "Logs")."""
+    request_id = logcontext.current("request_id")
+    if request_id and headers is not None:
+        headers["request_id"] = request_id
+
+
+@task_prerun.connect
+def _task_context(task_id: str | None = None, task: Any = None, **_: Any) -> None:
+    """Each task's lines carry the id of the request that caused it, or else the task's own id."""
+    request = getattr(task, "request", None)
+    carried = getattr(request, "request_id", None) or (getattr(request, "headers", None) or {}).get("request_id")
+    logcontext.bind(request_id=str(carried or task_id or ""), queue="", ticket="")
+
+
+@task_postrun.connect
+def _task_context_end(**_: Any) -> None:
+    logcontext.bind(request_id="", queue="", ticket="")

@@ -112,6 +112,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: its request id (README "Logs") is in every line logged while the request is served.
+    "waitingroom_site.requestid.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Serves the visitor hot path (status polls) without sessions, auth, CSRF or static machinery.
     "waitingroom_site.fastpath.FastPathMiddleware",
@@ -493,11 +495,20 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
+# One JSON object per line (production), or readable text (LOG_FORMAT=text: bin/run); README "Logs".
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "json")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"context": {"()": "queueing.logcontext.ContextFilter"}},
+    "formatters": {"json": {"()": "waitingroom_site.logs.JsonLines"}, "text": {"()": "waitingroom_site.logs.Text"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "text" if LOG_FORMAT == "text" else "json",
+            "filters": ["context"],
+        }
+    },
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }

@@ -24,7 +24,7 @@ from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse
 from rest_framework.response import Response
 
-from .. import modes, pow, ratelimit, realtime, selectors, services, signing_keys, tokens
+from .. import logcontext, modes, pow, ratelimit, realtime, selectors, services, signing_keys, tokens
 from ..models import Queue
 from ..visitors import (
     InvalidVisitorId,
@@ -112,9 +112,11 @@ def ticket_claims(authorization: str, slug: str) -> tokens.VisitorClaims:
     if scheme.lower() != "bearer" or not credentials.strip():
         raise ApiError("invalid_ticket", "Send the ticket as 'Authorization: Bearer <ticket>'.")
     try:
-        return tokens.visitor_ticket_decode(credentials.strip(), slug=slug)
+        claims = tokens.visitor_ticket_decode(credentials.strip(), slug=slug)
     except tokens.InvalidTicket as exc:
         raise ApiError("invalid_ticket", str(exc)) from exc
+    logcontext.bind(ticket=claims.ticket_id)  # in the request's log lines from here on (never the token)
+    return claims
 
 
 def _poll_headers(view: selectors.TicketView) -> dict[str, str]:

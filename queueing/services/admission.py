@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db.models import F
 from django.db.models.functions import Greatest
 
-from .. import clock, health, realtime, selectors, store
+from .. import clock, health, logcontext, realtime, selectors, store
 from ..models import Queue
 from .audit import queue_change_record
 from .config import queue_update
@@ -211,14 +211,17 @@ def queues_tick(*, instance: str | None = None, now: float | None = None) -> int
     windows moved (stateless ones)."""
     admitted = 0
     for queue in Queue.objects.exclude(state=Queue.State.CLOSED).prefetch_related("priority_levels"):
-        # Re-mirroring the policy each tick heals a Redis that lost it (restart, failover).
-        queue_config_sync(queue)
-        if queue.is_stateless:
-            step = queue_window_tick_lead(queue=queue, instance=instance, now=now)
-            admitted += int(step is not None and step.stepped)
-            continue
-        reply = queue_tick(slug=queue.slug, instance=instance, now=now)
-        if reply is not None:
-            admitted += len(reply.admitted)
+        with logcontext.about(queue=queue.slug):
+            admitted += _queue_tick_any(queue, instance=instance, now=now)
     return admitted
+
+
+def _queue_tick_any(queue: Queue, *, instance: str | None, now: float | None) -> int:
+    # Re-mirroring the policy each tick heals a Redis that lost it (restart, failover).
+    queue_config_sync(queue)
+    if queue.is_stateless:
+        step = queue_window_tick_lead(queue=queue, instance=instance, now=now)
+        return int(step is not None and step.stepped)
+    reply = queue_tick(slug=queue.slug, instance=instance, now=now)
+    return 0 if reply is None else len(reply.admitted)
 

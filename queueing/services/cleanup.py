@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 
-from .. import clock, realtime, selectors, store
+from .. import clock, logcontext, realtime, selectors, store
 from ..models import FinishedTicket, Queue
 from .admission import queue_admit
 
@@ -72,10 +72,11 @@ def queues_cleanup(*, now: float | None = None) -> int:
     queues_orphans_delete(now=now)
     total = 0
     for pk, slug, mode in Queue.objects.values_list("pk", "slug", "mode"):
-        reply = queue_cleanup(slug=slug, now=now)
-        total += len(reply.expired_slots) + len(reply.abandoned)
-        if mode == Queue.Mode.TRACKED:
-            finished_tickets_note(queue_pk=pk, slug=slug, now=now)
+        with logcontext.about(queue=slug):
+            reply = queue_cleanup(slug=slug, now=now)
+            total += len(reply.expired_slots) + len(reply.abandoned)
+            if mode == Queue.Mode.TRACKED:
+                finished_tickets_note(queue_pk=pk, slug=slug, now=now)
     return total
 
 
