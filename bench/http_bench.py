@@ -74,7 +74,16 @@ def bench_rate_limits(env: dict[str, str]) -> str:
     return json.dumps({**json.loads(defaults), "join": LIFTED, "challenge": LIFTED})
 
 
+WAITING_COUNT = """
+import sys, django
+django.setup()
+from queueing.selectors.queues import queue_stats_get
+print(queue_stats_get(slug=sys.argv[1])["waiting"])
+"""
+
+
 JOIN_LUA = r"""
+local paths = {JOIN_PATHS}
 local counter = 0
 local seed = tostring({}):sub(8)
 math.randomseed(os.time() + tonumber(seed, 16) % 100000)
@@ -83,19 +92,32 @@ request = function()
   counter = counter + 1
   local id = ""
   for _ = 1, 8 do id = id .. hex16() end
-  return wrk.format("POST", "/api/v1/queues/QUEUE/join",
+  return wrk.format("POST", paths[counter % #paths + 1],
     {["Content-Type"] = "application/json", ["X-Visitor-Id"] = id}, "{}")
 end
 """
 
 STATUS_LUA = r"""
-tickets = dofile("TICKETS_FILE")
-local i = math.random(1, #tickets)
+polls = dofile("TICKETS_FILE")
+local i = math.random(1, #polls)
 request = function()
-  i = i % #tickets + 1
-  return wrk.format("GET", "STATUS_PATH", {["Authorization"] = "Bearer " .. tickets[i]})
+  i = i % #polls + 1
+  return wrk.format("GET", polls[i][1], {["Authorization"] = "Bearer " .. polls[i][2]})
 end
 """
+
+
+def join_script(slugs: list[str]) -> str:
+    """wrk's script for joins, a new visitor each, spread over the queues in turn."""
+    paths = ",".join(json.dumps(f"/api/v1/queues/{slug}/join") for slug in slugs)
+    return JOIN_LUA.replace("JOIN_PATHS", paths)
+
+
+def status_script(tickets: list[tuple[str, str]], tickets_file: Path) -> str:
+    """wrk's script for status polls of `tickets` ((slug, ticket) pairs, written to `tickets_file`) in rotation."""
+    polls = (f"{{{json.dumps(f'/api/v1/queues/{slug}/status')},{json.dumps(ticket)}}}" for slug, ticket in tickets)
+    tickets_file.write_text("return {" + ",".join(polls) + "}")
+    return STATUS_LUA.replace("TICKETS_FILE", str(tickets_file))
 
 
 def free_port() -> int:
@@ -191,13 +213,8 @@ def machine() -> dict[str, Any]:
     }
 
 
-def http_benchmarks(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
-    prefix = f"wrbench{uuid.uuid4().hex[:6]}"
-    var = OUT / "var"
-    shutil.rmtree(var, ignore_errors=True)
-    var.mkdir(parents=True)
-    port, ws_port, ref_port = free_port(), free_port(), free_port()  # not port + 1: that one may be taken
-    ticket_key = secrets.token_hex(32)
+def stack_env(redis_url: str, var: Path, prefix: str, ticket_key: str) -> dict[str, str]:
+    """The product's environment for a benchmark: its own key prefix, database, Celery queue and signing key."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DJANGO_")}
     env.update(
         DJANGO_SETTINGS_MODULE="waitingroom_site.settings",
@@ -216,26 +233,53 @@ def http_benchmarks(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
         BENCH_REFERENCE_KEY=f"{prefix}:reference",
     )
     env["WR_RATE_LIMITS"] = bench_rate_limits(env)
-    python = sys.executable
-    stack = start(
-        [
-            python,
-            "-m",
-            "waitingroom_site.runstack",
-            "--setup",
-            "--port",
-            str(port),
-            "--ws-port",
-            str(ws_port),
-            "--var-dir",
-            str(var),
-            "--web-server",
-            args.web_server,
-            *(("--web-workers", str(args.web_workers)) if args.web_workers else ()),
-        ],
-        env,
-        var / "stack.log",
-    )
+    return env
+
+
+def start_stack(
+    env: dict[str, str], var: Path, *, port: int, ws_port: int, web_server: str, web_workers: int
+) -> subprocess.Popen[bytes]:
+    """The product as bin/run starts it (web server, websocket server, Celery worker and beat), on `port`."""
+    command = [sys.executable, "-m", "waitingroom_site.runstack", "--setup", "--port", str(port)]
+    command += ["--ws-port", str(ws_port), "--var-dir", str(var), "--web-server", web_server]
+    command += ["--web-workers", str(web_workers)] if web_workers else []
+    return start(command, env, var / "stack.log")
+
+
+def queue_configure(env: dict[str, str], slug: str) -> None:
+    """A queue that admits almost nobody for the run (1 a minute): its visitors stay waiting, as most pollers are."""
+    options = {
+        "--target-url": "https://shop.example/",
+        "--capacity": "1",
+        "--outflow-per-minute": "1",
+        "--burst": "1",
+        "--presence-timeout": "3600",
+        "--abandon-timeout": "7200",
+    }
+    command = [sys.executable, "manage.py", "configure_queue", slug, *(p for o in options.items() for p in o)]
+    subprocess.run(command, env=env, cwd=ROOT, check=True, capture_output=True)
+
+
+def tickets_join(base: str, slugs: list[str], count: int) -> list[tuple[str, str]]:
+    """`count` visitors joined, over the queues in turn: their (slug, ticket)."""
+
+    def join(n: int) -> tuple[str, str]:
+        slug = slugs[n % len(slugs)]
+        reply = client.post(f"/api/v1/queues/{slug}/join", json={}, headers={"X-Visitor-Id": str(uuid.uuid4())})
+        return slug, str(reply.json()["ticket"])
+
+    with httpx.Client(base_url=base, timeout=10) as client, ThreadPoolExecutor(16) as pool:
+        return list(pool.map(join, range(count)))
+
+
+def http_benchmarks(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
+    prefix = f"wrbench{uuid.uuid4().hex[:6]}"
+    var = OUT / "var"
+    shutil.rmtree(var, ignore_errors=True)
+    var.mkdir(parents=True)
+    port, ws_port, ref_port = free_port(), free_port(), free_port()  # not port + 1: that one may be taken
+    env = stack_env(redis_url, var, prefix, secrets.token_hex(32))
+    stack = start_stack(env, var, port=port, ws_port=ws_port, web_server=args.web_server, web_workers=args.web_workers)
     results: dict[str, Any] = {
         "web_server": args.web_server,
         "web_workers": args.web_workers or "default",
@@ -244,44 +288,9 @@ def http_benchmarks(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
     try:
         base = f"http://127.0.0.1:{port}"
         wait_healthy(f"{base}/healthz")
-        subprocess.run(
-            [
-                python,
-                "manage.py",
-                "configure_queue",
-                QUEUE,
-                "--target-url",
-                "https://shop.example/",
-                "--capacity",
-                "1",
-                "--outflow-per-minute",
-                "1",
-                "--burst",
-                "1",
-                "--presence-timeout",
-                "3600",
-                "--abandon-timeout",
-                "7200",
-            ],
-            env=env,
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-        )
+        queue_configure(env, QUEUE)
         # Tickets for the status runs (waiting visitors, as most pollers are).
-        with httpx.Client(base_url=base, timeout=10) as client, ThreadPoolExecutor(16) as pool:
-            tickets = list(
-                pool.map(
-                    lambda _: client.post(
-                        f"/api/v1/queues/{QUEUE}/join", json={}, headers={"X-Visitor-Id": str(uuid.uuid4())}
-                    ).json()["ticket"],
-                    range(args.tickets),
-                )
-            )
-        tickets_file = var / "tickets.lua"
-        tickets_file.write_text("return {" + ",".join(json.dumps(t) for t in tickets) + "}")
-        status_path = f"/api/v1/queues/{QUEUE}/status"
-        status_script = STATUS_LUA.replace("TICKETS_FILE", str(tickets_file)).replace("STATUS_PATH", status_path)
+        status = status_script(tickets_join(base, [QUEUE], args.tickets), var / "tickets.lua")
         run = {"duration": args.duration, "connections": args.connections, "threads": args.wrk_threads}
 
         # The reference, in the same run, on the same machine, with the same tickets.
@@ -290,26 +299,31 @@ def http_benchmarks(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
         processes.append(reference)
         ref_base = f"http://127.0.0.1:{ref_port}"
         wait_healthy(ref_base + "/")
-        wrk(base, status_script, **{**run, "duration": 3})  # warm up every worker
-        wrk(ref_base, status_script, **{**run, "duration": 3})
+        wrk(base, status, **{**run, "duration": 3})  # warm up every worker
+        wrk(ref_base, status, **{**run, "duration": 3})
 
         # Rounds interleave the two servers, so a noisy moment on the machine hits both alike.
         rounds: dict[str, list[dict[str, Any]]] = {"status": [], "reference_status": [], "join": []}
         for _ in range(args.rounds):
-            rounds["status"].append(wrk(base, status_script, **run))
-            rounds["reference_status"].append(wrk(ref_base, status_script, **run))
+            rounds["status"].append(wrk(base, status, **run))
+            rounds["reference_status"].append(wrk(ref_base, status, **run))
             if not args.skip_join:
-                rounds["join"].append(wrk(base, JOIN_LUA.replace("QUEUE", QUEUE), **run))
+                rounds["join"].append(wrk(base, join_script([QUEUE]), **run))
         for name, runs in rounds.items():
             if not runs:
                 continue
             results[name] = median_run(runs)
             results[name]["rounds_rps"] = [r["requests_per_second"] for r in runs]
+        # Read by the product's own selector (the line lives in buckets; no single key holds its length).
         results["waiting_after_join_runs"] = int(
             subprocess.run(
-                ["redis-cli", "-u", redis_url, "zcard", f"{prefix}:{{{QUEUE}}}:line"], capture_output=True, text=True
+                [sys.executable, "-c", WAITING_COUNT, QUEUE],
+                env=env,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                check=True,
             ).stdout.strip()
-            or 0
         )
         stop(reference)
         results["status_vs_reference"] = round(
@@ -325,8 +339,8 @@ def http_benchmarks(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
             processes.append(asgi)
             asgi_base = f"http://127.0.0.1:{asgi_port}"
             wait_healthy(asgi_base + "/healthz")
-            wrk(asgi_base, status_script, **{**run, "duration": 3})
-            results["django_asgi_status"] = wrk(asgi_base, status_script, **run)
+            wrk(asgi_base, status, **{**run, "duration": 3})
+            results["django_asgi_status"] = wrk(asgi_base, status, **run)
             stop(asgi)
     finally:
         for process in processes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import secrets
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from waitingroom_site import runstack
+from waitingroom_site import devcluster, devredis, runstack
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -215,6 +216,168 @@ def test_the_worker_and_beat_healthchecks_tell_stalled_from_alive(role, settings
     engine.beat_alive_mark()
     engine.worker_alive_mark(f"worker@{socket.gethostname()}")
     assert healthy()
+
+
+APP_SERVICES = ("web", "ws", "worker", "beat")  # the processes that touch the live state
+
+
+def compose_merged(*names: str) -> dict:
+    """The files merged as `docker compose -f a.yml -f b.yml` merges them, for what these files hold: mappings
+    merged key by key, anything else in a later file replacing the earlier one's. (Compose merges some lists,
+    ports and volumes, by key instead: the assertion keeps the override from setting a list on a service
+    the base file defines, so this merge and compose's agree.)"""
+    files = [yaml.safe_load((ROOT / name).read_text()) for name in names]
+    for later in files[1:]:
+        for name, service in later.get("services", {}).items():
+            if name in files[0]["services"]:
+                assert all(isinstance(value, dict) for value in service.values()), (name, service)
+
+    def merge(base: object, override: object) -> object:
+        if isinstance(base, dict) and isinstance(override, dict):
+            return {key: merge(base[key], value) if key in base else value for key, value in override.items()} | {
+                key: value for key, value in base.items() if key not in override
+            }
+        return override
+
+    merged: dict = files[0]
+    for later in files[1:]:
+        merged = merge(merged, later)  # type: ignore[assignment]
+    return merged
+
+
+def cluster_compose() -> dict:
+    return compose_merged("docker-compose.yml", "docker-compose.cluster.yml")
+
+
+def cluster_nodes(services: dict) -> dict[str, dict]:
+    """The services that run a redis-server in cluster mode, by name."""
+    return {
+        name: service
+        for name, service in services.items()
+        if service.get("command", [""])[0] == "redis-server" and "--cluster-enabled" in service["command"]
+    }
+
+
+def flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def compose_unescaped(text: str) -> str:
+    """What compose hands the container for a value of the file: `$$` is a literal `$`. A lone `$` would be
+    compose's own interpolation (a variable of the host, empty if unset), never the shell's."""
+    assert re.search(r"(?<!\$)\$(?!\$)", text.replace("$$", "")) is None, "an unescaped $ in " + text
+    return text.replace("$$", "$")
+
+
+def test_the_cluster_variant_runs_six_nodes_in_cluster_mode_with_an_append_only_file_each():
+    services = cluster_compose()["services"]
+    nodes = cluster_nodes(services)
+    assert len(nodes) == 6
+    addresses, volumes = set(), set()
+    for service in nodes.values():
+        command = service["command"]
+        assert flag(command, "--cluster-enabled") == "yes"
+        assert flag(command, "--appendonly") == "yes"
+        assert int(flag(command, "--cluster-node-timeout")) <= 5000  # small: a replica takes over in seconds
+        assert service["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+        (volume,) = service["volumes"]
+        assert volume.endswith(":/data")  # the append-only file and nodes.conf (the image's working directory)
+        volumes.add(volume.split(":")[0])
+        addresses.add(service["networks"]["redis-cluster"]["ipv4_address"])
+    assert len(volumes) == len(addresses) == 6  # a volume and a fixed address each
+    subnet = cluster_compose()["networks"]["redis-cluster"]["ipam"]["config"][0]
+    network, handed_out = ipaddress.ip_network(subnet["subnet"]), ipaddress.ip_network(subnet["ip_range"])
+    for address in map(ipaddress.ip_address, addresses):  # fixed, in the subnet, never handed to another
+        assert address in network and address not in handed_out
+    assert "redis" in services and "--cluster-enabled" not in services["redis"]["command"]  # still standalone
+
+
+def test_the_cluster_create_service_names_all_six_nodes_with_one_replica_each():
+    services = cluster_compose()["services"]
+    nodes = cluster_nodes(services)
+    create = services["redis-cluster-create"]
+    shell, dash_c, script, _name, *addresses = create["command"]
+    assert (shell, dash_c) == ("sh", "-c")
+    script = compose_unescaped(script)
+    assert 'redis-cli --cluster create "$@" --cluster-replicas 1 --cluster-yes' in script
+    fixed = {
+        f"{node['networks']['redis-cluster']['ipv4_address']}:{flag(node['command'], '--port')}"
+        for node in nodes.values()
+    }
+    assert len(addresses) == 6 and set(addresses) == fixed  # CLUSTER MEET takes addresses, not names
+    # Made once: a cluster already ok is left alone (the check comes before the create).
+    assert script.index("cluster_state:ok") < script.index("--cluster create")
+    assert create["depends_on"] == {name: {"condition": "service_healthy"} for name in nodes}
+    assert create["restart"] == "no" and "redis-cluster" in create["networks"]
+
+
+def test_the_app_services_keep_the_standalone_redis_and_get_the_cluster_for_the_live_state():
+    services = cluster_compose()["services"]
+    nodes = cluster_nodes(services)
+    for name in APP_SERVICES:
+        service = services[name]
+        env = service["environment"]
+        named = [part.rpartition(":") for part in env["REDIS_CLUSTER_NODES"].split(",")]
+        assert {host for host, _, _ in named} == set(nodes), name  # every node, and nothing else
+        for host, _, port in named:
+            assert port == flag(nodes[host]["command"], "--port")
+        # The channel layer, the Celery broker and the cache stay on the standalone Redis.
+        assert env["REDIS_URL"] == "redis://redis:6379/0" and env["CACHE_URL"] == "redis://redis:6379/1"
+        assert env["SECRET_KEY"].startswith("${SECRET_KEY:?")  # the base file's environment is kept
+        depends = service["depends_on"]
+        assert depends["redis-cluster-create"]["condition"] == "service_completed_successfully"
+        assert depends["redis"]["condition"] == "service_healthy"  # the base file's dependencies are kept
+        assert depends["migrate"]["condition"] == "service_completed_successfully"
+        assert {"default", "redis-cluster"} <= set(service["networks"])  # the nodes' network and the others'
+    assert services["worker"]["environment"]["WR_WORKER_NAME"] == "worker@%h"
+    assert services["web"]["command"] == compose()["services"]["web"]["command"]  # nothing else changed
+    assert "REDIS_CLUSTER_NODES" not in compose()["services"]["web"]["environment"]  # one Redis stays the default
+
+
+def test_the_cluster_create_script_makes_the_cluster_once_and_then_leaves_it_alone(tmp_path):
+    """The create service's own script, run by sh against six redis-servers started with the nodes' own
+    command (free ports on 127.0.0.1): it makes a cluster of three masters, each with a replica; run again,
+    it finds the cluster made and changes nothing."""
+    services = cluster_compose()["services"]
+    node_command = next(iter(cluster_nodes(services).values()))["command"]
+    ports = devcluster.free_ports(6)
+    processes = []
+    try:
+        for port in ports:
+            command = [devredis.server_binary(), *node_command[1:]]
+            command[command.index("--port") + 1] = str(port)
+            (tmp_path / str(port)).mkdir()
+            command += ["--bind", "127.0.0.1", "--dir", str(tmp_path / str(port)), "--daemonize", "no"]
+            processes.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, start_new_session=True))
+        for port in ports:
+            deadline = time.monotonic() + 30
+            while not devredis.answers(f"redis://127.0.0.1:{port}/0"):
+                assert time.monotonic() < deadline, f"no node on {port}"
+                time.sleep(0.05)
+        shell, dash_c, script, name, *_ = services["redis-cluster-create"]["command"]
+        run = [shell, dash_c, compose_unescaped(script), name, *(f"127.0.0.1:{port}" for port in ports)]
+
+        first = subprocess.run(run, capture_output=True, text=True, timeout=120)
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert "[OK] All 16384 slots covered" in first.stdout
+        cluster = devcluster.LocalCluster(tmp_path, processes=dict(zip(ports, processes, strict=True)))
+        assert cluster.healthy() and len(cluster.master_ports()) == 3
+
+        def current_epoch() -> list[str]:
+            return re.findall(r"cluster_current_epoch:(\d+)", cluster.info(ports[0], "cluster", "info"))
+
+        made = current_epoch()
+
+        again = subprocess.run(run, capture_output=True, text=True, timeout=60)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "made already" in again.stdout and "--cluster" not in again.stdout
+        assert "Performing hash slots allocation" not in again.stdout
+        assert current_epoch() == made
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=10)
 
 
 def test_the_proxy_config_forwards_to_the_web_service():
