@@ -31,7 +31,7 @@ from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from . import loopwatch, modes, ratelimit, realtime, selectors, signing_keys, tokens, wsserver
+from . import instruments, loopwatch, modes, ratelimit, realtime, selectors, signing_keys, tokens, wsserver
 from .services import viewers as viewer_services
 
 CLOSE_MESSAGE_TOO_BIG = 1009  # RFC 6455's own code
@@ -116,6 +116,7 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_TOO_MANY_SOCKETS)
             return
         self.claims, self.mode = claims, mode
+        instruments.sockets_open().inc()  # and down again in _release, which runs once claims are set
         if isinstance(claims, tokens.TicketClaims):
             self.answering = viewer_services.Answering(lease, claims.visitor_key, claims.seq)
         else:
@@ -152,6 +153,7 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         if self.claims is None:
             return
         self.claims = None
+        instruments.sockets_open().dec()
         server = wsserver.router()
         for group in self.groups_joined:
             await server.leave(group, self)

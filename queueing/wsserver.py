@@ -22,7 +22,7 @@ import redis
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from . import selectors
+from . import instruments, selectors
 from .services import viewers as viewer_services
 from .wsprotocol import LeanSansIOProtocol
 
@@ -254,6 +254,7 @@ class Router:
             if not members or not isinstance(text, str):
                 continue  # nobody here any more, or not an event of this release: polling covers it
             event = Event(text)
+            instruments.pushed(text, len(members))
             backlog = self.writers.get(group)
             if backlog is not None:
                 backlog.append(event)

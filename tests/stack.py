@@ -58,6 +58,7 @@ class Stack:
     log: Path
     process: subprocess.Popen[bytes]
     redis: redis.Redis = field(repr=False)
+    metrics_port: int = 0  # the supervisor's WR_METRICS_PORT: every process's own metrics
 
     def manage(self, *args: str) -> str:
         result = subprocess.run(
@@ -124,7 +125,7 @@ def start_runstack(
 def product_env(var: Path, prefix: str) -> dict[str, str]:
     """The environment the product's own processes get in a test: production settings on plain HTTP, a
     SQLite file under `var`, the test Redis with every key (and Celery's broker keys) under `prefix`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST_", "PROMETHEUS_"))}
     env.update(
         DJANGO_SETTINGS_MODULE="waitingroom_site.settings",
         SECRET_KEY=secrets.token_urlsafe(50),
@@ -143,11 +144,12 @@ def product_env(var: Path, prefix: str) -> dict[str, str]:
 
 def run_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     var = tmp_path_factory.mktemp("stack")
-    port, ws_port = free_port(), free_port()
+    port, ws_port, metrics_port = free_port(), free_port(), free_port()
     prefix = f"wre{uuid.uuid4().hex[:8]}"
     env = product_env(var, prefix)
     env.update(
         ALLOWED_HOSTS="127.0.0.1,localhost",
+        WR_METRICS_PORT=str(metrics_port),
         LOG_LEVEL=os.environ.get("WR_E2E_LOG_LEVEL", "INFO"),
         # The limiters run, with room for tests that join and poll from one address faster than people.
         WR_RATE_LIMITS=json.dumps(
@@ -161,7 +163,7 @@ def run_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     process = start_runstack(var, env, log, port=port, ws_port=ws_port)
     url = f"http://127.0.0.1:{port}"
     client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
-    stack = Stack(url, f"ws://127.0.0.1:{ws_port}", env, prefix, log, process, client)
+    stack = Stack(url, f"ws://127.0.0.1:{ws_port}", env, prefix, log, process, client, metrics_port)
     try:
         _wait_for(lambda: _healthy(url), 90, "the web server", log)
         _wait_for(lambda: "ready." in log.read_text(), 90, "the Celery worker", log)

@@ -134,9 +134,23 @@ def interpolate(value: str, env: dict[str, str]) -> str:
 @pytest.mark.parametrize(
     "operator_hosts", [None, "queue.example.com,www.queue.example.com", ".example.com", "*"], ids=str
 )
-def test_the_web_healthcheck_passes_against_the_web_command_with_the_compose_environment(tmp_path, operator_hosts):
+def test_the_web_healthcheck_passes_against_the_web_command_with_the_compose_environment(
+    tmp_path, operator_hosts, settings
+):
     """Start the web service's own command (granian, one worker, on a free port) with the environment
-    compose gives it, then run its healthcheck as Docker would: it must pass for the operator's hosts."""
+    compose gives it (Redis pointed at the test's), then run its healthcheck as Docker would: it must pass
+    for the operator's hosts. The check asks /readyz: with the web's Redis gone it fails."""
+    assert web_healthcheck_passes(tmp_path, operator_hosts, settings.REDIS_URL)
+
+
+def test_the_web_healthcheck_fails_while_the_web_cannot_reach_redis(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        nobody = probe.getsockname()[1]
+    assert not web_healthcheck_passes(tmp_path, None, f"redis://127.0.0.1:{nobody}/0", retries=1)
+
+
+def web_healthcheck_passes(tmp_path: Path, operator_hosts: str | None, redis_url: str, retries: int = 0) -> bool:
     web = compose()["services"]["web"]
     operator = {
         "SECRET_KEY": secrets.token_urlsafe(50),
@@ -145,7 +159,17 @@ def test_the_web_healthcheck_passes_against_the_web_command_with_the_compose_env
     }
     env = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "HTTPS", "SECRET_KEY", "DJANGO_SETTINGS_MODULE")}
     env.update({name: interpolate(str(value), operator) for name, value in web["environment"].items()})
-    env.update(DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}", WR_VAR_DIR=str(tmp_path))
+    assert env["REDIS_URL"] == "redis://redis:6379/0" and env["PROMETHEUS_MULTIPROC_DIR"] == "/run/metrics"
+    assert "/run/metrics" in web["tmpfs"]  # a fresh, empty directory at every start of the container
+    (tmp_path / "metrics").mkdir(exist_ok=True)
+    env.update(
+        DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}",
+        WR_VAR_DIR=str(tmp_path),
+        REDIS_URL=redis_url,
+        CACHE_URL=redis_url,
+        WR_REDIS_PREFIX=f"wrdeploy{secrets.token_hex(4)}",
+        PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "metrics"),
+    )
     assert env["HTTPS"] == "1" and env["BEHIND_PROXY"] == "1"  # production: SSL redirect, proxy headers
 
     with socket.socket() as probe:
@@ -157,7 +181,7 @@ def test_the_web_healthcheck_passes_against_the_web_command_with_the_compose_env
     command[command.index("--host") + 1], command[command.index("--port") + 1] = "127.0.0.1", str(port)
     command[command.index("--workers") + 1] = "1"
     check = web["healthcheck"]["test"]
-    assert check[0] == "CMD" and "127.0.0.1:8000/healthz" in check[-1]
+    assert check[0] == "CMD" and "127.0.0.1:8000/readyz" in check[-1]
     check = [part.replace("127.0.0.1:8000", f"127.0.0.1:{port}") for part in check[1:]]
 
     server = subprocess.Popen(
@@ -178,12 +202,13 @@ def test_the_web_healthcheck_passes_against_the_web_command_with_the_compose_env
                 time.sleep(0.2)
         # As Docker runs it: every `interval`, unhealthy only after `retries` failures in a row (a worker
         # still importing Django on a loaded machine can miss the check's 3 s timeout once).
-        for _ in range(web["healthcheck"]["retries"]):
+        for _ in range(retries or web["healthcheck"]["retries"]):
             result = subprocess.run([sys.executable, *check[1:]], env=env, capture_output=True, text=True, timeout=20)
             if result.returncode == 0:
-                break
+                return True
             time.sleep(2)
-        assert result.returncode == 0, result.stderr
+        assert "503" in result.stderr, result.stderr  # not ready (not a refused connection or a 400)
+        return False
     finally:
         server.terminate()
         server.wait(timeout=10)

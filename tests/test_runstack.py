@@ -77,6 +77,43 @@ def test_the_command_exits_1_for_a_stalled_beat_and_expands_the_node_name():
     assert answer.returncode == 0 and "alive" in answer.stdout, answer.stdout
 
 
+AMQP_URL = os.environ.get("WR_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+@pytest.mark.parametrize("transport", ["redis", "amqp"])
+def test_a_worker_is_ready_only_while_its_broker_answers(transport):
+    """`liveness worker --ready` (compose's health check of the worker): a worker alive by its marks but
+    whose broker (Redis, or RabbitMQ) does not answer is not ready; answered at once, not after a timeout."""
+    reachable = settings.REDIS_URL if transport == "redis" else AMQP_URL
+    if transport == "amqp" and not liveness.broker(AMQP_URL).alive:
+        pytest.skip(f"no RabbitMQ answers at {AMQP_URL} (WR_TEST_AMQP_URL)")
+    nobody = f"{transport}://127.0.0.1:{devredis.free_port()}/"
+    services.beat_alive_mark()
+    services.worker_alive_mark(f"w-8@{socket.gethostname()}")
+    env = {
+        "REDIS_URL": settings.REDIS_URL,
+        "WR_REDIS_PREFIX": settings.WR_REDIS_PREFIX,
+        "WR_WORKER_NAME": "w-8@%h",
+        "PATH": "/usr/bin:/bin",
+    }
+    command = [sys.executable, "-m", "waitingroom_site.liveness", "worker", "--ready"]
+    ready = subprocess.run(
+        command, cwd=ROOT, env={**env, "CELERY_BROKER_URL": reachable}, capture_output=True, text=True, timeout=30
+    )
+    assert ready.returncode == 0 and f"the broker ({transport}) answers" in ready.stdout, ready.stdout + ready.stderr
+    started = time.monotonic()
+    down = subprocess.run(
+        command, cwd=ROOT, env={**env, "CELERY_BROKER_URL": nobody}, capture_output=True, text=True, timeout=30
+    )
+    assert down.returncode == 1 and "NOT READY" in down.stdout, down.stdout + down.stderr
+    assert time.monotonic() - started < 10
+    # Without --ready the verdict is the supervisor's, which a broker away does not change.
+    alive = subprocess.run(
+        command[:-1], cwd=ROOT, env={**env, "CELERY_BROKER_URL": nobody}, capture_output=True, text=True, timeout=30
+    )
+    assert alive.returncode == 0 and "alive" in alive.stdout
+
+
 def test_a_second_run_on_a_taken_port_says_so_in_one_line():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -6,12 +6,20 @@ sent is seen as stalled (waitingroom_site/liveness.py), not confused with a beat
 
 import logging
 import os
+import time
 from typing import Any
 
 from celery import Celery
-from celery.signals import after_task_publish, beat_init, before_task_publish, task_postrun, task_prerun
+from celery.signals import (
+    after_task_publish,
+    beat_init,
+    before_task_publish,
+    task_failure,
+    task_postrun,
+    task_prerun,
+)
 
-from queueing import logcontext
+from queueing import instruments, logcontext
 
 from . import kombu_patches
 
@@ -47,20 +55,48 @@ def _tick_sent(sender: str | None = None, **_: Any) -> None:
 
 @before_task_publish.connect
 def _carry_request_id(headers: dict[str, Any] | None = None, **_: Any) -> None:
-    """A task published while a request is served carries its id (README "Logs")."""
+    """A task published while a request is served carries its id (README "Logs"); every task the time it
+    was sent (its lag, README "Metrics")."""
+    if headers is None:
+        return
     request_id = logcontext.current("request_id")
-    if request_id and headers is not None:
+    if request_id:
         headers["request_id"] = request_id
+    headers["sent_at"] = time.time()
 
 
 @task_prerun.connect
 def _task_context(task_id: str | None = None, task: Any = None, **_: Any) -> None:
     """Each task's lines carry the id of the request that caused it, or else the task's own id."""
     request = getattr(task, "request", None)
-    carried = getattr(request, "request_id", None) or (getattr(request, "headers", None) or {}).get("request_id")
+    carried = _header(request, "request_id")
     logcontext.bind(request_id=str(carried or task_id or ""), queue="", ticket="")
+    _started[task_id or ""] = time.perf_counter()
+    sent_at = _header(request, "sent_at")
+    if getattr(task, "name", "") == TICK_TASK and isinstance(sent_at, int | float):
+        instruments.tick_lag().observe(max(0.0, time.time() - sent_at))
+
+
+def _header(request: Any, name: str) -> Any:
+    """A header the task's message carries (Celery sets it on the request, or keeps it in its headers)."""
+    return getattr(request, name, None) or (getattr(request, "headers", None) or {}).get(name)
+
+
+_started: dict[str, float] = {}  # task id: when it started (perf_counter), until it ends
 
 
 @task_postrun.connect
-def _task_context_end(**_: Any) -> None:
+def _task_context_end(task_id: str | None = None, task: Any = None, **_: Any) -> None:
     logcontext.bind(request_id="", queue="", ticket="")
+    started = _started.pop(task_id or "", None)
+    if started is None:
+        return
+    name, seconds = str(getattr(task, "name", "") or "unknown"), time.perf_counter() - started
+    instruments.task_ran(name, seconds)
+    if name == TICK_TASK:
+        instruments.tick_seconds().observe(seconds)
+
+
+@task_failure.connect
+def _task_failed(sender: Any = None, **_: Any) -> None:
+    instruments.task_failures.labels(str(getattr(sender, "name", "") or "unknown")).inc()

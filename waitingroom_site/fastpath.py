@@ -30,6 +30,7 @@ import io
 import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
@@ -43,7 +44,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.http.request import split_domain_port, validate_host
 from django.middleware.security import SecurityMiddleware
 
-from queueing import conf, modes, signing_keys
+from queueing import conf, instruments, modes, signing_keys
 from queueing.api.answers import (
     Answer,
     ajoin_answer,
@@ -59,6 +60,9 @@ _SLUG = r"([a-z0-9](?:[a-z0-9-]{0,48}[a-z0-9])?)"
 STATUS_PATH = re.compile(rf"^/api/v1/queues/{_SLUG}/status$")
 JOIN_PATH = re.compile(rf"^/api/v1/queues/{_SLUG}/join$")
 WINDOW_PATH = re.compile(rf"^/api/v1/queues/{_SLUG}/window$")
+# The routes' names as the metrics give them (README "Metrics"): the URL pattern names of the API's views.
+STATUS_ROUTE, JOIN_ROUTE, WINDOW_ROUTE = "queue-status", "queue-join", "queue-window"
+Answered = tuple[str, str, int]  # what the hot path answered: route, method, status
 
 logger = logging.getLogger(__name__)
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
@@ -73,9 +77,11 @@ class FastPathMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
         if request.method == "GET" and (match := STATUS_PATH.match(request.path_info)):
+            request.route_name = STATUS_ROUTE  # type: ignore[attr-defined]  # for the metrics (no URL resolved)
             request.get_host()  # raises DisallowedHost (a 400) as CommonMiddleware would
             return status_fast(request, match.group(1))
         if request.method == "GET" and (match := WINDOW_PATH.match(request.path_info)):
+            request.route_name = WINDOW_ROUTE  # type: ignore[attr-defined]
             request.get_host()
             return window_fast(request, match.group(1))
         if (
@@ -83,6 +89,7 @@ class FastPathMiddleware:
             and settings.SESSION_COOKIE_NAME not in request.COOKIES
             and (match := JOIN_PATH.match(request.path_info))
         ):
+            request.route_name = JOIN_ROUTE  # type: ignore[attr-defined]
             request.get_host()
             return join_fast(request, match.group(1))
         return self.get_response(request)
@@ -124,55 +131,58 @@ class HotPathASGI:
             return await _lifespan(receive, send)
         if scope["type"] != "http":
             return None  # websockets are the websocket server's (asgi.py)
-        if scope["method"] == "GET" and await self._hot(scope, send):
-            return None
+        started = time.perf_counter()
+        if scope["method"] == "GET" and (answered := await self._hot(scope, send)):
+            return instruments.http_answered(*answered, time.perf_counter() - started)
         body = await _body(receive)
         if isinstance(body, int):
             return await _respond(send, _refusal(body), [])
-        if scope["method"] == "POST" and await self._join(scope, body, send):
-            return None
+        if scope["method"] == "POST" and (answered := await self._join(scope, body, send)):
+            return instruments.http_answered(*answered, time.perf_counter() - started)
         return await self.django(scope, _replay(body, receive), send)  # type: ignore[arg-type]
 
-    async def _join(self, scope: Scope, body: bytes, send: Send) -> bool:
-        """Answer a join here (answers.ajoin_answer says which); False to leave it to Django."""
+    async def _join(self, scope: Scope, body: bytes, send: Send) -> Answered | None:
+        """Answer a join here (answers.ajoin_answer says which); None to leave it to Django."""
         match = JOIN_PATH.match(scope["path"])
         if match is None:
-            return False
+            return None
         request = ASGIRequest(scope, io.BytesIO(body))
         if settings.SESSION_COOKIE_NAME in request.COOKIES:
-            return False  # perhaps a signed-in user: Django's full stack (CSRF, the user's identity)
+            return None  # perhaps a signed-in user: Django's full stack (CSRF, the user's identity)
         secure = request.is_secure()
         try:
             request.get_host()
         except DisallowedHost:
-            return False  # Django refuses it
+            return None  # Django refuses it
         if settings.SECURE_SSL_REDIRECT and not secure:
-            return False
+            return None
         answer = await ajoin_answer(request, match.group(1))
         if answer is None:
-            return False
+            return None
         await _respond(send, answer, self.headers[secure])
-        return True
+        return JOIN_ROUTE, "POST", answer.status
 
-    async def _hot(self, scope: Scope, send: Send) -> bool:
-        """Answer a status poll or a window read here; False to leave the request to Django."""
+    async def _hot(self, scope: Scope, send: Send) -> Answered | None:
+        """Answer a status poll or a window read here; None to leave the request to Django."""
         path = scope["path"]
         status_match = STATUS_PATH.match(path)
         window_match = WINDOW_PATH.match(path) if status_match is None else None
         if status_match is None and window_match is None:
-            return False
+            return None
         headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
         secure = _is_secure(scope, headers)
         if (conf.hot().SECURE_SSL_REDIRECT and not secure) or not _host_allowed(scope, headers):
-            return False  # Django redirects, or refuses the host
+            return None  # Django redirects, or refuses the host
         if status_match is not None:
+            route = STATUS_ROUTE
             answer = await astatus_answer(headers.get("authorization", ""), status_match.group(1))
         else:
+            route = WINDOW_ROUTE
             answer = await awindow_answer(window_match.group(1))  # type: ignore[union-attr]
         if answer is None:
-            return False  # the queue's policy must be synced from the database: Django's path does
+            return None  # the queue's policy must be synced from the database: Django's path does
         await _respond(send, answer, self.headers[secure])
-        return True
+        return route, "GET", answer.status
 
 
 async def _respond(send: Send, answer: Answer, extra: list[tuple[bytes, bytes]]) -> None:

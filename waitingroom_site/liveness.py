@@ -7,6 +7,7 @@ seconds, and a container's health check runs it as a command:
 
     python -m waitingroom_site.liveness worker [--name celery@host]   # exit 0 alive, 1 stalled
     python -m waitingroom_site.liveness beat
+    python -m waitingroom_site.liveness worker --ready   # and its broker answers (compose's health check)
 
 When Redis cannot be asked, or no ticks are being sent (then the beat is the one to blame), there is no
 verdict on the worker: that is reported and answered as alive, since replacing it would not help.
@@ -93,6 +94,22 @@ def verdict(
     return Verdict(True, f"last tick run {ran:.1f} s ago")
 
 
+def broker(url: str | None = None, *, timeout: int = 3) -> Verdict:
+    """Does the Celery broker answer (CELERY_BROKER_URL, else REDIS_URL, as settings.py chooses)? A worker
+    without it is alive and useless: not ready. Not part of the supervisor's verdict: a new worker would not
+    reach the broker either."""
+    from kombu import Connection
+
+    url = url or os.environ.get("CELERY_BROKER_URL") or os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    try:
+        with Connection(url, connect_timeout=timeout) as connection:
+            connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=timeout)
+            transport = connection.transport_cls
+    except Exception as exc:  # kombu raises its own errors, the transport's or OSError, by transport
+        return Verdict(False, f"the broker does not answer ({exc.__class__.__name__})")
+    return Verdict(True, f"the broker ({transport}) answers")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("role", choices=["worker", "beat"])
@@ -100,11 +117,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stale-seconds", type=float, default=float(os.environ.get("WR_LIVENESS_STALE_SECONDS", DEFAULT_STALE_SECONDS))
     )
+    parser.add_argument("--ready", action="store_true", help="a worker: its broker must answer too")
     args = parser.parse_args(argv)
     name = worker_node(args.name) if args.role == "worker" else ""
     result = verdict(args.role, name=name, stale=args.stale_seconds)
     word = {True: "alive", False: "STALLED", None: "unknown"}[result.alive]
     print(f"{args.role}: {word}: {result.reason}")
+    if args.ready and args.role == "worker" and result.alive is not False:
+        reached = broker()
+        print(f"{args.role}: {'ready' if reached.alive else 'NOT READY'}: {reached.reason}")
+        return 0 if reached.alive else 1
     return 1 if result.alive is False else 0
 
 

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry, multiprocess, start_http_server
+
 from . import devredis, liveness
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -221,7 +223,7 @@ class Supervisor:
 
     def _died(self, child: Child, now: float) -> None:
         assert child.process is not None
-        returncode = child.process.returncode
+        returncode, pid = child.process.returncode, child.process.pid
         how = f"was killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exited with {returncode}"
         ran = now - child.started
         child.quick_deaths = child.quick_deaths + 1 if ran < QUICK_SECONDS else 0
@@ -235,6 +237,7 @@ class Supervisor:
         child.restarts += 1
         say(f"{child.name} {how} after {ran:.0f} s; starting it again in {delay:.0f} s (restart {child.restarts}).")
         child.process, child.due = None, now + delay
+        _metrics_forget(self.env, pid)
 
     def _judge(self, child: Child, now: float) -> None:
         child.checked = now
@@ -279,6 +282,37 @@ def _stop(children: list[Child], *, hurry: bool, within: float = STOP_SECONDS) -
             child.process.wait()
 
 
+def metrics_directory(env: dict[str, str], var_dir: Path) -> Path:
+    """The directory every process of this run keeps its metrics in (README "Metrics"; prometheus-client's
+    multiprocess mode): PROMETHEUS_MULTIPROC_DIR, else var/metrics. Emptied first: a file left by a process
+    of an earlier run would be added to this one's figures."""
+    directory = Path(env.setdefault("PROMETHEUS_MULTIPROC_DIR", str(var_dir / "metrics")))
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob("*.db"):
+        stale.unlink(missing_ok=True)
+    return directory
+
+
+def metrics_serve(env: dict[str, str], directory: Path) -> None:
+    """With WR_METRICS_PORT: the metrics of every process this supervisor runs, on that port of
+    WR_METRICS_ADDRESS (127.0.0.1 unless set), from a thread of the supervisor. For the processes with no
+    web server of their own (worker, beat); the web processes' /metrics gives the same and each queue's."""
+    port = env.get("WR_METRICS_PORT", "")
+    if not port:
+        return
+    registry = CollectorRegistry(auto_describe=False)
+    multiprocess.MultiProcessCollector(registry, path=str(directory))  # type: ignore[no-untyped-call]
+    address = env.get("WR_METRICS_ADDRESS", "127.0.0.1")
+    start_http_server(int(port), addr=address, registry=registry)
+    say(f"metrics of the processes it runs on http://{address}:{port}/metrics")
+
+
+def _metrics_forget(env: dict[str, str], pid: int) -> None:
+    """A child that died: its live gauges (sockets open) no longer count; its counters still do."""
+    with contextlib.suppress(OSError):
+        multiprocess.mark_process_dead(pid, path=env["PROMETHEUS_MULTIPROC_DIR"])  # type: ignore[no-untyped-call]
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--setup", action="store_true", help="migrate, collect static, create the demo")
@@ -321,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     var_dir = Path(args.var_dir)
     var_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, WR_VAR_DIR=str(var_dir))
+    metrics_dir = metrics_directory(env, var_dir)
     env.setdefault("WR_DEMO", "1")  # the one-command run shows the demo queue's protected page
     # One node name per supervisor, kept across restarts (its liveness marks are found by it).
     worker_name = env.setdefault("WR_WORKER_NAME", f"worker-{os.getpid()}@%h")
@@ -364,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
             judged = name if name in ("worker", "beat") else ""
             supervisor.children.append(Child(name, command, liveness=judged, node=node if name == "worker" else ""))
         _banner(args, env, redis_url)
+        metrics_serve(env, metrics_dir)
         if not supervisor.stopping:
             return supervisor.run()
         return supervisor.code

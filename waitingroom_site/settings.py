@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import warnings
 from datetime import timedelta
@@ -114,6 +115,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # First: its request id (README "Logs") is in every line logged while the request is served.
     "waitingroom_site.requestid.RequestIdMiddleware",
+    # Times every request Django answers, by route (README "Metrics"; the hot path times its own).
+    "waitingroom_site.metrics.MetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Serves the visitor hot path (status polls) without sessions, auth, CSRF or static machinery.
     "waitingroom_site.fastpath.FastPathMiddleware",
@@ -247,6 +250,13 @@ if envbool("BEHIND_PROXY", False):
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
 # /readyz reports the beat stale after this long without an admission tick (as the liveness command does).
 WR_LIVENESS_STALE_SECONDS = float(os.environ.get("WR_LIVENESS_STALE_SECONDS", "30"))
+# Prometheus metrics (README "Metrics"): the path on every web process ('' for none); who may read it: a
+# peer address in these networks, or a request with `Authorization: Bearer <WR_METRICS_TOKEN>`.
+WR_METRICS_PATH = os.environ.get("WR_METRICS_PATH", "metrics").strip("/")
+WR_METRICS_NETWORKS = envlist("WR_METRICS_NETWORKS", "127.0.0.0/8,::1/128")
+WR_METRICS_TOKEN = os.environ.get("WR_METRICS_TOKEN", "")
+if WR_METRICS_PATH:  # Prometheus scrapes over plain HTTP inside the network, as a load balancer's probe does
+    SECURE_REDIRECT_EXEMPT.append(rf"^{re.escape(WR_METRICS_PATH)}$")
 
 # --- Redis: all live queue state, the Celery broker and (later) the channel layer. ---
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -1,5 +1,6 @@
 from typing import Any
 
+from django.conf import settings
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import include, path
@@ -11,6 +12,8 @@ from queueing import selectors
 from queueing.api import errors
 from queueing.api.throttling import StaffLoginThrottle
 from queueing.api.views import jwks_view
+
+from . import metrics
 
 
 def healthz(request: HttpRequest) -> HttpResponse:
@@ -74,5 +77,6 @@ urlpatterns = [
     path(".well-known/jwks.json", jwks_view, name="jwks"),
     path("healthz", healthz, name="healthz"),
     path("readyz", readyz, name="readyz"),
+    *([path(settings.WR_METRICS_PATH, metrics.metrics_view, name="metrics")] if settings.WR_METRICS_PATH else []),
     path("", include("queueing.urls")),
 ]

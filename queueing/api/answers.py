@@ -24,7 +24,7 @@ from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse
 from rest_framework.response import Response
 
-from .. import logcontext, modes, pow, ratelimit, realtime, selectors, services, signing_keys, tokens
+from .. import instruments, logcontext, modes, pow, ratelimit, realtime, selectors, services, signing_keys, tokens
 from ..models import Queue
 from ..visitors import (
     InvalidVisitorId,
@@ -165,7 +165,7 @@ def join_answer(
         except services.JOIN_REFUSALS as exc:
             raise _join_refused(slug, exc) from exc
         except ratelimit.Limited as exc:  # too many priority codes tried from this address
-            raise rate_limited(exc.decision) from exc
+            raise rate_limited(exc.decision, "join") from exc
     except ApiError as exc:
         return Answer.error(exc)
     return _joined(request, slug, joined, cross_site=cross_site)
@@ -207,7 +207,7 @@ async def ajoin_answer(request: HttpRequest, slug: str) -> Answer | None:
                 raise await database_sync_to_async(_join_refused, thread_sensitive=False)(slug, exc) from exc
             raise _join_refused(slug, exc) from exc
         except ratelimit.Limited as exc:
-            raise rate_limited(exc.decision) from exc
+            raise rate_limited(exc.decision, "join") from exc
     except ApiError as exc:
         return Answer.error(exc)
     except redis.RedisError:
@@ -376,7 +376,7 @@ def status_answer(authorization: str, slug: str) -> Answer:
         view = modes.status(claims, limit_scope="status")
     except (ratelimit.Limited, selectors.TicketGone) as exc:
         return _status_refused(claims, exc)
-    return _status_ok(view)
+    return _status_ok(view, slug)
 
 
 async def astatus_answer(authorization: str, slug: str) -> Answer | None:
@@ -396,16 +396,17 @@ async def astatus_answer(authorization: str, slug: str) -> Answer | None:
         return None
     except redis.RedisError:
         return Answer.unavailable()
-    return _status_ok(view)
+    return _status_ok(view, slug)
 
 
-def _status_ok(view: selectors.TicketView) -> Answer:
+def _status_ok(view: selectors.TicketView, slug: str) -> Answer:
+    instruments.poll_counter(slug).inc()
     return Answer(200, view.payload(), _poll_headers(view))
 
 
 def _status_refused(claims: tokens.VisitorClaims, exc: Exception) -> Answer:
     if isinstance(exc, ratelimit.Limited):
-        return Answer.error(rate_limited(exc.decision))
+        return Answer.error(rate_limited(exc.decision, "status"))
     return Answer(200, {"ticket_id": claims.ticket_id, **GONE})
 
 
@@ -427,7 +428,7 @@ def window_answer(slug: str, address: str = "") -> Answer:
     except selectors.TicketGone:
         return Answer.error(ApiError("not_found", f"Queue '{slug}' is not a stateless queue (or does not exist)."))
     except ratelimit.Limited as exc:
-        return Answer.error(rate_limited(exc.decision))
+        return Answer.error(rate_limited(exc.decision, "window"))
     return _window_ok(window)
 
 

@@ -435,5 +435,5 @@ class StatsResponseSerializer(serializers.Serializer):
     totals = serializers.DictField(
         child=serializers.IntegerField(),
         help_text="Since the epoch began: joined, admitted, completed, expired, ..., and restored (tickets of "
-        "an earlier epoch given their places back) and restored_sessions.",
+        "an earlier epoch given their places back), restored_sessions and leader_terms (leader leases taken).",
     )

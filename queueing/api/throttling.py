@@ -28,13 +28,15 @@ from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 from rest_framework_api_key.permissions import KeyParser
 
-from .. import modes, ratelimit, selectors, tokens
+from .. import instruments, modes, ratelimit, selectors, tokens
 from ..visitors import client_address
 from .errors import ApiError, retry_after
 
 
-def rate_limited(decision: ratelimit.Decision) -> ApiError:
-    """The API's 429 for a refused request: Retry-After and retry_after_seconds."""
+def rate_limited(decision: ratelimit.Decision, scope: str) -> ApiError:
+    """The API's 429 for a request refused in `scope`: Retry-After and retry_after_seconds (and counted,
+    README "Metrics")."""
+    instruments.rate_limited.labels(scope).inc()
     headers, extra = retry_after(decision.retry_after)
     return ApiError(
         "rate_limited", f"Too many requests; retry in {extra['retry_after_seconds']} s.", headers=headers, **extra
@@ -47,7 +49,7 @@ def limit(scope: str, ident: str, *, queue: str = "") -> None:
     limit in code (selectors.DEFAULT_LIMITS) while settings name none."""
     decision = selectors.limit_hit(scope, ident, queue=queue)
     if not decision.allowed:
-        raise rate_limited(decision)
+        raise rate_limited(decision, scope)
 
 
 class ScopedRateThrottle(BaseThrottle):

@@ -6,10 +6,12 @@ the visitor paths) and reads again.
 * `windows`  stateless mode: a ticket's state from its number and the window; the public window
 * `queues`   live figures for staff, the site's health, the mirrored policy and mode, sessions, samples
 * `readiness` whether this process can serve: Redis, the database, the beat's last tick (`/readyz`)
+* `metrics`  what Prometheus reads of the live state at a scrape: every queue's figures, the beat's tick
 """
 
 from ..store import QueueSnapshot, WaitSample
 from .limits import DEFAULT_LIMITS, limit_check, limit_hit
+from .metrics import Scrape, scrape_read
 from .queues import (
     MODE_CACHE_SECONDS,
     health_window_seconds,
@@ -75,6 +77,7 @@ __all__ = [
     "PolicyMissing",
     "Polled",
     "QueueSnapshot",
+    "Scrape",
     "TicketGone",
     "TicketView",
     "WaitSample",
@@ -104,6 +107,7 @@ __all__ = [
     "queue_snapshot_get",
     "queue_stats_get",
     "readiness",
+    "scrape_read",
     "sighting_ceiling",
     "site_health_get",
     "ticket_neighbours_get",

@@ -88,6 +88,7 @@ def queue_stats_get(*, slug: str, now: float | None = None) -> dict[str, Any]:
             "revoked": count("revoked"),
             "restored": count("restored"),
             "restored_sessions": count("restored_sessions"),
+            "leader_terms": count("leader_term"),
         },
         "event_seq": count("evseq"),
         "epoch": int(cfg.get("epoch") or 1),

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db.models import F
 from django.db.models.functions import Greatest
 
-from .. import clock, health, logcontext, realtime, selectors, store
+from .. import clock, health, instruments, logcontext, realtime, selectors, store
 from ..models import Queue
 from .audit import queue_change_record
 from .config import queue_update
@@ -41,7 +41,11 @@ def queue_admit(*, slug: str, now: float | None = None, leader_token: str = "") 
     )
     messages: list[realtime.Message] = []
     if reply.figures is not None:
+        admitted_ms = clock.now_ms(now)
         for admission in reply.admitted:
+            if admission.est_wait_at_join_s is not None:  # the page's estimate, against the wait it was
+                waited = (admitted_ms - admission.joined_ms) / 1000
+                instruments.estimate_error.labels(slug).observe(waited - admission.est_wait_at_join_s)
             access_token, redirect_url = selectors.admission_link(
                 slug,
                 ticket_id=admission.ticket_id,
@@ -224,4 +228,3 @@ def _queue_tick_any(queue: Queue, *, instance: str | None, now: float | None) ->
         return int(step is not None and step.stepped)
     reply = queue_tick(slug=queue.slug, instance=instance, now=now)
     return 0 if reply is None else len(reply.admitted)
-

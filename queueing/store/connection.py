@@ -20,11 +20,13 @@ drivers are a few lines.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import threading
+import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -39,7 +41,7 @@ from redis.cluster import ClusterNode
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 
-from .. import conf
+from .. import conf, instruments
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -310,7 +312,20 @@ def _sent(client: redis.Redis, send: Callable[[], T]) -> T:
 def run(name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
     """Run one script (its library loaded first when the server does not have it)."""
     client, function = _connection.get(), library().function(name)
-    return _sent(client, lambda: client.fcall(function, len(keys), *keys, *args))
+    with _timed(name):
+        return _sent(client, lambda: client.fcall(function, len(keys), *keys, *args))
+
+
+@contextlib.contextmanager
+def _timed(script: str) -> Iterator[None]:
+    """Times a script call (README "Metrics"), and counts it by its error's class when it fails."""
+    started = time.perf_counter()
+    try:
+        yield
+    except redis.RedisError as exc:
+        instruments.script_failed(script, exc)
+        raise
+    instruments.script_timer(script).observe(time.perf_counter() - started)
 
 
 ScriptCall = tuple[str, Sequence[str], Sequence[Any]]  # (script name, KEYS, ARGV)
@@ -327,7 +342,8 @@ def run_together(calls: list[ScriptCall]) -> list[Any]:
             pipe.fcall(found.function(name), len(keys), *keys, *args)
         return list(pipe.execute())
 
-    return _sent(client, send)
+    with _timed("+".join(name for name, _, _ in calls) if len(calls) < 4 else "together"):
+        return _sent(client, send)
 
 
 def combined(calls: Sequence[ScriptCall], *, gated: bool = False) -> ScriptCall:
@@ -721,7 +737,8 @@ async def arun(name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
     function = found.function(name)
     for attempt in range(LOAD_ATTEMPTS):
         try:
-            return await route.call(keys, "FCALL", function, len(keys), *keys, *args)
+            with _timed(name):
+                return await route.call(keys, "FCALL", function, len(keys), *keys, *args)
         except redis.exceptions.ResponseError as exc:
             if not _not_loaded(exc) or attempt == LOAD_ATTEMPTS - 1:
                 raise
