@@ -105,29 +105,46 @@ def _percentile(ordered: list[float], p: float) -> float | None:
     return ordered[max(0, math.ceil(len(ordered) * p / 100) - 1)]
 
 
+SCATTER_POINTS = 400  # the estimate-vs-actual chart's points at most (the latest, evenly thinned)
+COUNTED_WAIT_SECONDS = 10  # relative errors only for waits this long (a 2 s wait told 1 s is not 50 % off)
+
+
 def estimate_truth(queue: Queue, *, start: datetime) -> dict[str, Any]:
     """How far the wait told at join was from the wait had, over tickets admitted since `start`.
 
     Error = actual - estimated (positive: waited longer than told). Tickets that joined with no estimate
-    (paused, closed) count in `samples` but not in the error figures.
+    (paused, closed) count in `samples` but not in the error figures. The relative error |told - had| / had
+    is over waits of COUNTED_WAIT_SECONDS or more (what bench/estimate_sim.py measures); `points` are
+    [told, had] pairs for the scatter chart.
     """
-    rows = WaitSample.objects.filter(queue=queue, admitted_at__gte=start).values_list(
+    rows = WaitSample.objects.filter(queue=queue, admitted_at__gte=start).order_by("admitted_at").values_list(
         "estimated_seconds", "actual_seconds"
     )
     samples = 0
     errors: list[float] = []
+    relative: list[float] = []
+    points: list[list[float]] = []
     for estimated, actual in rows:
         samples += 1
         if estimated is not None:
             errors.append(actual - estimated)
+            points.append([estimated, round(actual, 1)])
+            if actual >= COUNTED_WAIT_SECONDS:
+                relative.append(abs(estimated - actual) / actual)
     absolute = sorted(abs(e) for e in errors)
     p50, p90 = _percentile(absolute, 50), _percentile(absolute, 90)
+    relative.sort()
+    r50, r90 = _percentile(relative, 50), _percentile(relative, 90)
+    step = max(1, math.ceil(len(points) / SCATTER_POINTS))
     return {
         "samples": samples,
         "with_estimate": len(errors),
         "p50_abs_error_seconds": round(p50, 1) if p50 is not None else None,
         "p90_abs_error_seconds": round(p90, 1) if p90 is not None else None,
         "mean_error_seconds": round(sum(errors) / len(errors), 1) if errors else None,
+        "p50_error_percent": round(r50 * 100) if r50 is not None else None,
+        "p90_error_percent": round(r90 * 100) if r90 is not None else None,
+        "points": points[::-1][::step][::-1],
     }
 
 

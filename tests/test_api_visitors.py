@@ -57,6 +57,7 @@ def test_join_returns_201_with_a_ticket_and_the_full_body(api, queue):
         "position",
         "queue_length",
         "estimated_wait_seconds",
+        "estimated_wait_range",
         "poll_after_seconds",
         "ws_url",
         "queue_state",

@@ -190,6 +190,9 @@ def test_the_estimate_truth_is_the_median_and_90th_percentile_of_the_absolute_er
     assert truth["p50_abs_error_seconds"] == 2  # nearest rank: the 5th of 10
     assert truth["p90_abs_error_seconds"] == 15  # the 9th of 10
     assert truth["mean_error_seconds"] == pytest.approx(sum(w - t for t, w in told_waited) / 10, abs=0.05)
+    # Relative to the wait had, over waits of 10 s or more (7 of them): 0, 2.4, 16.7, 20, 33.3, 37.5, 50 %
+    assert (truth["p50_error_percent"], truth["p90_error_percent"]) == (20, 50)
+    assert sorted(truth["points"]) == sorted([t, w] for t, w in told_waited)  # told across, had up
     later = selectors.estimate_truth(queue, start=now + timedelta(seconds=1))
     assert later["samples"] == 0 and later["p50_abs_error_seconds"] is None
 
@@ -203,6 +206,8 @@ def test_the_queue_page_shows_the_estimate_truth(people, queue):
     assert body["truth"]["p50_abs_error_seconds"] == 12
     page = people["looker"].get(f"/dashboard/{queue.slug}/").content.decode()
     assert 'data-truth="p50_abs_error_seconds">12' in page
+    assert 'data-truth="p50_error_percent">29' in page  # 12 of 42 s
+    assert 'id="chart-estimates"' in page and body["truth"]["points"] == [[30, 42.0]]
 
 
 def test_old_snapshots_and_samples_are_pruned_after_the_retention(queue, settings, clock):

@@ -145,3 +145,36 @@ def test_the_supervisor_empties_the_directory_and_serves_what_its_processes_coun
     assert re.search(
         r'^waitingroom_celery_task_duration_seconds_count\{task="queueing.tasks.cleanup"\} 2\.0$', text, re.M
     )
+
+
+def test_the_event_loops_batch_adds_up_as_observing_each_would_and_flushes_within_a_second():
+    """The hot path's figures are kept as plain numbers and added about once a second (LoopBatch): the same
+    buckets, sum and counts as observing each value, and nothing waits for a next request to be flushed."""
+    import asyncio
+
+    from prometheus_client import Counter, Histogram
+
+    from queueing import instruments
+
+    name = f"batch_{uuid.uuid4().hex[:8]}"
+    direct = Histogram(f"{name}_direct", "direct", buckets=instruments.LATENCY)
+    batched = Histogram(f"{name}_batched", "batched", buckets=instruments.LATENCY)
+    counter = Counter(f"{name}_count", "batched count")
+    values = [0.0001, 0.0005, 0.0007, 0.001, 0.003, 0.049, 0.05, 0.2, 7.0, 30.0]
+
+    async def run() -> None:
+        batch = instruments.LoopBatch(every=0.2)
+        for value in values:
+            direct.observe(value)
+            batch.observe(batched, value)
+            batch.inc(counter, 2)
+        assert sample(f"{name}_count_total") == 0  # not yet
+        await asyncio.sleep(0.4)
+
+    asyncio.run(run())
+    assert sample(f"{name}_count_total") == 2 * len(values)
+    for bound in [*instruments.LATENCY, float("inf")]:
+        le = "+Inf" if bound == float("inf") else str(bound)
+        assert sample(f"{name}_batched_bucket", le=le) == sample(f"{name}_direct_bucket", le=le), le
+    assert sample(f"{name}_batched_sum") == pytest.approx(sum(values))
+    assert sample(f"{name}_batched_count") == len(values)

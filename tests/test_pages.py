@@ -136,6 +136,26 @@ def test_waits_are_worded_plainly(seconds, text):
 
 
 @pytest.mark.parametrize(
+    ("range_", "text"),
+    [
+        (None, ""),
+        ([20, 80], ""),  # under a minute and a half: no range
+        ([250, 500], "(4\u20139 minutes)"),
+        ([300, 360], "(5\u20136 minutes)"),
+        ([300, 300], "(5\u20136 minutes)"),  # never a range of one figure
+        ([1500, 2400], "(25\u201340 minutes)"),
+        ([3600, 9000], ""),  # past two hours: the estimate alone
+    ],
+)
+def test_the_estimate_s_range_is_worded_in_minutes_people_read(range_, text):
+    from types import SimpleNamespace
+
+    from queueing.templatetags.waiting import wait_range_text
+
+    assert wait_range_text(SimpleNamespace(estimated_wait_range=range_)) == text
+
+
+@pytest.mark.parametrize(
     ("seconds", "text"),
     [(0, ""), (65, "1:05"), (3725, "1:02:05"), (90_061, "1 day 01:01:01"), (200_000, "2 days 07:33:20")],
 )

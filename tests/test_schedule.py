@@ -4,6 +4,7 @@ end; with a controlled clock and real Redis."""
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from datetime import UTC, datetime
 from io import StringIO
@@ -13,7 +14,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from queueing import services, shuffle, store
+from queueing import selectors, services, shuffle, store
 from queueing.models import Queue, QueueChange, QueueShuffle
 
 from .factories import join, status
@@ -154,3 +155,55 @@ def test_moving_the_start_commits_to_a_new_seed_and_the_schedule_must_make_sense
         services.queue_configure(
             slug=sale.slug, changes={"prequeue_opens_at": at(clock.now + 400)}, actor_label="tests"
         )
+
+
+def test_before_the_draw_nobody_has_a_place_and_everyone_is_told_the_same_wait_over_the_draw(make_queue, clock):
+    """Issue 18: the pre-queue page showed "place 1, 0 ahead" and a full bar to the first joiner, who was
+    then drawn anywhere. Before the start the API gives no place, says the order is drawn at the start,
+    and tells every ticket the same wait: the pre-queue's middle place's, ranging from the first to the last."""
+    t0 = clock.now
+    sale = make_queue(
+        capacity=100,
+        outflow_per_minute=6,
+        burst=1,
+        presence_timeout=600,
+        abandon_timeout=3600,
+        prequeue_opens_at=at(t0 + 60),
+        starts_at=at(t0 + 120),
+    )
+    slug = sale.slug
+    prequeue = [join(slug, f"v{i}", now=t0 + 61 + i) for i in range(10)]
+    now_ms = int((t0 + 80) * 1000)
+    views = [
+        selectors.ticket_view(slug, store.status(slug, visitor_key=_vk(t), seq=t.seq, now_ms=now_ms), now_ms=now_ms)
+        for t in prequeue
+    ]
+    for view in views:
+        body = view.payload()
+        assert body["position"] is None and body["ahead"] is None
+        assert body["place_drawn_at_start"] is True and body["queue_length"] == 10
+        assert body["opens_in_seconds"] == 40
+    told = {view.estimated_wait_seconds for view in views}
+    ranges = {tuple(view.estimated_wait_range or ()) for view in views}
+    assert len(told) == 1 and len(ranges) == 1  # the first joiner is told no better than the last
+    (low, high), (estimate,) = ranges.pop(), told
+    assert estimate is not None
+    assert low == 40 <= estimate <= high  # from the start (drawn first) to the last place
+    # Six a minute (one every 10 s) after the start's one token: the middle of ten (5.5 admissions) about
+    # 45 s after the start, the last 90 s after it.
+    assert estimate == math.ceil(40 + (5.5 - 1) * 10 + 0.5)
+    assert high == math.ceil(40 + 2 * (estimate - 40))
+
+    services.queue_tick(slug=slug, now=t0 + 121)  # the draw
+    now_ms = int((t0 + 122) * 1000)
+    waiting = [t for t in prequeue if status(slug, t, now=t0 + 122).status == store.TicketStatus.WAITING]
+    after = selectors.ticket_view(
+        slug, store.status(slug, visitor_key=_vk(waiting[0]), seq=waiting[0].seq, now_ms=now_ms), now_ms=now_ms
+    ).payload()
+    assert after["position"] is not None and "place_drawn_at_start" not in after
+
+
+def _vk(ticket: store.TicketState) -> str:
+    parsed = store.parse_ticket_id(ticket.ticket_id)
+    assert parsed is not None
+    return parsed[1]

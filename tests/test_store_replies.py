@@ -114,7 +114,7 @@ def test_it_parses_a_join_into_a_created_waiting_ticket_at_the_head_with_the_que
 
     assert reply.moves == store.Moves(0, [])  # first in an empty line: nobody moved
     # The layout the header gives: {outcome, ticket (11 fields), figures (17 fields), moves}.
-    assert len(raw) == 4 and len(raw[1]) == 11 and len(raw[2]) == len(dataclasses.fields(store.QueueFigures)) == 17
+    assert len(raw) == 4 and len(raw[1]) == 11 and len(raw[2]) == len(dataclasses.fields(store.QueueFigures)) == 19
 
 
 def test_it_parses_a_second_join_of_the_same_visitor_as_the_existing_ticket(make_queue, clock):
@@ -154,7 +154,8 @@ def test_it_parses_a_join_admitted_at_once_as_a_ticket_with_a_fence_and_no_line_
 
 
 def test_it_parses_a_status_poll_into_the_tickets_place_and_wait_estimate(make_queue, clock):
-    # One slot, taken by the first joiner; 30 a minute is one every 2 s, so the second in line waits 2 s.
+    # One slot, taken by the first joiner: until a slot has come back once, nobody knows how long sessions
+    # last, so the wait of a visitor who needs a slot is unknown (-1 in the reply; lua/_lib.lua estimate_wait).
     queue = make_queue(capacity=1, outflow_per_minute=30.0)
     t0 = clock.now
     join(queue.slug, "ada", now=t0)
@@ -169,7 +170,7 @@ def test_it_parses_a_status_poll_into_the_tickets_place_and_wait_estimate(make_q
     assert reply.ticket.ticket_id == cy.ticket_id
     assert reply.ticket.status is TicketStatus.WAITING
     assert reply.ticket.rank == 1
-    assert reply.ticket.est_wait_s == 2
+    assert reply.ticket.est_wait_s is None
     assert reply.ticket.score is None  # a poll's ticket has no line score
     assert len(raw[1]) == 10
     assert reply.figures is not None
@@ -336,13 +337,14 @@ def test_it_parses_a_completion_as_freeing_the_slot_once(make_queue, clock):
 
 
 def test_it_parses_an_admission_with_the_tickets_it_admitted_in_line_order(make_queue, clock):
-    # One slot, taken at once by the first joiner; 30 a minute: the second in line was told 2 s at join.
+    # One slot, taken at once by the first joiner: the next two in line were told no wait at their joins
+    # (unknown until a slot comes back, as above).
     queue = make_queue(capacity=1, outflow_per_minute=30.0, session_ttl=600)
     t0 = clock.now
     join(queue.slug, "ada", now=t0)
     bob = join(queue.slug, "bob", now=t0 + 1)
     cy = join(queue.slug, "cy", now=t0 + 2)
-    assert (bob.est_wait_s, cy.est_wait_s) == (0, 2)
+    assert (bob.est_wait_s, cy.est_wait_s) == (None, None)
     services.queue_update(queue, changes={"capacity": 3}, actor_label="tests")
     seq_before = evseq(queue.slug)
     now_ms = ms(t0 + 5)
@@ -352,8 +354,8 @@ def test_it_parses_an_admission_with_the_tickets_it_admitted_in_line_order(make_
 
     assert reply.outcome == "ok"
     assert reply.admitted == [
-        store.Admission(bob.ticket_id, 2, now_ms + 600_000, ms(t0 + 1), 0),
-        store.Admission(cy.ticket_id, 3, now_ms + 600_000, ms(t0 + 2), 2),
+        store.Admission(bob.ticket_id, 2, now_ms + 600_000, ms(t0 + 1), None),
+        store.Admission(cy.ticket_id, 3, now_ms + 600_000, ms(t0 + 2), None),
     ]
     assert reply.expired == []
     assert reply.figures is not None
@@ -401,20 +403,20 @@ def test_it_parses_an_admission_tick_with_a_stale_leader_token_as_not_leader(mak
 
 
 def test_it_parses_the_wait_samples_an_admission_leaves(make_queue, clock):
-    queue = make_queue(capacity=1, outflow_per_minute=30.0)
+    queue = make_queue(capacity=3, outflow_per_minute=30.0, burst=1)
     t0 = clock.now
-    join(queue.slug, "ada", now=t0)  # admitted at once, with an estimate of 0 s
+    join(queue.slug, "ada", now=t0)  # admitted at once, with the bucket's one token
     cy_joined = t0 + 1
     join(queue.slug, "bob", now=cy_joined)
     cy = join(queue.slug, "cy", now=cy_joined)
-    services.queue_update(queue, changes={"capacity": 3}, actor_label="tests")
+    assert cy.est_wait_s == 5  # two admissions at one every 2 s (slots are free), and half a tick
     run("admit", keys(queue.slug), (ms(t0 + 9), "", 10, 40))
 
     lines = wait_lines(queue.slug)
     samples = [store.WaitSample.parse(line) for line in lines]
 
     assert len(samples) == 3
-    assert samples[2] == store.WaitSample(cy.ticket_id, ms(cy_joined), ms(t0 + 9), 2)
+    assert samples[2] == store.WaitSample(cy.ticket_id, ms(cy_joined), ms(t0 + 9), 5)
     assert samples[0].admitted_ms == samples[0].joined_ms == ms(t0)
     assert samples[2].raw == lines[2]
     with pytest.raises(ValueError):
@@ -513,7 +515,6 @@ def test_it_parses_the_prequeue_as_the_tickets_that_joined_before_a_moment_in_li
 
 
 # --- outflow_adapt.lua: OutflowAdaptReply ----------------------------------------------------------------
-
 
 
 def test_it_parses_an_outflow_step_with_the_rate_before_and_after(make_queue, clock):

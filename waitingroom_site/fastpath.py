@@ -133,12 +133,12 @@ class HotPathASGI:
             return None  # websockets are the websocket server's (asgi.py)
         started = time.perf_counter()
         if scope["method"] == "GET" and (answered := await self._hot(scope, send)):
-            return instruments.http_answered(*answered, time.perf_counter() - started)
+            return instruments.http_answered_on_loop(*answered, time.perf_counter() - started)
         body = await _body(receive)
         if isinstance(body, int):
             return await _respond(send, _refusal(body), [])
         if scope["method"] == "POST" and (answered := await self._join(scope, body, send)):
-            return instruments.http_answered(*answered, time.perf_counter() - started)
+            return instruments.http_answered_on_loop(*answered, time.perf_counter() - started)
         return await self.django(scope, _replay(body, receive), send)  # type: ignore[arg-type]
 
     async def _join(self, scope: Scope, body: bytes, send: Send) -> Answered | None:

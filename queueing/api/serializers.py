@@ -290,6 +290,14 @@ class TicketResponseSerializer(serializers.Serializer):
     estimated_wait_seconds = serializers.IntegerField(
         allow_null=True, help_text="Null when unknown (the queue is paused) or not waiting."
     )
+    estimated_wait_range = serializers.ListField(
+        child=serializers.IntegerField(),
+        min_length=2,
+        max_length=2,
+        allow_null=True,
+        help_text="[low, high] seconds around the estimate: about 8 in 10 of this queue's recent waits fell "
+        "within the range its estimate gave (wide until the queue has a record). Null with the estimate.",
+    )
     poll_after_seconds = serializers.FloatField(help_text="Poll again after this long (jittered).")
     access_token = serializers.CharField(required=False, help_text="When admitted: show it to the site.")
     redirect_url = serializers.CharField(required=False, help_text="When admitted: go here.")
@@ -302,6 +310,12 @@ class TicketResponseSerializer(serializers.Serializer):
     queue_state = serializers.ChoiceField(choices=["open", "paused", "closed"])
     opens_in_seconds = serializers.IntegerField(
         required=False, help_text="Before a scheduled start: seconds until admission begins (the pre-queue)."
+    )
+    place_drawn_at_start = serializers.BooleanField(
+        required=False,
+        help_text="In a pre-queue (true when present): places are drawn at random at the start, so position "
+        "is null until then; the estimate is for the pre-queue's middle place and its range runs from the "
+        "first place to the last.",
     )
     event_seq = serializers.IntegerField(
         help_text="The queue's live-event sequence at this answer; websocket events continue from it."

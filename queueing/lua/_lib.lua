@@ -49,6 +49,9 @@ local R_LINE_SCORE = 14  -- the ticket's line score when it is not its sequence 
 
 local SEQ_DIGITS = 10
 local RATE_TAU_S = 30
+local TICK_S = 1  -- the beat's admission tick (settings: CELERY_BEAT_SCHEDULE)
+-- wait_learn's first range, ln 0.7 .. ln 1.4 (no math library while the library loads), and its step.
+local WAIT_LO_FIRST, WAIT_HI_FIRST, WAIT_STEP = -0.3566749, 0.3364722, 0.08
 
 -- How this call moved other visitors' places, for the queue_move event: {op, rank, count} with op '-'
 -- (count tickets left the line at that rank) or '+' (count tickets were placed at that rank, pushing
@@ -540,7 +543,10 @@ local function line_upgrade()
 end
 
 -- The counters a poll reads: figures() and estimate_wait() (HGETALL would build every other one too).
-local FIGURE_FIELDS = {'admitted', 'evseq', 'ema_rate', 'ema_ts', 'ema_service_ms', 'reported_in_use'}
+local FIGURE_FIELDS = {
+  'admitted', 'evseq', 'ema_rate', 'ema_ts', 'ema_service_ms', 'reported_in_use', 'b_tokens', 'b_ts', 'gone',
+  'w_lo', 'w_hi', 'silent',
+}
 
 local function figure_stats()
   local values = redis.call('HMGET', K_ST, unpack(FIGURE_FIELDS))
@@ -749,6 +755,7 @@ local function poll_figures(p, st)
   return {
     p.state, p.capacity, used_slots(p, st), line_count(), st.evseq or '0',
     p.presence_timeout, p.target_url, p.epoch, p.claim_ttl, p.starts_at_ms,
+    st.w_lo or fmt(WAIT_LO_FIRST), st.w_hi or fmt(WAIT_HI_FIRST),
   }
 end
 
@@ -756,31 +763,118 @@ end
 -- figures, then these.
 local function figures(p, st)
   local f = poll_figures(p, st)
-  f[11], f[12], f[13], f[14] = fmt(p.outflow), st.ema_rate or '0', st.ema_ts or '0', st.ema_service_ms or '0'
-  f[15], f[16], f[17] = num(st, 'admitted', 0), redis.call('ZCARD', K_AWAY), p.name
+  f[13], f[14], f[15], f[16] = fmt(p.outflow), st.ema_rate or '0', st.ema_ts or '0', st.ema_service_ms or '0'
+  f[17], f[18], f[19] = num(st, 'admitted', 0), redis.call('ZCARD', K_AWAY), p.name
   return f
 end
 
 -- Estimated seconds until a visitor with `ahead` tickets in front is admitted, or -1 when unknown
--- (paused or closed). The rate blends the configured outflow, capped by capacity / average service
--- time when the site is capacity-bound, with the observed admission rate (seed 004).
+-- (paused or closed). The line drains from its head, where each visitor reached is admitted or, gone
+-- (stopped polling: parked; or left), skipped at no cost: `gone` is the recent share of head departures
+-- that were skipped (gone_note), so of `ahead` visitors about ahead * (1 - gone) will be admitted before
+-- this one, and then this one: n admissions. By a time t from now at most B + r_out * t are admitted
+-- (the bucket's tokens B, the outflow in force r_out a second) and at most F + r_cap * t (the free slots
+-- F, and slots freed at capacity / the mean time a slot is held, once that is known): the estimate is
+-- the t at which both allow n. Until a slot has been given back once, how long sessions last is not
+-- known, and neither is the wait of a visitor who needs more slots than are free: -1, unknown (the queue
+-- keeps its record across sales). A site that reports its own count: the observed admission rate stands
+-- in for r_cap. A scheduled start adds the time until it.
 local function estimate_wait(p, st, ahead, now)
   if p.state ~= 'open' then return -1 end
   local until_start = math.max(0, p.starts_at_ms - now) / 1000
-  local rate = p.outflow / 60
-  local service_ms = num(st, 'ema_service_ms', 0)
-  if service_ms > 0 then
-    local capacity_rate = p.capacity / (service_ms / 1000)
-    if capacity_rate < rate then rate = capacity_rate end
+  local r_out = p.outflow / 60
+  if r_out <= 0 then return -1 end
+  local gone = math.max(num(st, 'gone', 0), num(st, 'silent', 0))
+  local n = math.max(0, ahead) * (1 - math.min(0.9, gone)) + 1
+  local tokens = whole_tokens((bucket_tokens(p, st, math.max(now, p.starts_at_ms))))
+  local t = (n - math.max(0, tokens)) / r_out
+  local free = math.max(0, capacity_now(p, st, now) - used_slots(p, st))
+  if n > free then  -- this visitor needs a slot that is not free yet: when do slots come back?
+    local service_ms = num(st, 'ema_service_ms', 0)
+    local r_cap = nil
+    if service_ms > 0 then
+      r_cap = p.capacity / (service_ms / 1000)
+    elseif p.capacity_source == 'reported' and num(st, 'ema_ts', 0) > 0 then
+      -- the site counts its own sessions, so their length is never seen here: the observed pace
+      local age_s = math.max(0, now - num(st, 'ema_ts', 0)) / 1000
+      r_cap = num(st, 'ema_rate', 0) * math.exp(-age_s / RATE_TAU_S)
+    end
+    if r_cap == nil or r_cap <= 0 then return -1 end  -- no slot has come back yet: nobody can know
+    t = math.max(t, (n - free) / r_cap)
   end
-  local ema_ts = num(st, 'ema_ts', 0)
-  if num(st, 'admitted', 0) >= 10 and ema_ts > 0 then
-    local age_s = math.max(0, now - ema_ts) / 1000
-    local observed = num(st, 'ema_rate', 0) * math.exp(-age_s / RATE_TAU_S)
-    rate = 0.5 * rate + 0.5 * observed
+  return math.ceil(until_start + math.max(0, t) + TICK_S / 2)  -- admissions come with the next tick
+end
+
+-- How far waits fall from what was told: w_lo and w_hi follow the 10th and 90th percentiles of
+-- ln(wait had / wait told at the join) over the queue's admissions (a stochastic quantile estimate: one
+-- step of WAIT_STEP per admission, bounded memory). The API's estimated_wait_range is the estimate times
+-- e^w_lo .. e^w_hi. Until a queue has a record, a wide range: 0.7 to 1.4 times.
+local function wait_learn(rec, now)
+  local told = tonumber(rec[R_EST]) or -1
+  local had_s = (now - rec[R_JOINED]) / 1000
+  if told < 1 or had_s < 1 then return end
+  local b = redis.call('HMGET', K_ST, 'w_lo', 'w_hi', 'opened_ms')
+  if rec[R_JOINED] < (tonumber(b[3]) or 0) then return end  -- it waited through a pause: no lesson there
+  local x = math.log(had_s / told)
+  local lo, hi = tonumber(b[1]) or WAIT_LO_FIRST, tonumber(b[2]) or WAIT_HI_FIRST
+  if x < lo then lo = lo - WAIT_STEP * 0.9 else lo = lo + WAIT_STEP * 0.1 end
+  if x > hi then hi = hi + WAIT_STEP * 0.9 else hi = hi - WAIT_STEP * 0.1 end
+  redis.call('HSET', K_ST, 'w_lo', fmt(math.max(-3, math.min(lo, 0))), 'w_hi', fmt(math.min(3, math.max(hi, 0))))
+end
+
+-- When admission last began again after a spell without it (paused, closed, before a start): waits that
+-- began before then were not the estimate's to foresee (wait_learn). The admission script notes it.
+local function opened_note(p, st, now)
+  if admitting(p, now) then
+    if st.adm_off then redis.call('HSET', K_ST, 'opened_ms', now) redis.call('HDEL', K_ST, 'adm_off') end
+  elseif not st.adm_off then
+    redis.call('HSET', K_ST, 'adm_off', '1')
   end
-  if rate <= 0 then return -1 end
-  return math.ceil(until_start + ahead / rate)
+end
+
+-- The estimate a waiting visitor is told: before a scheduled start's draw its place is not known yet, so
+-- the estimate is for the middle of the pre-queue (the API gives the range over the draw).
+local function estimate_told(p, st, rank, now)
+  if p.shuffle_pending and now < p.starts_at_ms then return estimate_wait(p, st, (line_count() - 1) / 2, now) end
+  return estimate_wait(p, st, rank, now)
+end
+
+-- One departure from the line's head: admitted (0) or skipped as gone (1); `gone` is their EMA over the
+-- last ~GONE_SPAN departures. Returned, for the caller to write once (gone_save).
+local GONE_SPAN = 50
+local function gone_note(gone, skipped)
+  return gone + (skipped - gone) / GONE_SPAN
+end
+
+local function gone_save(gone)
+  redis.call('HSET', K_ST, 'gone', fmt(gone))
+end
+
+-- Who has gone silent in the line already, before the head reaches them: the share of SILENT_SAMPLES
+-- tickets, spread over the line, not seen within the presence timeout (the admission tick looks, once a
+-- second; st.silent, lightly smoothed). Walking away shows here a presence timeout after it happens, and
+-- at the head (`gone`) only once admission gets there: estimate_wait takes the larger of the two.
+local SILENT_SAMPLES = 24
+local function silent_look(p, st, now)
+  local n = line_count()
+  local seen, silent = 0, 0
+  if n > 0 then
+    local present_since = math.floor(now / 1000) - p.presence_timeout
+    local shift = (now % 997) / 997
+    local count = math.min(n, SILENT_SAMPLES)
+    for i = 0, count - 1 do
+      local rank = math.floor((i + shift) * n / count)
+      local batch = line_range(rank, rank)
+      local rec = batch[1] and load(vk_of(batch[1]))
+      if rec and rec[R_STATUS] == WAITING then
+        seen = seen + 1
+        if rec[R_SEEN] < present_since then silent = silent + 1 end
+      end
+    end
+  end
+  local share = seen > 0 and silent / seen or 0
+  local old = tonumber(st.silent) or share
+  redis.call('HSET', K_ST, 'silent', fmt(old * 0.5 + share * 0.5))
 end
 
 -- {event sequence, moves}, or 0 when nobody moved: the sequence grows by one for every call that moved anyone, so a client
@@ -808,6 +902,7 @@ local function admit(p, tid, rec, now)
   redis.call('ZADD', K_CLAIMS, deadline, tid)
   redis.call('HINCRBY', K_ST, 'admitted', 1)
   ema_update('ema_wait_ms', math.max(0, now - rec[R_JOINED]))
+  wait_learn(rec, now)
   redis.call('RPUSH', K_WAITS, tid .. ' ' .. fmt(rec[R_JOINED]) .. ' ' .. fmt(now) .. ' ' .. fmt(rec[R_EST] or -1))
   redis.call('LTRIM', K_WAITS, -WAITS_KEEP, -1)
   return {tid, fence, expires, rec[R_JOINED], rec[R_EST]}

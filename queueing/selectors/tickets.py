@@ -49,6 +49,8 @@ class TicketView:
     # The longest a visitor may go unseen without being counted absent or missing its admission.
     heartbeat_ceiling_seconds: float = 20.0
     placement: float | None = None  # its line score (joins only), signed into the ticket
+    estimated_wait_range: list[int] | None = None  # [low, high] seconds: ~8 in 10 of the queue's waits fall within
+    drawn_at_start: bool = False  # in a pre-queue: its place is drawn at the start (no place until then)
     place: int | None = None  # stateless mode: the ticket's place (its number, shuffled, less its epoch's gap)
     window: dict[str, Any] | None = None  # stateless mode: the window as window_public() shows it
 
@@ -68,6 +70,7 @@ class TicketView:
         body.update(
             queue_length=self.queue_length,
             estimated_wait_seconds=self.estimated_wait_seconds,
+            estimated_wait_range=self.estimated_wait_range,
             poll_after_seconds=self.poll_after_seconds,
             queue_state=self.queue_state,
             event_seq=self.event_seq,
@@ -75,6 +78,8 @@ class TicketView:
         )
         if self.opens_in_seconds is not None:
             body["opens_in_seconds"] = self.opens_in_seconds
+        if self.drawn_at_start:
+            body["place_drawn_at_start"] = True
         if self.access_token:
             body.update(access_token=self.access_token, redirect_url=self.redirect_url, expires_at=self.expires_at)
         if self.reason:
@@ -163,13 +168,22 @@ def ticket_view(slug: str, reply: TicketReply | StatusReply, *, now_ms: int | No
         expires_at = ticket.expires_ms // 1000
     waiting = ticket.status == TicketStatus.WAITING and ticket.rank is not None
     now_ms = clock.now_ms() if now_ms is None else now_ms
+    # Before a scheduled start the pre-queue's order is not drawn yet: no place to show, and the wait is
+    # the pre-queue's middle one, ranging from the first place to the last (lua/_lib.lua estimate_told).
+    drawn = waiting and figures.starts_at_ms > now_ms
+    if drawn:
+        estimate_range = _drawn_range(ticket.est_wait_s, (figures.starts_at_ms - now_ms) / 1000)
+    else:
+        estimate_range = figures.wait_range(ticket.est_wait_s) if waiting else None
     return TicketView(
         ticket_id=ticket.ticket_id,
         status=public_status(ticket.status),
-        position=(ticket.rank or 0) + 1 if waiting else None,
-        ahead=ticket.rank if waiting else None,
+        position=(ticket.rank or 0) + 1 if waiting and not drawn else None,
+        ahead=ticket.rank if waiting and not drawn else None,
         queue_length=figures.waiting,
         estimated_wait_seconds=ticket.est_wait_s if waiting else None,
+        estimated_wait_range=estimate_range,
+        drawn_at_start=drawn,
         poll_after_seconds=poll_after_seconds(ticket, figures),
         access_token=access_token,
         redirect_url=redirect_url,
@@ -184,6 +198,14 @@ def ticket_view(slug: str, reply: TicketReply | StatusReply, *, now_ms: int | No
         heartbeat_ceiling_seconds=heartbeat_ceiling(figures),
         placement=ticket.score,
     )
+
+
+def _drawn_range(estimate: int | None, until_start: float) -> list[int] | None:
+    """Over the draw: from the first place (the start) to the last (twice the middle place's wait)."""
+    if estimate is None:
+        return None
+    low = math.ceil(until_start)
+    return [low, max(low, math.ceil(until_start + 2 * (estimate - until_start)))]
 
 
 @dataclass(frozen=True)

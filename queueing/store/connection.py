@@ -736,11 +736,15 @@ async def arun(name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
     route, found = _async_connection.route(), library()
     function = found.function(name)
     for attempt in range(LOAD_ATTEMPTS):
+        started = time.perf_counter()
         try:
-            with _timed(name):
-                return await route.call(keys, "FCALL", function, len(keys), *keys, *args)
-        except redis.exceptions.ResponseError as exc:
-            if not _not_loaded(exc) or attempt == LOAD_ATTEMPTS - 1:
+            reply = await route.call(keys, "FCALL", function, len(keys), *keys, *args)
+            instruments.loop_batch.observe(instruments.script_timer(name), time.perf_counter() - started)
+            return reply
+        except redis.RedisError as exc:
+            instruments.script_failed(name, exc)
+            loadable = isinstance(exc, redis.exceptions.ResponseError) and _not_loaded(exc)
+            if not loadable or attempt == LOAD_ATTEMPTS - 1:
                 raise
             try:  # on the node that answered (a cluster's: the keys' master)
                 await route.call(keys, "FUNCTION", "LOAD", found.code)

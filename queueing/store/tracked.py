@@ -8,6 +8,7 @@ Times cross this boundary as integer milliseconds since the epoch, always suppli
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Self, cast
@@ -50,10 +51,22 @@ class PollFigures(Reply):
     epoch: int
     claim_ttl_s: int
     starts_at_ms: int  # 0: no scheduled start
+    # ln(wait had / wait told) at the 10th and 90th percentiles of the queue's admissions (lua/_lib.lua
+    # wait_learn): the estimate's range is the estimate times e^wait_low .. e^wait_high.
+    wait_low: float
+    wait_high: float
 
     @property
     def free(self) -> int:
         return max(0, self.capacity - self.used)
+
+    def wait_range(self, estimate: int | None) -> list[int] | None:
+        """[low, high] seconds around an estimate: about 8 in 10 of the queue's waits fell within it."""
+        if estimate is None:
+            return None
+        low = math.floor(estimate * math.exp(min(0.0, self.wait_low)))
+        high = math.ceil(estimate * math.exp(max(0.0, self.wait_high)))
+        return [low, high]
 
 
 @dataclass(frozen=True)

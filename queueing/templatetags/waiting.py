@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from django import template
 
 register = template.Library()
@@ -34,6 +36,22 @@ def wait_text(value: object) -> str:
     hours, rest = divmod(round(minutes / 5) * 5, 60)
     hour_text = "1 hour" if hours == 1 else f"{hours} hours"
     return f"about {hour_text}" + (f" {rest} minutes" if rest else "")
+
+
+@register.filter
+def wait_range_text(view: object) -> str:
+    """The estimate's range, "(4-8 minutes)" with an en dash, as formatRange in waiting.js words it (the page's first
+    paint; the script keeps it up to date)."""
+    range_ = getattr(view, "estimated_wait_range", None)
+    if not range_:
+        return ""
+    low, high = range_
+    if high < 90 or high > 7200:
+        return ""
+    unit = 1 if high < 600 else 5
+    lo = math.floor(low / 60 / unit) * unit
+    hi = max(lo + unit, math.ceil(high / 60 / unit) * unit)
+    return f"({lo}\u2013{hi} minutes)"
 
 
 @register.filter

@@ -94,6 +94,34 @@
     });
   }
 
+  // Each admission a dot: the wait told at its join across, the wait it had up; the diagonal is "as told"
+  // (above it: waited longer than told). Plain canvas: uPlot draws lines over time.
+  function drawScatter(points) {
+    var canvas = document.getElementById("chart-estimates");
+    if (!canvas || !canvas.getContext) return;
+    var width = Math.max(280, canvas.parentNode.clientWidth || 600), height = 240, pad = 36;
+    canvas.width = width;
+    canvas.height = height;
+    var ctx = canvas.getContext("2d");
+    ctx.clearRect(0, 0, width, height);
+    var most = 10;
+    (points || []).forEach(function (p) { most = Math.max(most, p[0], p[1]); });
+    most *= 1.05;
+    var x = function (v) { return pad + (v / most) * (width - pad - 8); };
+    var y = function (v) { return height - pad - (v / most) * (height - pad - 8); };
+    ctx.strokeStyle = "#8a94a6";
+    ctx.fillStyle = "#5b6475";
+    ctx.font = "11px sans-serif";
+    ctx.beginPath(); ctx.moveTo(x(0), y(0)); ctx.lineTo(x(most), y(0)); ctx.moveTo(x(0), y(0)); ctx.lineTo(x(0), y(most)); ctx.stroke();
+    ctx.setLineDash([6, 4]);
+    ctx.beginPath(); ctx.moveTo(x(0), y(0)); ctx.lineTo(x(most), y(most)); ctx.stroke();
+    ctx.setLineDash([]);
+    ctx.fillText("told " + Math.round(most) + " s", width - 70, height - 12);
+    ctx.fillText("had", 4, 14);
+    ctx.fillStyle = "rgba(36, 87, 214, 0.55)";
+    (points || []).forEach(function (p) { ctx.beginPath(); ctx.arc(x(p[0]), y(p[1]), 2.5, 0, 2 * Math.PI); ctx.fill(); });
+  }
+
   function onData(data) {
     state.data = data;
     onLive([data.live]);
@@ -102,6 +130,7 @@
       el.textContent = show(data.truth[el.getAttribute("data-truth")]);
     });
     drawCharts(data.series);
+    drawScatter(data.truth.points);
   }
 
   function fetchJson(url) {

@@ -41,6 +41,9 @@
     rate: null, // admissions per second, from snapshots
     stateless: config.mode === "stateless", // a numbered ticket and a sliding window (SPEC 4)
     place: null, // stateless: the ticket's place, compared with the window's active_from..active_to
+    range: null, // [low, high] seconds around the estimate it came with (rangeFor)
+    drawn: false, // in a pre-queue: places are drawn at the start
+    rangeFor: null,
     window: null, // stateless: the window as last heard (the public window endpoint, or a `window` event)
     lastNeighbours: null,
     neighboursAt: 0,
@@ -65,6 +68,19 @@
     if (seconds >= 48 * 3600) return "more than " + Math.floor(seconds / 86400) + " days";
     var total = Math.round(minutes / 5) * 5, hours = Math.floor(total / 60), rest = total % 60;
     return "about " + (hours === 1 ? "1 hour" : hours + " hours") + (rest ? " " + rest + " minutes" : "");
+  }
+
+  // "(4–8 minutes)": the range the queue's own record gives the estimate (about 8 in 10 of its waits
+  // fell within it), scaled as the shown figure is (it counts down and glides), in the units people read:
+  // whole minutes, fives past ten; nothing under a minute and a half, nothing past two hours.
+  function formatRange(shown) {
+    var range = S.range, told = S.rangeFor;
+    if (!range || shown === null || shown === undefined || !told) return "";
+    var low = shown * range[0] / told, high = shown * range[1] / told;
+    if (high < 90 || high > 7200) return "";
+    var unit = high < 600 ? 1 : 5;
+    var lo = Math.floor(low / 60 / unit) * unit, hi = Math.max(lo + unit, Math.ceil(high / 60 / unit) * unit);
+    return "(" + lo + "–" + hi + " minutes)";
   }
 
   // 4:05, 1:02:03, or with days: 3 days 04:05:06
@@ -147,7 +163,8 @@
     var bar = $("wr-progress-bar"), progress = $("wr-progress");
     if (bar) bar.style.width = done + "%";
     if (progress) progress.setAttribute("aria-valuenow", String(done));
-    announce("You are number " + S.position + " in line. Estimated wait " + formatWait(eta.shown) + ".");
+    var range = formatRange(eta.shown);
+    announce("You are number " + S.position + " in line. Estimated wait " + formatWait(eta.shown) + (range ? " " + range : "") + ".");
     if (S.stateless) return; // a stateless queue knows numbers, not people: no picture of the line
     if (S.lastNeighbours === null || Math.abs(S.lastNeighbours - S.position) >= 3) fetchNeighbours();
   }
@@ -171,7 +188,10 @@
 
   function everySecond() {
     eta.tick(1);
-    if (S.position !== null) setText("wr-eta", formatWait(eta.shown));
+    if (S.position !== null || S.drawn) {
+      setText("wr-eta", formatWait(eta.shown));
+      setText("wr-eta-range", formatRange(eta.shown));
+    }
     if (S.opensAt !== null) {
       var left = (S.opensAt - Date.now()) / 1000;
       setText("wr-opens-in", formatCountdown(left));
@@ -207,8 +227,15 @@
     }
     S.queueLength = info.queue_length;
     S.queueState = info.queue_state;
-    if (info.position !== null && info.position !== undefined) S.position = info.position;
+    S.drawn = info.place_drawn_at_start === true; // a pre-queue: no place until the draw at the start
+    if (S.drawn) {
+      S.position = null;
+      setText("wr-prequeue-count", String(info.queue_length));
+      setText("wr-prequeue-label", info.queue_length === 1 ? "person has" : "people have");
+    } else if (info.position !== null && info.position !== undefined) S.position = info.position;
     eta.update(info.estimated_wait_seconds);
+    S.range = info.estimated_wait_range || null;
+    S.rangeFor = info.estimated_wait_seconds || null;
     if (info.opens_in_seconds) S.opensAt = Date.now() + info.opens_in_seconds * 1000;
     else S.opensAt = null;
     if (S.queueState === "closed") setState("closed");

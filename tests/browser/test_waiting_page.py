@@ -156,7 +156,7 @@ def test_without_javascript_a_full_line_joins_by_itself_once_there_is_room(stack
 
 
 def test_the_estimate_counts_down_smoothly_between_updates(stack, visitor):
-    slug = stack.new_queue(capacity=1, outflow_per_minute=1, burst=1)
+    slug = stack.new_queue(capacity=100, outflow_per_minute=1, burst=1)
     for _ in range(5):
         api_join(stack, slug)
     page = visitor()
@@ -165,6 +165,8 @@ def test_the_estimate_counts_down_smoothly_between_updates(stack, visitor):
     wait_until(page, "window.waitingRoom.position !== null")
     first = page.evaluate("document.getElementById('wr-eta').textContent")
     assert "minute" in first
+    # With its range, in minutes people read (issue 18): "(3-8 minutes)", an en dash between
+    expect(page.locator("#wr-eta-range")).to_have_text(re.compile("^\\(\\d+\u2013\\d+ minutes\\)$"))
     # The shown figure ticks down by itself, never up while nothing changes.
     shown = []
     for _ in range(3):
@@ -213,7 +215,7 @@ def test_the_estimate_never_flickers_up_on_one_higher_figure_but_follows_two_and
 def test_every_state_renders(stack, visitor, screenshot):
     url = f"{stack.url}/q/{{}}/"
 
-    waiting = stack.new_queue(capacity=1, outflow_per_minute=1, burst=1)
+    waiting = stack.new_queue(capacity=100, outflow_per_minute=1, burst=1)
     for _ in range(8):
         api_join(stack, waiting)
     page = visitor()
@@ -236,6 +238,13 @@ def test_every_state_renders(stack, visitor, screenshot):
     expect_state(page, "prequeue")
     expect(page.locator("#wr-opens-in")).to_have_text(re.compile(r"^\d+ days \d{2}:\d{2}:\d{2}$"))
     expect(page.locator("#wr-eta")).to_have_text(re.compile(r"^more than \d+ days$"))
+    # Issue 18: no "place 1, 0 ahead" and full bar before the draw; how many have a ticket, and that the
+    # order is drawn at the start.
+    expect(page.locator("#wr-position")).to_be_hidden()
+    expect(page.locator("#wr-progress")).to_be_hidden()
+    expect(page.locator(".wr-drawn")).to_be_visible()
+    expect(page.locator(".wr-drawn")).to_contain_text("1 person has a ticket so far")
+    expect(page.locator(".wr-drawn")).to_contain_text("drawn at random")
     screenshot(page, "state-prequeue")
     expect(page.locator("#wr-shuffle")).to_contain_text("SHA-256")  # the shuffle's commitment is shown
 

@@ -157,6 +157,9 @@ def test_prometheus_scrapes_the_queues_the_requests_redis_celery_and_the_sockets
         eventually(prometheus, f'waitingroom_queue_admissions_total{{queue="{slug}"}}', lambda v: v >= 2)
         eventually(prometheus, 'sum(waitingroom_push_events_sent_total{job="web",type="queue_move"})', lambda v: v >= 1)
     eventually(prometheus, 'sum(waitingroom_sockets_open{job="web"})', lambda v: v == 0)
+    # The websocket server answers /metrics itself too (compose scrapes each ws container there).
+    from_ws = httpx.get(stack.ws_url.replace("ws://", "http://") + "/metrics", timeout=10)
+    assert from_ws.status_code == 200 and "waitingroom_push_events_sent_total" in from_ws.text
 
     # The visitors who joined once admissions had a rate were told a wait: the estimate's error is measured.
     with stack.client() as client:

@@ -1,0 +1,49 @@
+"""Wait estimates that come true (issue 18), measured black-box: a short sale run by bench/estimate_sim.py
+against the real processes (web, websockets, Celery worker and beat) of the test session's stack. Visitors
+join in two bursts, a third of them walk away silently soon after joining, the rest stay, are admitted,
+use the site and complete. The waits they were told at their joins are compared with the waits they had."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import estimate_sim  # noqa: E402
+
+SALE = {
+    "name": "test-short-sale",
+    "policy": {
+        "capacity": 100,
+        "outflow_per_minute": 60,
+        "burst": 3,
+        "presence_timeout": 5,
+        "claim_ttl": 12,
+        "session_ttl": 600,
+        "abandon_timeout": 60,
+    },
+    "arrivals": [{"at": 0, "count": 50, "over": 3}, {"at": 20, "count": 20, "over": 3}],
+    "walk_away": {"share": 0.4, "after_seconds": [2, 10]},
+    "service_seconds": [4, 12],
+}
+
+
+def test_a_short_sale_with_silent_walk_aways_is_told_waits_that_come_true(stack):
+    product = estimate_sim.Product(stack.url, stack.manage)
+    result = estimate_sim.run_scenario(product, SALE, seed=7)
+    print(result)
+    assert result["outcomes"].get("walked away", 0) >= 15  # the walk-aways the estimate must see through
+    first, second = result["by_burst"]
+    # The first burst was told its waits before anyone had walked away: nothing to go by (the queue keeps
+    # what it learns for its next sale). The second joined once walk-aways had shown: before this issue
+    # the estimate still counted every ticket ahead as one admission to wait for, and told it about twice
+    # the wait it had (2.06 times at the median: error 106 %). Now 1.25 (error 25 %): the share found gone
+    # still lags a sale this short (its average starts from nothing). Bounds with room for a noisy run.
+    assert second["counted"] >= 8, result
+    assert second["error_median"] <= 0.4, result
+    assert 0.8 <= second["told_over_had_median"] <= 1.4, result
+    assert first["counted"] >= 10 and result["within_range"] >= 0.6, result  # the range holds most waits
