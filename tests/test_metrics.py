@@ -178,3 +178,15 @@ def test_the_event_loops_batch_adds_up_as_observing_each_would_and_flushes_withi
         assert sample(f"{name}_batched_bucket", le=le) == sample(f"{name}_direct_bucket", le=le), le
     assert sample(f"{name}_batched_sum") == pytest.approx(sum(values))
     assert sample(f"{name}_batched_count") == len(values)
+
+
+def test_a_taken_metrics_port_is_said_in_one_line_and_the_run_goes_on(tmp_path, capsys):
+    import socket as sockets
+
+    with sockets.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        runstack.metrics_serve({"WR_METRICS_PORT": str(port)}, tmp_path)
+    said = capsys.readouterr().out
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in said and "running without them" in said

@@ -303,14 +303,20 @@ def metrics_serve(env: dict[str, str], directory: Path) -> None:
     registry = CollectorRegistry(auto_describe=False)
     multiprocess.MultiProcessCollector(registry, path=str(directory))  # type: ignore[no-untyped-call]
     address = env.get("WR_METRICS_ADDRESS", "127.0.0.1")
-    start_http_server(int(port), addr=address, registry=registry)
+    try:
+        start_http_server(int(port), addr=address, registry=registry)
+    except OSError as exc:  # the product runs without its metrics rather than not at all
+        say(f"cannot serve metrics on {address}:{port} ({exc.strerror}): running without them (WR_METRICS_PORT).")
+        return
     say(f"metrics of the processes it runs on http://{address}:{port}/metrics")
 
 
 def _metrics_forget(env: dict[str, str], pid: int) -> None:
     """A child that died: its live gauges (sockets open) no longer count; its counters still do."""
-    with contextlib.suppress(OSError):
-        multiprocess.mark_process_dead(pid, path=env["PROMETHEUS_MULTIPROC_DIR"])  # type: ignore[no-untyped-call]
+    directory = env.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
+        with contextlib.suppress(OSError):
+            multiprocess.mark_process_dead(pid, path=directory)  # type: ignore[no-untyped-call]
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

@@ -134,6 +134,7 @@ def test_ctrl_c_stops_every_process_cleanly(stack, tmp_path):
     from ..stack import free_port, start_runstack
 
     env = dict(stack.env, WR_VAR_DIR=str(tmp_path), DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}")
+    env["WR_METRICS_PORT"] = str(free_port())  # the session's stack serves its metrics on the other one
     log = tmp_path / "log"
     process = start_runstack(tmp_path, env, log, port=free_port(), ws_port=free_port())
     deadline = time.monotonic() + 90
