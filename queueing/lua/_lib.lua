@@ -750,10 +750,11 @@ local function ema_update(field, sample)
   redis.call('HSET', K_ST, field, fmt(new))
 end
 
--- What a poll's answer needs about the queue right now (status.lua; store.PollFigures).
-local function poll_figures(p, st)
+-- What a poll's answer needs about the queue right now (status.lua; store.PollFigures). `used`: the slots in
+-- use, when the caller has counted them already (estimate_wait takes them too: one count a poll).
+local function poll_figures(p, st, used)
   return {
-    p.state, p.capacity, used_slots(p, st), line_count(), st.evseq or '0',
+    p.state, p.capacity, used or used_slots(p, st), line_count(), st.evseq or '0',
     p.presence_timeout, p.target_url, p.epoch, p.claim_ttl, p.starts_at_ms,
     st.w_lo or fmt(WAIT_LO_FIRST), st.w_hi or fmt(WAIT_HI_FIRST),
   }
@@ -779,7 +780,7 @@ end
 -- known, and neither is the wait of a visitor who needs more slots than are free: -1, unknown (the queue
 -- keeps its record across sales). A site that reports its own count: the observed admission rate stands
 -- in for r_cap. A scheduled start adds the time until it.
-local function estimate_wait(p, st, ahead, now)
+local function estimate_wait(p, st, ahead, now, used)
   if p.state ~= 'open' then return -1 end
   local until_start = math.max(0, p.starts_at_ms - now) / 1000
   local r_out = p.outflow / 60
@@ -788,7 +789,7 @@ local function estimate_wait(p, st, ahead, now)
   local n = math.max(0, ahead) * (1 - math.min(0.9, gone)) + 1
   local tokens = whole_tokens((bucket_tokens(p, st, math.max(now, p.starts_at_ms))))
   local t = (n - math.max(0, tokens)) / r_out
-  local free = math.max(0, capacity_now(p, st, now) - used_slots(p, st))
+  local free = math.max(0, capacity_now(p, st, now) - (used or used_slots(p, st)))
   if n > free then  -- this visitor needs a slot that is not free yet: when do slots come back?
     local service_ms = num(st, 'ema_service_ms', 0)
     local r_cap = nil
@@ -834,9 +835,11 @@ end
 
 -- The estimate a waiting visitor is told: before a scheduled start's draw its place is not known yet, so
 -- the estimate is for the middle of the pre-queue (the API gives the range over the draw).
-local function estimate_told(p, st, rank, now)
-  if p.shuffle_pending and now < p.starts_at_ms then return estimate_wait(p, st, (line_count() - 1) / 2, now) end
-  return estimate_wait(p, st, rank, now)
+local function estimate_told(p, st, rank, now, used)
+  if p.shuffle_pending and now < p.starts_at_ms then
+    return estimate_wait(p, st, (line_count() - 1) / 2, now, used)
+  end
+  return estimate_wait(p, st, rank, now, used)
 end
 
 -- One departure from the line's head: admitted (0) or skipped as gone (1); `gone` is their EMA over the

@@ -62,10 +62,11 @@ elseif rec[R_STATUS] <= ACTIVE then
 end
 
 local st = figure_stats()
+local used = used_slots(p, st)  -- counted once: the estimate and the figures both need it
 local rank, est = -1, 0
 if rec[R_STATUS] == WAITING then
   rank = waiting_rank(tid, rec)
   if not rank then return {'gone', {}, {}, moves_reply()} end
-  est = estimate_told(p, st, rank, now)
+  est = estimate_told(p, st, rank, now, used)
 end
-return {'ok', ticket_reply(tid, rec, rank, est, 0), poll_figures(p, st), moves_reply()}
+return {'ok', ticket_reply(tid, rec, rank, est, 0), poll_figures(p, st, used), moves_reply()}
