@@ -219,6 +219,10 @@ class Queue(models.Model):
     # numbering resumes above every number that may have been issued: none is issued twice.
     epoch = models.PositiveIntegerField(default=1, editable=False)
     seq_reserved = models.PositiveBigIntegerField(default=0, editable=False)
+    # Counts the operators' changes (queue_configure, priority levels). Mirrored with the policy: a process
+    # holding an older copy (a tick that read the queue before a pause) cannot write its settings back
+    # over a newer one's (lua/config.lua).
+    revision = models.PositiveBigIntegerField(default=0, editable=False)
 
     window_size = models.PositiveIntegerField(
         default=100,
@@ -348,6 +352,7 @@ class Queue(models.Model):
             "pow_difficulty": self.pow_difficulty,
             "target_url": self.target_url,
             "epoch": self.epoch,
+            "revision": self.revision,
             "name": self.name,
             "starts_at_ms": _ms(self.starts_at),
             "prequeue_opens_at_ms": _ms(self.prequeue_opens_at),

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from queueing import services, store
+from queueing.models import Queue
 from queueing.store import TicketStatus
 
 from . import procs
@@ -216,3 +217,43 @@ def test_a_later_lower_level_joiner_never_overtakes_an_earlier_higher_level_one(
         store.revoke(queue.slug, ticket_id=tid, now_ms=int(clock() * 1000))
     elevated = join(queue.slug, "elevated", now=clock(), priority=1)
     assert rank_of(elevated) > rank_of(status(queue.slug, vip, now=clock()))
+
+
+def test_a_tick_holding_a_copy_read_before_a_pause_does_not_undo_it(make_queue, clock):
+    """Seen in CI: staff paused over the API, and the stats asked right after said 'open'. The beat's tick
+    had read the queue before the pause and mirrored its old policy after it: until the next tick the
+    queue was open again in Redis, and admitted."""
+    queue = make_queue(state="paused", capacity=10, burst=10)
+    first = fill(queue.slug, 3, now=clock())
+
+    def read() -> Queue:
+        return Queue.objects.prefetch_related("priority_levels").get(pk=queue.pk)
+
+    read_paused = read()  # a tick's read
+    services.queue_resume(queue)
+    services.queue_config_sync(read_paused)  # that tick's write, after the resume
+    assert store.config_read(queue.slug)["state"] == "open"
+    assert admitted_ids(services.queue_admit(slug=queue.slug, now=clock.advance(1))) == [t.ticket_id for t in first]
+
+    read_open = read()
+    services.queue_pause(queue)
+    services.queue_config_sync(read_open)
+    assert store.config_read(queue.slug)["state"] == "paused"
+    fill(queue.slug, 3, now=clock(), prefix="later")
+    assert admitted_ids(services.queue_admit(slug=queue.slug, now=clock.advance(1))) == []
+    services.queue_config_sync(read())  # the next tick's, with the database's revision
+    assert store.config_read(queue.slug)["state"] == "paused"
+
+
+def test_a_change_redis_took_but_the_database_never_committed_gives_way_to_the_database(make_queue):
+    """The change is written to Redis before its commit; should the commit fail, the database's own
+    (older) revision takes its place once the grace has passed, not never."""
+    queue = make_queue(capacity=10)
+    now = int(time.time())
+    policy = {**queue.policy(), "seq_max": queue.seq_reserved}
+    store.config_write(queue.slug, {**policy, "revision": queue.revision + 1, "state": "paused", "synced_at": now})
+    assert not store.config_write(queue.slug, {**policy, "synced_at": now + 5}).taken
+    assert store.config_read(queue.slug)["state"] == "paused"
+    assert store.config_write(queue.slug, {**policy, "synced_at": now + 31}).taken
+    assert store.config_read(queue.slug)["state"] == "open"
+    assert store.config_write(queue.slug, {**policy, "synced_at": now + 32}).taken

@@ -3,7 +3,8 @@
 -- KEYS: the standard queue keys (see _lib.lua).
 -- ARGV: field, value, field, value, ... (the policy; one field is 'epoch', the database's epoch)
 --
--- Returns {live_epoch or false, seq or false}: the epoch the live state runs in, and its last number.
+-- Returns {live_epoch or false, seq or false, taken}: the epoch the live state runs in, its last number,
+-- and 1 when the policy was taken (0: it was older than the one held, below).
 --
 -- Epochs only go up. A process holding an older copy of the queue (read before a recovery or a mode
 -- switch in another process started the next epoch) writes the rest of the policy but leaves the newer
@@ -12,15 +13,38 @@
 --
 -- The state found on another server than its epoch's is not live (so the sync begins the next epoch).
 
+-- Operators' changes only go forward too: the policy carries the database's `revision` (one more per
+-- change). A copy older than the one Redis holds (a tick that read the queue before a pause, and wrote
+-- after it) keeps only the epoch, the reserved numbers and its sync time; written back whole, it undid the
+-- pause until the next tick, and the queue admitted meanwhile. Only for REVISION_GRACE seconds of the
+-- writers' clocks, though: a change that Redis took and whose database commit then failed is not the
+-- database's, and the database's policy takes its place then.
+
+local REVISION_GRACE = 30
+local KEPT_FROM_OLDER = {epoch = true, seq_max = true, synced_at = true, leader_ttl_ms = true}
+
+local given = {}
+for i = 1, #ARGV, 2 do given[ARGV[i]] = ARGV[i + 1] end
+local held_rev = tonumber(redis.call('HGET', K_CFG, 'revision')) or 0
+local rev = tonumber(given.revision or '') or held_rev
+local synced = tonumber(given.synced_at or '') or 0
+local revised_at = tonumber(redis.call('HGET', K_CFG, 'revised_at')) or 0
+local older = rev < held_rev and synced - revised_at < REVISION_GRACE
+
 local current = tonumber(redis.call('HGET', K_CFG, 'epoch')) or 0
 local fields = {}
 for i = 1, #ARGV, 2 do
-  if ARGV[i] ~= 'epoch' or (tonumber(ARGV[i + 1]) or 0) >= current then
-    fields[#fields + 1] = ARGV[i]
+  local name = ARGV[i]
+  if (not older or KEPT_FROM_OLDER[name]) and (name ~= 'epoch' or (tonumber(ARGV[i + 1]) or 0) >= current) then
+    fields[#fields + 1] = name
     fields[#fields + 1] = ARGV[i + 1]
   end
+end
+if not older and rev ~= held_rev then
+  fields[#fields + 1] = 'revised_at'
+  fields[#fields + 1] = tostring(synced)
 end
 if #fields > 0 then redis.call('HSET', K_CFG, unpack(fields)) end
 policy_pack()
 policy()  -- on another server than its epoch's, the epoch stops being live here (_lib.lua server_moved)
-return {redis.call('HGET', K_CFG, 'live_epoch'), redis.call('HGET', K_ST, 'seq')}
+return {redis.call('HGET', K_CFG, 'live_epoch'), redis.call('HGET', K_ST, 'seq'), older and 0 or 1}

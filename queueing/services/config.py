@@ -8,6 +8,7 @@ from typing import Any, cast
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import F
 
 from .. import caching, clock, store
 from ..models import PriorityLevel, Queue, QueueAPIKey
@@ -51,7 +52,8 @@ def queue_priority_levels_edit(queue: Queue, *, save: Callable[[], None], actor:
             after={level: after[level] for level in changed if level in after},
             actor=actor,
         )
-    queue_config_sync(queue)
+        Queue.objects.filter(pk=queue.pk).update(revision=F("revision") + 1)
+    queue_config_sync(Queue.objects.prefetch_related("priority_levels").get(pk=queue.pk))
 
 
 def queue_configure(
@@ -71,6 +73,7 @@ def queue_configure(
             setattr(queue, field, value)
         _prequeue_guards(queue, before, changes)
         queue.full_clean()
+        queue.revision += 1  # under the row's lock: one number per change
         queue.save()
         if created:
             queue_priority_levels_ensure(queue)

@@ -80,6 +80,8 @@ def _config_write(queue: Queue) -> store.LiveState:
     live = store.config_write(queue.slug, policy)
     if not queue.is_stateless:
         return live
+    if not live.taken:  # an older copy of the queue than the one Redis holds: the window keeps the newer
+        return store.window_live_state(queue.slug)
     window = {
         "state": queue.state,
         "size": queue.window_size,

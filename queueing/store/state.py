@@ -20,6 +20,9 @@ class LiveState(NamedTuple):
     # server_moved: a failover or a restart from the append-only file; the writes of its last moments may
     # be lost, the rest survived); '' otherwise.
     moved_from: str = ""
+    # False when the policy written was an older revision than the one Redis holds (lua/config.lua):
+    # its settings were not taken.
+    taken: bool = True
 
 
 def config_write(slug: str, policy: dict[str, Any]) -> LiveState:
@@ -36,14 +39,14 @@ def live_state(slug: str, *, policy: dict[str, Any] | None = None) -> LiveState:
         args: list[str] = []
         for name, value in policy.items():
             args += [name, "" if value is None else str(value)]
-        epoch, seq = run("config", keys.script_keys(), args)
+        epoch, seq, taken = run("config", keys.script_keys(), args)
     else:
         pipe = client().pipeline(transaction=False)
         pipe.hmget(keys.cfg, "live_epoch", "server_moved")
         pipe.hget(keys.st, "seq")
         (epoch, moved_from), seq = pipe.execute()
         return LiveState(int(epoch) if epoch else None, int(seq or 0), moved_from or "")
-    return LiveState(int(epoch) if epoch else None, int(seq or 0))
+    return LiveState(int(epoch) if epoch else None, int(seq or 0), taken=bool(int(taken)))
 
 
 def epoch_start(
