@@ -18,13 +18,14 @@ their join are counted. For each scenario it prints the error |told - had| / had
 (p10, median, p90), how the estimate a visitor sees converges (the error of the estimate seen at a quarter,
 half and three quarters of the wait), and the share of waits within the range the product gave
 (`estimated_wait_range`, when it gives one); then markdown rows for bench/RESULTS.md. Results go to
-bench/out/estimate_sim.json.
+bench/out/estimate_sim.json, with every visitor's record.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import signal
@@ -194,6 +195,7 @@ def run_scenario(product: Product, scenario: dict[str, Any], *, seed: int = 1) -
     asyncio.run(sale())
     summary = summarise(crowd)
     summary.update(name=scenario["name"], slug=slug, visitors=len(crowd), seconds=round(time.monotonic() - began))
+    summary["crowd"] = [dataclasses.asdict(visitor) for visitor in crowd]  # to study (written, not printed)
     return summary
 
 
@@ -332,7 +334,7 @@ def main() -> None:
         for scenario in scenarios:
             result = run_scenario(product, scenario, seed=args.seed)
             results.append(result)
-            print(json.dumps(result), flush=True)
+            print(json.dumps({k: v for k, v in result.items() if k != "crowd"}), flush=True)
     finally:
         close()
     (OUT / "estimate_sim.json").write_text(json.dumps(results, indent=2))

@@ -51,13 +51,14 @@ local SEQ_DIGITS = 10
 local RATE_TAU_S = 30
 local TICK_S = 1  -- the beat's admission tick (settings: CELERY_BEAT_SCHEDULE)
 -- wait_learn's first range, ln 0.7 .. ln 1.4 (no math library while the library loads), and its step.
-local WAIT_LO_FIRST, WAIT_HI_FIRST, WAIT_STEP = -0.3566749, 0.3364722, 0.08
+local WAIT_LO_FIRST, WAIT_HI_FIRST, WAIT_STEP, WAIT_STEP_MIN = -0.3566749, 0.3364722, 0.12, 0.01
 
 -- How this call moved other visitors' places, for the queue_move event: {op, rank, count} with op '-'
 -- (count tickets left the line at that rank) or '+' (count tickets were placed at that rank, pushing
 -- those at and behind it back). Consecutive moves at one rank merge. See moves_reply().
 local MOVES = {}
 local WHERE = {}  -- where load() found each visitor's record in this call, so save() can move it
+local LAPSED = 0  -- claims that lapsed unclaimed in this call (expire_slots): walk-aways after all
 
 -- Every queue script starts here: its keys, and no moves yet (the library's locals outlive a call).
 local function bind(KEYS)
@@ -66,7 +67,7 @@ local function bind(KEYS)
   K_WAITS, K_RESTORE = KEYS[10], KEYS[11]
   LINE = nil
   if K_LINE then K_LINE_I, K_LINE_F = K_LINE .. ':i', K_LINE .. ':f' end  -- (not a queue script's KEYS)
-  MOVES, WHERE = {}, {}
+  MOVES, WHERE, LAPSED = {}, {}, 0
 end
 
 local TICKET_ID = '%0' .. SEQ_DIGITS .. 'd.%s'
@@ -544,8 +545,8 @@ end
 
 -- The counters a poll reads: figures() and estimate_wait() (HGETALL would build every other one too).
 local FIGURE_FIELDS = {
-  'admitted', 'evseq', 'ema_rate', 'ema_ts', 'ema_service_ms', 'reported_in_use', 'b_tokens', 'b_ts', 'gone',
-  'w_lo', 'w_hi', 'silent',
+  'admitted', 'evseq', 'ema_rate', 'ema_ts', 'ema_service_ms', 'reported_in_use', 'b_tokens', 'b_ts', 'theta',
+  'w_lo', 'w_hi', 'silent', 'pri',
 }
 
 local function figure_stats()
@@ -769,47 +770,110 @@ local function figures(p, st)
   return f
 end
 
--- Estimated seconds until a visitor with `ahead` tickets in front is admitted, or -1 when unknown
--- (paused or closed). The line drains from its head, where each visitor reached is admitted or, gone
--- (stopped polling: parked; or left), skipped at no cost: `gone` is the recent share of head departures
--- that were skipped (gone_note), so of `ahead` visitors about ahead * (1 - gone) will be admitted before
--- this one, and then this one: n admissions. By a time t from now at most B + r_out * t are admitted
--- (the bucket's tokens B, the outflow in force r_out a second) and at most F + r_cap * t (the free slots
--- F, and slots freed at capacity / the mean time a slot is held, once that is known): the estimate is
--- the t at which both allow n. Until a slot has been given back once, how long sessions last is not
--- known, and neither is the wait of a visitor who needs more slots than are free: -1, unknown (the queue
--- keeps its record across sales). A site that reports its own count: the observed admission rate stands
--- in for r_cap. A scheduled start adds the time until it.
-local function estimate_wait(p, st, ahead, now, used)
+-- Priority joiners placed ahead (join.lua: a level's joiner goes in at its placement fraction from the
+-- back): st.pri holds each level's recent arrival rate (an EMA, a second's worth per RATE_TAU_S) as
+-- 'r1 r2 r3 ts'; a queue nobody joined with a code has none and pays nothing for this.
+local function priority_rates(st, now)
+  if not st.pri then return nil end
+  local r1, r2, r3, ts = string.match(st.pri, '^(%S+) (%S+) (%S+) (%S+)$')
+  local decay = math.exp(-math.max(0, now - (tonumber(ts) or now)) / 1000 / RATE_TAU_S)
+  return {(tonumber(r1) or 0) * decay, (tonumber(r2) or 0) * decay, (tonumber(r3) or 0) * decay}
+end
+
+local function priority_note(st, level, now)
+  local r = priority_rates(st, now) or {0, 0, 0}
+  r[level] = r[level] + 1 / RATE_TAU_S
+  st.pri = string.format('%.6g %.6g %.6g %d', r[1], r[2], r[3], now)
+  redis.call('HSET', K_ST, 'pri', st.pri)
+end
+
+-- How many priority joiners a second are expected to be placed ahead of a visitor of priority `level`
+-- with `ahead` in front, averaged over its wait: a joiner of a higher level goes ahead while the visitor
+-- is further back than that level's place, (1 - fraction) of the line; as the visitor moves up linearly
+-- from `ahead` to the head, that is the first 1 - (1 - fraction) * line / ahead of its wait. (One of its
+-- own level or lower goes behind it: behind the last earlier joiner of its level or higher.)
+local function priority_ahead_rate(p, st, ahead, level, now)
+  local rates = priority_rates(st, now)
+  if rates == nil or ahead <= 0 then return 0 end
+  local line = line_count()
+  local rate = 0
+  for higher = level + 1, 3 do
+    if rates[higher] > 0 then
+      local share = 1 - (1 - (p.fractions[higher] or 0)) * line / ahead
+      if share > 0 then rate = rate + rates[higher] * math.min(1, share) end
+    end
+  end
+  return rate
+end
+
+-- Estimated seconds until a visitor with `ahead` tickets in front (and of priority `level`) is admitted,
+-- or -1 when unknown (paused or closed). The line drains from its head, where each visitor reached is
+-- admitted or, gone (stopped polling: parked; or left), skipped at no cost. Of the `ahead`, the share
+-- found silent in the line already (st.silent) are gone; each of the others walks away at the rate
+-- theta a second while it waits (hazard_note), so of those the head reaches evenly over the next t
+-- seconds, (1 - e^(-theta t)) / (theta t) are still there: n admissions, this visitor's included. By a
+-- time t from now at most B + r_out * t are admitted (the bucket's tokens B, the outflow in force r_out
+-- a second) and at most F + r_cap * t (the free slots F, and slots freed at capacity / the mean time a
+-- slot is held, once that is known). Priority joiners placed ahead meanwhile add to n, in proportion to
+-- t (priority_ahead_rate). The estimate is the t at which both bounds allow n(t) (bisection; n is never
+-- taken as more than twice the walk-free count). Until a slot has been given back once, how long
+-- sessions last is not known, and neither is the wait of a visitor who needs more slots than are free:
+-- -1, unknown (the queue keeps its record across sales). A site that reports its own count: the
+-- observed admission rate stands in for r_cap. A scheduled start adds the time until it.
+local function estimate_wait(p, st, ahead, now, used, level)
   if p.state ~= 'open' then return -1 end
   local until_start = math.max(0, p.starts_at_ms - now) / 1000
   local r_out = p.outflow / 60
   if r_out <= 0 then return -1 end
-  local gone = math.max(num(st, 'gone', 0), num(st, 'silent', 0))
-  local n = math.max(0, ahead) * (1 - math.min(0.9, gone)) + 1
-  local tokens = whole_tokens((bucket_tokens(p, st, math.max(now, p.starts_at_ms))))
-  local t = (n - math.max(0, tokens)) / r_out
+  local present = math.max(0, ahead) * (1 - math.min(0.9, num(st, 'silent', 0)))
+  local tokens = math.max(0, whole_tokens((bucket_tokens(p, st, math.max(now, p.starts_at_ms)))))
   local free = math.max(0, capacity_now(p, st, now) - (used or used_slots(p, st)))
-  if n > free then  -- this visitor needs a slot that is not free yet: when do slots come back?
-    local service_ms = num(st, 'ema_service_ms', 0)
-    local r_cap = nil
-    if service_ms > 0 then
-      r_cap = p.capacity / (service_ms / 1000)
-    elseif p.capacity_source == 'reported' and num(st, 'ema_ts', 0) > 0 then
-      -- the site counts its own sessions, so their length is never seen here: the observed pace
-      local age_s = math.max(0, now - num(st, 'ema_ts', 0)) / 1000
-      r_cap = num(st, 'ema_rate', 0) * math.exp(-age_s / RATE_TAU_S)
-    end
-    if r_cap == nil or r_cap <= 0 then return -1 end  -- no slot has come back yet: nobody can know
-    t = math.max(t, (n - free) / r_cap)
+  local r_cap = nil
+  local service_ms = num(st, 'ema_service_ms', 0)
+  if service_ms > 0 then
+    r_cap = p.capacity / (service_ms / 1000)
+  elseif p.capacity_source == 'reported' and num(st, 'ema_ts', 0) > 0 then
+    -- the site counts its own sessions, so their length is never seen here: the observed pace
+    local age_s = math.max(0, now - num(st, 'ema_ts', 0)) / 1000
+    r_cap = num(st, 'ema_rate', 0) * math.exp(-age_s / RATE_TAU_S)
   end
-  return math.ceil(until_start + math.max(0, t) + TICK_S / 2)  -- admissions come with the next tick
+  local function drained(n)  -- seconds until n admissions are allowed; nil: unknown
+    local t = (n - tokens) / r_out
+    if n > free then  -- this visitor needs a slot that is not free yet: when do slots come back?
+      if r_cap == nil or r_cap <= 0 then return nil end  -- no slot has come back yet: nobody can know
+      t = math.max(t, (n - free) / r_cap)
+    end
+    return math.max(0, t)
+  end
+  local most = drained(present + 1)
+  if most == nil then return -1 end
+  local theta = num(st, 'theta', 0)
+  local cutting = priority_ahead_rate(p, st, ahead, level or 0, now)
+  local t = most
+  if theta > 0 or cutting > 0 then
+    local cap = 2 * (present + 1)
+    if r_cap == nil or r_cap <= 0 then cap = math.min(cap, free) end  -- known only within the free slots
+    local function admissions(t)  -- n(t): those ahead still there when reached, cutters, and itself
+      local x = theta * t
+      local stay = x > 1e-6 and (1 - math.exp(-x)) / x or 1
+      return math.min(cap, (present + cutting * t) * stay + 1)
+    end
+    local lo, hi = 0, drained(cap)
+    for _ = 1, 14 do  -- drained(n(t)) - t falls from >= 0 at 0 to <= 0 at hi
+      t = (lo + hi) / 2
+      if drained(admissions(t)) > t then lo = t else hi = t end
+    end
+    t = (lo + hi) / 2
+  end
+  return math.ceil(until_start + t + TICK_S / 2)  -- admissions come with the next tick
 end
 
 -- How far waits fall from what was told: w_lo and w_hi follow the 10th and 90th percentiles of
 -- ln(wait had / wait told at the join) over the queue's admissions (a stochastic quantile estimate: one
--- step of WAIT_STEP per admission, bounded memory). The API's estimated_wait_range is the estimate times
--- e^w_lo .. e^w_hi. Until a queue has a record, a wide range: 0.7 to 1.4 times.
+-- step per admission, bounded memory). A step is WAIT_STEP of the range's width, so a queue whose waits
+-- come out close to what was told gets a range that close, not one a fixed step wide (at 0.08 a step, a
+-- steady sale's range held 95 % of its waits, not 80 %). The API's estimated_wait_range is the estimate
+-- times e^w_lo .. e^w_hi. Until a queue has a record, a wide range: 0.7 to 1.4 times.
 local function wait_learn(rec, now)
   local told = tonumber(rec[R_EST]) or -1
   local had_s = (now - rec[R_JOINED]) / 1000
@@ -818,8 +882,9 @@ local function wait_learn(rec, now)
   if rec[R_JOINED] < (tonumber(b[3]) or 0) then return end  -- it waited through a pause: no lesson there
   local x = math.log(had_s / told)
   local lo, hi = tonumber(b[1]) or WAIT_LO_FIRST, tonumber(b[2]) or WAIT_HI_FIRST
-  if x < lo then lo = lo - WAIT_STEP * 0.9 else lo = lo + WAIT_STEP * 0.1 end
-  if x > hi then hi = hi + WAIT_STEP * 0.9 else hi = hi - WAIT_STEP * 0.1 end
+  local step = math.max(WAIT_STEP_MIN, WAIT_STEP * (hi - lo))
+  if x < lo then lo = lo - step * 0.9 else lo = lo + step * 0.1 end
+  if x > hi then hi = hi + step * 0.9 else hi = hi - step * 0.1 end
   redis.call('HSET', K_ST, 'w_lo', fmt(math.max(-3, math.min(lo, 0))), 'w_hi', fmt(math.min(3, math.max(hi, 0))))
 end
 
@@ -835,22 +900,48 @@ end
 
 -- The estimate a waiting visitor is told: before a scheduled start's draw its place is not known yet, so
 -- the estimate is for the middle of the pre-queue (the API gives the range over the draw).
-local function estimate_told(p, st, rank, now, used)
+local function estimate_told(p, st, rec, rank, now, used)
   if p.shuffle_pending and now < p.starts_at_ms then
-    return estimate_wait(p, st, (line_count() - 1) / 2, now, used)
+    return estimate_wait(p, st, (line_count() - 1) / 2, now, used, rec[R_PRI])
   end
-  return estimate_wait(p, st, rank, now, used)
+  return estimate_wait(p, st, rank, now, used, rec[R_PRI])
 end
 
--- One departure from the line's head: admitted (0) or skipped as gone (1); `gone` is their EMA over the
--- last ~GONE_SPAN departures. Returned, for the caller to write once (gone_save).
-local GONE_SPAN = 50
-local function gone_note(gone, skipped)
-  return gone + (skipped - gone) / GONE_SPAN
+-- Walking away as a rate (Ibrahim & Whitt's delay predictors with abandonment): theta, walk-aways per
+-- second of waiting, the maximum-likelihood rate of a constant hazard, from the departures at the head:
+-- one skipped there walked away after (last seen - joined) seconds of waiting; one admitted waited
+-- (now - joined) and did not; one admitted who then let its claim lapse had walked away too (counted
+-- when it lapses: hazard_lapsed). Sums over the last ~HAZARD_SPAN departures (each one's weight falls
+-- by 1/HAZARD_SPAN with every later one), from a prior of HAZARD_PRIOR departures of HAZARD_PRIOR_S
+-- seconds each in which nobody walked away: a new queue learns from its first departures without one
+-- walk-away making everyone a walk-away, and a queue keeps its record across sales. 'hz' holds the sums
+-- ('walks seconds'); 'theta', the rate, is what polls read.
+local HAZARD_SPAN, HAZARD_PRIOR, HAZARD_PRIOR_S = 50, 5, 20
+local function hazard_load(st)
+  local walks, secs = string.match(st.hz or '', '^(%S+) (%S+)$')
+  if walks == nil then return {0, HAZARD_PRIOR * HAZARD_PRIOR_S} end
+  return {tonumber(walks) or 0, tonumber(secs) or 0}
 end
 
-local function gone_save(gone)
-  redis.call('HSET', K_ST, 'gone', fmt(gone))
+local function hazard_note(h, walked, seconds)
+  local kept = 1 - 1 / HAZARD_SPAN
+  return {h[1] * kept + walked, h[2] * kept + math.max(0, seconds)}
+end
+
+local function hazard_save(h)
+  redis.call('HSET', K_ST, 'hz', string.format('%.6g %.6g', h[1], h[2]), 'theta', fmt(h[1] / math.max(1, h[2])))
+end
+
+-- How long a departure at the head had waited (seconds), and for one skipped, until it was last seen.
+local function waited_s(rec, now, walked)
+  if walked then return rec[R_SEEN] - rec[R_JOINED] / 1000 end
+  return (now - rec[R_JOINED]) / 1000
+end
+
+local function hazard_lapsed(count)
+  local h = hazard_load({hz = redis.call('HGET', K_ST, 'hz') or nil})
+  h[1] = h[1] + count
+  hazard_save(h)
 end
 
 -- Who has gone silent in the line already, before the head reaches them: the share of SILENT_SAMPLES
@@ -1041,6 +1132,7 @@ local function expire_slots(now, limit)
       local rec = load(vk_of(tid))
       if rec and (rec[R_STATUS] == ADMITTED or rec[R_STATUS] == ACTIVE) and ticket_id(rec[R_SEQ], vk_of(tid)) == tid then
         finish(tid, rec, EXPIRED, spec[2], now)
+        if spec[1] == K_CLAIMS then LAPSED = LAPSED + 1 end
       else
         redis.call('ZREM', spec[1], tid)  -- a stray entry: its record moved on
       end

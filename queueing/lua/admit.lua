@@ -43,7 +43,7 @@ if admitting(p, now) and waiting > 0 then
   local budget = whole_tokens(tokens)
   local present_since = math.floor(now / 1000) - p.presence_timeout
   local offset, scanned, chunk, done = 0, 0, 64, free <= 0
-  local gone = num(st, 'gone', 0)
+  local hazard = hazard_load(st)
   while not done do
     local batch, scores = line_range(offset, offset + chunk - 1)
     if #batch == 0 then break end
@@ -57,13 +57,13 @@ if admitting(p, now) and waiting > 0 then
       elseif rec[R_SEEN] < present_since then
         park(tid, rec)
         offset = offset - 1
-        gone = gone_note(gone, 1)
+        hazard = hazard_note(hazard, 1, waited_s(rec, now, true))
       elseif rec[R_PRI] == 3 or spent < budget then
         line_remove(tid, scores[j])
         offset = offset - 1
+        hazard = hazard_note(hazard, 0, waited_s(rec, now, false))
         admitted[#admitted + 1] = admit(p, tid, rec, now)
         spent = spent + 1
-        gone = gone_note(gone, 0)
         if #admitted >= free then done = true break end
       else
         done = true  -- no token left for this one, and those behind it are no more entitled
@@ -73,8 +73,9 @@ if admitting(p, now) and waiting > 0 then
     offset = offset + #batch
   end
   tokens = math.max(tokens - spent, math.min(tokens, -p.burst))
-  if scanned > 0 then gone_save(gone) end
+  if scanned > 0 then hazard_save(hazard) end
 end
+if LAPSED > 0 then hazard_lapsed(LAPSED) end
 bucket_save(tokens, ts)
 rate_update(st, now, #admitted, admitting(p, now) and waiting > 0)
 if token ~= '' then silent_look(p, st, now) end  -- the leader's tick, once a second
