@@ -224,7 +224,7 @@ def _figures(crowd: list[Visitor]) -> dict[str, Any]:
     ratios = [v.told / v.wait for v in counted]  # type: ignore[operator]
     stages: dict[str, float | None] = {}
     for share in (0.25, 0.5, 0.75):
-        later = []
+        later, seconds = [], []
         for visitor in counted:
             wait = visitor.wait or 0.0
             at = [(abs(since - share * wait), est, since) for since, est in visitor.seen]
@@ -233,7 +233,9 @@ def _figures(crowd: list[Visitor]) -> dict[str, Any]:
                 remaining = wait - since
                 if remaining >= 5:
                     later.append(abs(est - remaining) / remaining)
+                    seconds.append(abs(est - remaining))
         stages[f"error_at_{int(share * 100)}pct"] = _round(statistics.median(later)) if later else None
+        stages[f"error_s_at_{int(share * 100)}pct"] = _round(statistics.median(seconds)) if seconds else None
     ranged = [v for v in counted if v.told_range]
     within = [v for v in ranged if v.told_range[0] <= v.wait <= v.told_range[1]]  # type: ignore[index,operator]
     outcomes: dict[str, int] = {}
@@ -254,6 +256,10 @@ def _figures(crowd: list[Visitor]) -> dict[str, Any]:
     }
 
 
+def _s(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f} s"
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
@@ -268,14 +274,16 @@ def row(result: dict[str, Any]) -> str:
         f"| {pct(result['error_median'])} | {pct(result['error_p90'])} "
         f"| {result['told_over_had_p10']} · {result['told_over_had_median']} · {result['told_over_had_p90']} "
         f"| {pct(result['error_at_25pct'])} · {pct(result['error_at_50pct'])} · {pct(result['error_at_75pct'])} "
+        f"| {_s(result['error_s_at_25pct'])} · {_s(result['error_s_at_50pct'])} · {_s(result['error_s_at_75pct'])} "
         f"| {pct(result['within_range'])} |"
     )
 
 
 HEADER = (
     "| scenario | visitors | counted: waited ≥ 10 s, told a wait (told none) | median wait | error median | error p90 "
-    "| told ÷ had p10 · median · p90 | error later: at ¼ · ½ · ¾ of the wait | within the range told |\n"
-    "|---|---|---|---|---|---|---|---|---|"
+    "| told ÷ had p10 · median · p90 | error later: at ¼ · ½ · ¾ of the wait (of the wait left) "
+    "| the same in seconds | within the range told |\n"
+    "|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -323,7 +331,11 @@ def main() -> None:
     parser.add_argument("--scenarios", type=Path, default=SCENARIOS)
     parser.add_argument("--only", action="append", default=[], help="run only these scenarios (by name)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--again", type=Path, help="summarise the visitors of a saved run (its JSON) again")
     args = parser.parse_args()
+    if args.again:
+        again(args.again)
+        return
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: still stop the product, drop its keys
     scenarios = [s for s in json.loads(args.scenarios.read_text()) if not args.only or s["name"] in args.only]
     OUT.mkdir(parents=True, exist_ok=True)
@@ -342,6 +354,18 @@ def main() -> None:
     print(HEADER)
     for result in results:
         print(row(result))
+
+
+def crowd_of(result: dict[str, Any]) -> list[Visitor]:
+    """The visitors of a scenario's result, as they were."""
+    return [Visitor(**{**v, "seen": [tuple(x) for x in v["seen"]]}) for v in result["crowd"]]
+
+
+def again(path: Path) -> None:
+    """The figures of a saved run, summarised again (after the summary gained a figure)."""
+    print(HEADER)
+    for result in json.loads(path.read_text()):
+        print(row({**result, **summarise(crowd_of(result))}))
 
 
 if __name__ == "__main__":

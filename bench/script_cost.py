@@ -5,7 +5,9 @@ INFO commandstats' `usec` for FCALL over N calls, pipelined 500 per round trip, 
     .venv/bin/python bench/script_cost.py [--tickets 1000] [--calls 5000] [--rounds 3]
 
 Prints µs per call for: the status poll with its limiter (one script: what a poll runs), the status
-script alone, the token-bucket limiter alone, a join (a new visitor each call), and the window read.
+script alone, the token-bucket limiter alone, a join (a new visitor each call), the window read, and the
+status script on the queue opened, its estimate with and without walk-aways and priority joiners to
+weigh.
 """
 
 from __future__ import annotations
@@ -144,6 +146,14 @@ def measure(tickets: int, calls: int, rounds: int = 3) -> dict[str, Any]:
         ),
         "window read (window/read)": per_call("window/read", lambda i: store.window_read_plan("bench").calls[0]),
     }
+    # The queue above is paused, so a poll gives no estimate. Open, with walk-aways learnt (theta > 0) and
+    # priority joiners coming, a poll's estimate solves for its wait (lua/_lib.lua estimate_wait).
+    services.queue_configure(slug="bench", changes={"state": "open"}, actor_label="bench")
+    now_ms = int(time.time() * 1000)
+    client.hset(keys.st, mapping={"hz": "10 500", "theta": "0.02", "silent": "0.1", "pri": f"0.05 0.1 0 {now_ms}"})
+    results["status alone, open: an estimate with walk-aways and priority joiners"] = per_call("status", poll(""))
+    client.hdel(keys.st, "theta", "pri")
+    results["status alone, open: an estimate with neither"] = per_call("status", poll(""))
     return results
 
 

@@ -41,9 +41,12 @@ def test_a_short_sale_with_silent_walk_aways_is_told_waits_that_come_true(stack)
     # The first burst was told its waits before anyone had walked away: nothing to go by (the queue keeps
     # what it learns for its next sale). The second joined once walk-aways had shown: before this issue
     # the estimate still counted every ticket ahead as one admission to wait for, and told it about twice
-    # the wait it had (2.06 times at the median: error 106 %). Now 1.25 (error 25 %): the share found gone
-    # still lags a sale this short (its average starts from nothing). Bounds with room for a noisy run.
+    # the wait it had (2.06 times at the median: error 106 %); with the share found gone at the head, 1.25
+    # (25 %); with walking away learnt as a rate, 0.98 and 1.00 in two runs (errors 5 % and 3 %). Bounds
+    # with room for a noisy run.
     assert second["counted"] >= 8, result
-    assert second["error_median"] <= 0.4, result
-    assert 0.8 <= second["told_over_had_median"] <= 1.4, result
+    assert second["error_median"] <= 0.2, result
+    assert 0.8 <= second["told_over_had_median"] <= 1.2, result
     assert first["counted"] >= 10 and result["within_range"] >= 0.6, result  # the range holds most waits
+    # Every visitor's record is kept with the figures, and summarised again it gives the same figures.
+    assert estimate_sim.summarise(estimate_sim.crowd_of(result))["error_median"] == result["error_median"]
