@@ -6,10 +6,10 @@ visitor was told at its join compared with the wait it had.
 It starts the product as bin/run does (`runstack --setup`: web, websockets, Celery worker and beat; its
 own key prefix, database and ports; Redis as bin/run finds it), and for each scenario (data: arrivals in
 bursts, the share of visitors who walk away silently and when, the time admitted visitors spend on the
-site, priority joiners, a pause, the queue's policy) runs a sale on a queue of its own: every visitor a
-coroutine that joins, polls when the answer says to, walks away (stops polling, never calls leave) if
-it is one who does, and once admitted starts its session on the protected site (verify), stays, and
-completes it through the API.
+site, priority joiners, a pause, a scheduled start with its pre-queue, the queue's policy) runs a sale
+on a queue of its own: every visitor a coroutine that joins, polls when the answer says to, walks away
+(stops polling, never calls leave) if it is one who does, and once admitted starts its session on the
+protected site (verify), stays, and completes it through the API.
 
 The wait a visitor had is from its join to its admission, as the server saw them: the join's time is taken
 around the request, the admission's from the session's end it is told (`expires_at` less the queue's
@@ -37,6 +37,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -181,11 +182,22 @@ def run_scenario(product: Product, scenario: dict[str, Any], *, seed: int = 1) -
     rng = random.Random(seed)
     crowd = visitors_of(scenario, rng, priority_codes(product, slug, scenario))
     session_ttl = int(policy.get("session_ttl", 600))
+    started = time.time() + 1.0
+    schedule = scenario.get("schedule")
+    if schedule:  # a pre-queue from the sale's start, and admission from `starts_after` seconds into it
+        started = time.time() + 4.0  # the configuring process takes a second or two
+        configure(
+            product,
+            slug,
+            max_tickets_per_address=0,  # a scheduled start's guards would turn these on
+            pow_difficulty=0,
+            prequeue_opens_at=_iso(started - 1),
+            starts_at=_iso(started + schedule["starts_after"]),
+        )
 
     async def sale() -> None:
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
         async with httpx.AsyncClient(base_url=product.url, timeout=30, limits=limits) as client:
-            started = time.time() + 1.0
             await asyncio.gather(
                 operator(product, slug, scenario, started),
                 *(visit(client, key, slug, visitor, session_ttl, started) for visitor in crowd),
@@ -197,6 +209,10 @@ def run_scenario(product: Product, scenario: dict[str, Any], *, seed: int = 1) -
     summary.update(name=scenario["name"], slug=slug, visitors=len(crowd), seconds=round(time.monotonic() - began))
     summary["crowd"] = [dataclasses.asdict(visitor) for visitor in crowd]  # to study (written, not printed)
     return summary
+
+
+def _iso(moment: float) -> str:
+    return datetime.fromtimestamp(round(moment), tz=UTC).isoformat()
 
 
 def quantile(values: list[float], q: float) -> float | None:

@@ -160,7 +160,8 @@ def test_moving_the_start_commits_to_a_new_seed_and_the_schedule_must_make_sense
 def test_before_the_draw_nobody_has_a_place_and_everyone_is_told_the_same_wait_over_the_draw(make_queue, clock):
     """Issue 18: the pre-queue page showed "place 1, 0 ahead" and a full bar to the first joiner, who was
     then drawn anywhere. Before the start the API gives no place, says the order is drawn at the start,
-    and tells every ticket the same wait: the pre-queue's middle place's, ranging from the first to the last."""
+    and tells every ticket the same wait: the pre-queue's middle place's as it will be at the start, ranging
+    from the first place to the last."""
     t0 = clock.now
     sale = make_queue(
         capacity=100,
@@ -189,9 +190,11 @@ def test_before_the_draw_nobody_has_a_place_and_everyone_is_told_the_same_wait_o
     (low, high), (estimate,) = ranges.pop(), told
     assert estimate is not None
     assert low == 40 <= estimate <= high  # from the start (drawn first) to the last place
-    # Six a minute (one every 10 s) after the start's one token: the middle of ten (5.5 admissions) about
-    # 45 s after the start, the last 90 s after it.
-    assert estimate == math.ceil(40 + (5.5 - 1) * 10 + 0.5)
+    # Ten joined in the 20 s since the pre-queue opened: at that pace, thirty by the start, 40 s from now
+    # (counting only the ten so far, the first joiners were told the middle of a handful). Six a minute
+    # (one every 10 s) after the start's one token: the middle of thirty (15.5 admissions) about 145 s
+    # after the start, the last twice that.
+    assert estimate == math.ceil(40 + (15.5 - 1) * 10 + 0.5)
     assert high == math.ceil(40 + 2 * (estimate - 40))
 
     services.queue_tick(slug=slug, now=t0 + 121)  # the draw

@@ -899,10 +899,20 @@ local function opened_note(p, st, now)
 end
 
 -- The estimate a waiting visitor is told: before a scheduled start's draw its place is not known yet, so
--- the estimate is for the middle of the pre-queue (the API gives the range over the draw).
+-- the estimate is for the middle of the pre-queue as it will be at the start (the API gives the range over
+-- the draw): it grows until then at the pace it has grown since it opened (over at least PREQUEUE_PACE_S,
+-- so that its first seconds do not make a crowd of a handful). Seen in the simulator: counting only those
+-- in it so far, the first to join were told the wait of the middle of seven, and had the wait of a place
+-- among sixty.
+local PREQUEUE_PACE_S = 10
 local function estimate_told(p, st, rec, rank, now, used)
   if p.shuffle_pending and now < p.starts_at_ms then
-    return estimate_wait(p, st, (line_count() - 1) / 2, now, used, rec[R_PRI])
+    local n = line_count()
+    if p.prequeue_opens_ms > 0 and now > p.prequeue_opens_ms then
+      local open_s = math.max(PREQUEUE_PACE_S, (now - p.prequeue_opens_ms) / 1000)
+      n = n + n / open_s * (p.starts_at_ms - now) / 1000
+    end
+    return estimate_wait(p, st, (n - 1) / 2, now, used, rec[R_PRI])
   end
   return estimate_wait(p, st, rank, now, used, rec[R_PRI])
 end
