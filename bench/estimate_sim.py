@@ -306,7 +306,7 @@ HEADER = (
 def own_product(work: Path) -> tuple[Product, Callable[[], None]]:
     """The product as bin/run starts it, with a key prefix, database and ports of its own."""
     sys.path.insert(0, str(ROOT / "bench"))
-    from http_bench import free_port, stack_env, start_stack, stop, wait_healthy
+    from http_bench import _delete_prefix, free_port, stack_env, start_stack, stop, wait_healthy
 
     from waitingroom_site import devredis
 
@@ -331,13 +331,7 @@ def own_product(work: Path) -> tuple[Product, Callable[[], None]]:
 
     def close() -> None:
         stop(process)
-        import redis
-
-        client = redis.Redis.from_url(redis_url)
-        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-        for start_at in range(0, len(keys), 1000):
-            client.delete(*keys[start_at : start_at + 1000])
-        client.close()
+        _delete_prefix(redis_url, prefix)
 
     return Product(url, manage), close
 

@@ -845,11 +845,10 @@ local function estimate_wait(p, st, ahead, now, used, level)
     end
     return math.max(0, t)
   end
-  local most = drained(present + 1)
-  if most == nil then return -1 end
+  local t = drained(present + 1)
+  if t == nil then return -1 end
   local theta = num(st, 'theta', 0)
   local cutting = priority_ahead_rate(p, st, ahead, level or 0, now)
-  local t = most
   if theta > 0 or cutting > 0 then
     local cap = 2 * (present + 1)
     if r_cap == nil or r_cap <= 0 then cap = math.min(cap, free) end  -- known only within the free slots
@@ -905,16 +904,16 @@ end
 -- in it so far, the first to join were told the wait of the middle of seven, and had the wait of a place
 -- among sixty.
 local PREQUEUE_PACE_S = 10
-local function estimate_told(p, st, rec, rank, now, used)
+local function estimate_told(p, st, level, rank, now, used)
   if p.shuffle_pending and now < p.starts_at_ms then
     local n = line_count()
     if p.prequeue_opens_ms > 0 and now > p.prequeue_opens_ms then
       local open_s = math.max(PREQUEUE_PACE_S, (now - p.prequeue_opens_ms) / 1000)
       n = n + n / open_s * (p.starts_at_ms - now) / 1000
     end
-    return estimate_wait(p, st, (n - 1) / 2, now, used, rec[R_PRI])
+    return estimate_wait(p, st, (n - 1) / 2, now, used, level)
   end
-  return estimate_wait(p, st, rank, now, used, rec[R_PRI])
+  return estimate_wait(p, st, rank, now, used, level)
 end
 
 -- Walking away as a rate (Ibrahim & Whitt's delay predictors with abandonment): theta, walk-aways per
@@ -933,6 +932,10 @@ local function hazard_load(st)
   return {tonumber(walks) or 0, tonumber(secs) or 0}
 end
 
+local function hazard_stored()  -- hazard_load, for a script that has not read the queue's counters
+  return hazard_load({hz = redis.call('HGET', K_ST, 'hz') or nil})
+end
+
 local function hazard_note(h, walked, seconds)
   local kept = 1 - 1 / HAZARD_SPAN
   return {h[1] * kept + walked, h[2] * kept + math.max(0, seconds)}
@@ -949,15 +952,15 @@ local function waited_s(rec, now, walked)
 end
 
 local function hazard_lapsed(count)
-  local h = hazard_load({hz = redis.call('HGET', K_ST, 'hz') or nil})
+  local h = hazard_stored()
   h[1] = h[1] + count
   hazard_save(h)
 end
 
 -- Who has gone silent in the line already, before the head reaches them: the share of SILENT_SAMPLES
 -- tickets, spread over the line, not seen within the presence timeout (the admission tick looks, once a
--- second; st.silent, lightly smoothed). Walking away shows here a presence timeout after it happens, and
--- at the head (`gone`) only once admission gets there: estimate_wait takes the larger of the two.
+-- second; st.silent, lightly smoothed). Walking away shows here a presence timeout after it happens, long
+-- before the head gets there: estimate_wait counts those as gone, and the others at the rate theta.
 local SILENT_SAMPLES = 24
 local function silent_look(p, st, now)
   local n = line_count()

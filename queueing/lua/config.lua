@@ -25,13 +25,12 @@ local KEPT_FROM_OLDER = {epoch = true, seq_max = true, synced_at = true, leader_
 
 local given = {}
 for i = 1, #ARGV, 2 do given[ARGV[i]] = ARGV[i + 1] end
-local held_rev = tonumber(redis.call('HGET', K_CFG, 'revision')) or 0
+local held = redis.call('HMGET', K_CFG, 'revision', 'revised_at', 'epoch')
+local held_rev, revised_at, current = tonumber(held[1]) or 0, tonumber(held[2]) or 0, tonumber(held[3]) or 0
 local rev = tonumber(given.revision or '') or held_rev
 local synced = tonumber(given.synced_at or '') or 0
-local revised_at = tonumber(redis.call('HGET', K_CFG, 'revised_at')) or 0
 local older = rev < held_rev and synced - revised_at < REVISION_GRACE
 
-local current = tonumber(redis.call('HGET', K_CFG, 'epoch')) or 0
 local fields = {}
 for i = 1, #ARGV, 2 do
   local name = ARGV[i]

@@ -58,7 +58,7 @@ if rec and rec[R_STATUS] <= ACTIVE then
     local rank, est = -1, rec[R_EST]
     if rec[R_STATUS] == WAITING then
       rank = waiting_rank(tid, rec) or -1
-      est = estimate_told(p, st, rec, rank, now)
+      est = estimate_told(p, st, rec[R_PRI], rank, now)
     end
     local reply = ticket_reply(tid, rec, rank, est, 0)
     if rank >= 0 then reply[11] = fmt(line_score_of(rec)) end
@@ -139,9 +139,8 @@ line_add(tid, score)
 redis.call('HINCRBY', K_ST, 'joined', 1)
 if rec then redis.call('ZREM', K_DONE, vk) end  -- a visitor with no record has no finished ticket kept
 local rank = line_rank(tid, score)
-rec = {seq, WAITING, pri, now, math.floor(now / 1000), name, -1}
-rec[R_EST] = estimate_told(p, st, rec, rank, now)
-local est = rec[R_EST]
+local est = estimate_told(p, st, pri, rank, now)
+rec = {seq, WAITING, pri, now, math.floor(now / 1000), name, est}
 line_score_keep(rec, score)
 
 -- Only from the head: an earlier premium joiner still waiting there goes first.

@@ -11,7 +11,7 @@ local rec = load(vk)
 if not rec or rec[R_SEQ] ~= seq or rec[R_STATUS] > ACTIVE then return {'gone', 0, {0, {}}} end
 
 if rec[R_STATUS] == WAITING then  -- a walk-away, after its wait so far (estimate_wait's theta)
-  hazard_save(hazard_note(hazard_load({hz = redis.call('HGET', K_ST, 'hz') or nil}), 1, waited_s(rec, now, false)))
+  hazard_save(hazard_note(hazard_stored(), 1, waited_s(rec, now, false)))
 end
 local held = finish(ticket_id(seq, vk), rec, EXPIRED, 'left', now)
 if held then return {'left', 1, moves_reply()} end
