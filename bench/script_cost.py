@@ -146,13 +146,17 @@ def measure(tickets: int, calls: int, rounds: int = 3) -> dict[str, Any]:
         ),
         "window read (window/read)": per_call("window/read", lambda i: store.window_read_plan("bench").calls[0]),
     }
-    # The queue above is paused, so a poll gives no estimate. Open, with walk-aways learnt (theta > 0) and
-    # priority joiners coming, a poll's estimate solves for its wait (lua/_lib.lua estimate_wait).
+    # The queue above is paused, so a poll gives no estimate. Open, with walk-aways learnt (a rate per band
+    # of time waited), the head a minute ahead and priority joiners coming, a poll's estimate solves for its
+    # wait (lua/_lib.lua estimate_wait).
     services.queue_configure(slug="bench", changes={"state": "open"}, actor_label="bench")
     now_ms = int(time.time() * 1000)
-    client.hset(keys.st, mapping={"hz": "10 500", "theta": "0.02", "silent": "0.1", "pri": f"0.05 0.1 0 {now_ms}"})
+    learnt = ("0.05 0.01 0.002 0.002 0.002", now_ms - 60_000)  # walking away by time waited; the head's join
+    client.hset(
+        keys.st, mapping={"thetas": learnt[0], "head_js": learnt[1], "silent": "0.1", "pri": f"0.05 0.1 0 {now_ms}"}
+    )
     results["status alone, open: an estimate with walk-aways and priority joiners"] = per_call("status", poll(""))
-    client.hdel(keys.st, "theta", "pri")
+    client.hdel(keys.st, "thetas", "pri")
     results["status alone, open: an estimate with neither"] = per_call("status", poll(""))
     return results
 

@@ -58,7 +58,7 @@ local WAIT_LO_FIRST, WAIT_HI_FIRST, WAIT_STEP, WAIT_STEP_MIN = -0.3566749, 0.336
 -- those at and behind it back). Consecutive moves at one rank merge. See moves_reply().
 local MOVES = {}
 local WHERE = {}  -- where load() found each visitor's record in this call, so save() can move it
-local LAPSED = 0  -- claims that lapsed unclaimed in this call (expire_slots): walk-aways after all
+local LAPSED = {}  -- claims that lapsed unclaimed in this call (expire_slots), each one's age: walk-aways after all
 
 -- Every queue script starts here: its keys, and no moves yet (the library's locals outlive a call).
 local function bind(KEYS)
@@ -67,7 +67,7 @@ local function bind(KEYS)
   K_WAITS, K_RESTORE = KEYS[10], KEYS[11]
   LINE = nil
   if K_LINE then K_LINE_I, K_LINE_F = K_LINE .. ':i', K_LINE .. ':f' end  -- (not a queue script's KEYS)
-  MOVES, WHERE, LAPSED = {}, {}, 0
+  MOVES, WHERE, LAPSED = {}, {}, {}
 end
 
 local TICKET_ID = '%0' .. SEQ_DIGITS .. 'd.%s'
@@ -545,8 +545,8 @@ end
 
 -- The counters a poll reads: figures() and estimate_wait() (HGETALL would build every other one too).
 local FIGURE_FIELDS = {
-  'admitted', 'evseq', 'ema_rate', 'ema_ts', 'ema_service_ms', 'reported_in_use', 'b_tokens', 'b_ts', 'theta',
-  'w_lo', 'w_hi', 'silent', 'pri',
+  'admitted', 'evseq', 'ema_rate', 'ema_ts', 'ema_service_ms', 'reported_in_use', 'b_tokens', 'b_ts', 'thetas',
+  'w_lo', 'w_hi', 'silent', 'pri', 'head_js',
 }
 
 local function figure_stats()
@@ -806,12 +806,60 @@ local function priority_ahead_rate(p, st, ahead, level, now)
   return rate
 end
 
--- Estimated seconds until a visitor with `ahead` tickets in front (and of priority `level`) is admitted,
--- or -1 when unknown (paused or closed). The line drains from its head, where each visitor reached is
--- admitted or, gone (stopped polling: parked; or left), skipped at no cost. Of the `ahead`, the share
--- found silent in the line already (st.silent) are gone; each of the others walks away at the rate
--- theta a second while it waits (hazard_note), so of those the head reaches evenly over the next t
--- seconds, (1 - e^(-theta t)) / (theta t) are still there: n admissions, this visitor's included. By a
+-- Walking away depends on how long one has waited: in a sale where everyone who gives up does so in
+-- their first twenty seconds, those who have waited a minute stay. The hazard is learnt per band of time
+-- waited (HAZARD_BANDS, seconds; hazard_save), and st.thetas holds each band's rate. hazard_curve makes
+-- it the cumulative hazard H(a), walk-aways expected of one who has waited a seconds: of those who have
+-- waited a, e^-(H(a + s) - H(a)) are still there s seconds later.
+local HAZARD_BANDS = {0, 10, 30, 90, 300}
+local HAZARD_NB = #HAZARD_BANDS
+
+local function hazard_curve(st)
+  local rates = {}
+  for x in string.gmatch(st.thetas or '', '%S+') do rates[#rates + 1] = tonumber(x) or 0 end
+  if #rates ~= HAZARD_NB then return nil end
+  local at, any = {0}, false  -- at[b]: H at the start of band b
+  for b = 1, HAZARD_NB do
+    if rates[b] > 0 then any = true end
+    if b < HAZARD_NB then at[b + 1] = at[b] + rates[b] * (HAZARD_BANDS[b + 1] - HAZARD_BANDS[b]) end
+  end
+  if not any then return nil end
+  return function(a)
+    local b = HAZARD_NB
+    while b > 1 and a < HAZARD_BANDS[b] do b = b - 1 end
+    return at[b] + rates[b] * (a - HAZARD_BANDS[b])
+  end
+end
+
+-- Of those ahead, the head reaches each in turn over the next t seconds: the one at a share u of the way
+-- from the head to this visitor is reached at u t, and has waited (linearly from the head's wait to this
+-- visitor's own) A - (A - own) u. stay(t) is the share still there when reached (4-point Gauss-Legendre
+-- over u: H has few kinks, and the nodes cost four H a step of the bisection).
+local GL_U = {0.0694318442, 0.3300094782, 0.6699905218, 0.9305681558}
+local GL_W = {0.1739274226, 0.3260725774, 0.3260725774, 0.1739274226}
+
+local function hazard_stay(st, now, own_s)
+  local H = hazard_curve(st)
+  if H == nil then return nil end
+  local head_s = math.max(own_s, (now - (tonumber(st.head_js) or now)) / 1000)
+  local ages, base = {}, {}
+  for i = 1, 4 do
+    ages[i] = head_s - (head_s - own_s) * GL_U[i]
+    base[i] = H(ages[i])
+  end
+  return function(t)
+    local stay = 0
+    for i = 1, 4 do stay = stay + GL_W[i] * math.exp(base[i] - H(ages[i] + t * GL_U[i])) end
+    return stay
+  end
+end
+
+-- Estimated seconds until a visitor with `ahead` tickets in front (of priority `level`, waiting for
+-- own_s seconds so far) is admitted, or -1 when unknown (paused or closed). The line drains from its head,
+-- where each visitor reached is admitted or, gone (stopped polling: parked; or left), skipped at no cost.
+-- Of the `ahead`, the share found silent in the line already (st.silent) are gone; each of the others may
+-- still walk away while it waits, at the rate of its time waited (hazard_stay), so of those the head
+-- reaches over the next t seconds stay(t) are still there: n admissions, this visitor's included. By a
 -- time t from now at most B + r_out * t are admitted (the bucket's tokens B, the outflow in force r_out
 -- a second) and at most F + r_cap * t (the free slots F, and slots freed at capacity / the mean time a
 -- slot is held, once that is known). Priority joiners placed ahead meanwhile add to n, in proportion to
@@ -820,7 +868,7 @@ end
 -- sessions last is not known, and neither is the wait of a visitor who needs more slots than are free:
 -- -1, unknown (the queue keeps its record across sales). A site that reports its own count: the
 -- observed admission rate stands in for r_cap. A scheduled start adds the time until it.
-local function estimate_wait(p, st, ahead, now, used, level)
+local function estimate_wait(p, st, ahead, now, used, level, own_s)
   if p.state ~= 'open' then return -1 end
   local until_start = math.max(0, p.starts_at_ms - now) / 1000
   local r_out = p.outflow / 60
@@ -847,15 +895,13 @@ local function estimate_wait(p, st, ahead, now, used, level)
   end
   local t = drained(present + 1)
   if t == nil then return -1 end
-  local theta = num(st, 'theta', 0)
+  local stay = present > 0 and hazard_stay(st, now, math.max(0, own_s or 0)) or nil
   local cutting = priority_ahead_rate(p, st, ahead, level or 0, now)
-  if theta > 0 or cutting > 0 then
+  if stay ~= nil or cutting > 0 then
     local cap = 2 * (present + 1)
     if r_cap == nil or r_cap <= 0 then cap = math.min(cap, free) end  -- known only within the free slots
     local function admissions(t)  -- n(t): those ahead still there when reached, cutters, and itself
-      local x = theta * t
-      local stay = x > 1e-6 and (1 - math.exp(-x)) / x or 1
-      return math.min(cap, (present + cutting * t) * stay + 1)
+      return math.min(cap, (present + cutting * t) * (stay and stay(t) or 1) + 1)
     end
     local lo, hi = 0, drained(cap)
     for _ = 1, 14 do  -- drained(n(t)) - t falls from >= 0 at 0 to <= 0 at hi
@@ -904,32 +950,51 @@ end
 -- in it so far, the first to join were told the wait of the middle of seven, and had the wait of a place
 -- among sixty.
 local PREQUEUE_PACE_S = 10
-local function estimate_told(p, st, level, rank, now, used)
+local function estimate_told(p, st, level, rank, now, used, joined)
+  local own_s = (now - (joined or now)) / 1000
   if p.shuffle_pending and now < p.starts_at_ms then
     local n = line_count()
     if p.prequeue_opens_ms > 0 and now > p.prequeue_opens_ms then
       local open_s = math.max(PREQUEUE_PACE_S, (now - p.prequeue_opens_ms) / 1000)
       n = n + n / open_s * (p.starts_at_ms - now) / 1000
     end
-    return estimate_wait(p, st, (n - 1) / 2, now, used, level)
+    return estimate_wait(p, st, (n - 1) / 2, now, used, level, own_s)
   end
-  return estimate_wait(p, st, rank, now, used, level)
+  return estimate_wait(p, st, rank, now, used, level, own_s)
 end
 
--- Walking away as a rate (Ibrahim & Whitt's delay predictors with abandonment): theta, walk-aways per
--- second of waiting, the maximum-likelihood rate of a constant hazard, from the departures at the head:
--- one skipped there walked away after (last seen - joined) seconds of waiting; one admitted waited
--- (now - joined) and did not; one admitted who then let its claim lapse had walked away too (counted
--- when it lapses: hazard_lapsed). Sums over the last ~HAZARD_SPAN departures (each one's weight falls
--- by 1/HAZARD_SPAN with every later one), from a prior of HAZARD_PRIOR departures of HAZARD_PRIOR_S
--- seconds each in which nobody walked away: a new queue learns from its first departures without one
--- walk-away making everyone a walk-away, and a queue keeps its record across sales. 'hz' holds the sums
--- ('walks seconds'); 'theta', the rate, is what polls read.
-local HAZARD_SPAN, HAZARD_PRIOR, HAZARD_PRIOR_S = 50, 5, 20
+-- Walking away as a rate (Ibrahim & Whitt's delay predictors with abandonment), per band of time waited:
+-- from the departures at the head, the maximum-likelihood rate of a hazard constant within each band.
+-- One skipped there walked away after (last seen - joined) seconds of waiting; one admitted waited
+-- (now - joined) and did not; one admitted who then let its claim lapse had walked away too (counted when
+-- it lapses: hazard_lapsed). Each departure adds its seconds to the bands its wait crossed, and its walk to
+-- the band it walked in. Sums over the last ~HAZARD_SPAN departures (each one's weight falls by
+-- 1/HAZARD_SPAN with every later one), from a prior of HAZARD_PRIOR departures of HAZARD_PRIOR_S seconds
+-- each in which nobody walked away: a new queue learns from its first departures without one walk-away
+-- making everyone a walk-away, and a queue keeps its record across sales. A band with few seconds in it
+-- leans on the band before it (the first, on the rate over all bands, theta): (walks + K rate before) /
+-- (seconds + K), K = HAZARD_SHRINK_S, so waits longer than any seen yet go on as the longest seen did.
+-- 'hz' holds the sums ('walks seconds' per band); 'thetas', the bands' rates, is what polls read; 'theta'
+-- is the overall rate.
+local HAZARD_SPAN, HAZARD_PRIOR, HAZARD_PRIOR_S, HAZARD_SHRINK_S = 50, 5, 20, 30
+
+local function band_seconds(b, waited)  -- of a wait of `waited` seconds, those spent in band b
+  return math.max(0, math.min(waited, HAZARD_BANDS[b + 1] or waited) - HAZARD_BANDS[b])
+end
+
+local function band_of(waited)
+  local b = HAZARD_NB
+  while b > 1 and waited < HAZARD_BANDS[b] do b = b - 1 end
+  return b
+end
+
 local function hazard_load(st)
-  local walks, secs = string.match(st.hz or '', '^(%S+) (%S+)$')
-  if walks == nil then return {0, HAZARD_PRIOR * HAZARD_PRIOR_S} end
-  return {tonumber(walks) or 0, tonumber(secs) or 0}
+  local h = {}
+  for x in string.gmatch(st.hz or '', '%S+') do h[#h + 1] = tonumber(x) or 0 end
+  if #h == 2 * HAZARD_NB then return h end
+  h = {}  -- nothing learnt yet (or the sums of one rate for every wait, before the bands): the prior
+  for b = 1, HAZARD_NB do h[2 * b - 1], h[2 * b] = 0, HAZARD_PRIOR * band_seconds(b, HAZARD_PRIOR_S) end
+  return h
 end
 
 local function hazard_stored()  -- hazard_load, for a script that has not read the queue's counters
@@ -938,11 +1003,28 @@ end
 
 local function hazard_note(h, walked, seconds)
   local kept = 1 - 1 / HAZARD_SPAN
-  return {h[1] * kept + walked, h[2] * kept + math.max(0, seconds)}
+  seconds = math.max(0, seconds)
+  for b = 1, HAZARD_NB do
+    h[2 * b - 1], h[2 * b] = h[2 * b - 1] * kept, h[2 * b] * kept + band_seconds(b, seconds)
+  end
+  if walked > 0 then
+    local b = band_of(seconds)
+    h[2 * b - 1] = h[2 * b - 1] + walked
+  end
+  return h
 end
 
 local function hazard_save(h)
-  redis.call('HSET', K_ST, 'hz', string.format('%.6g %.6g', h[1], h[2]), 'theta', fmt(h[1] / math.max(1, h[2])))
+  local walks, secs = 0, 0
+  for b = 1, HAZARD_NB do walks, secs = walks + h[2 * b - 1], secs + h[2 * b] end
+  local theta = walks / math.max(1, secs)
+  local sums, rates, before = {}, {}, theta
+  for b = 1, HAZARD_NB do
+    sums[2 * b - 1], sums[2 * b] = string.format('%.6g', h[2 * b - 1]), string.format('%.6g', h[2 * b])
+    before = (h[2 * b - 1] + HAZARD_SHRINK_S * before) / (h[2 * b] + HAZARD_SHRINK_S)
+    rates[b] = string.format('%.4g', before)
+  end
+  redis.call('HSET', K_ST, 'hz', table.concat(sums, ' '), 'thetas', table.concat(rates, ' '), 'theta', fmt(theta))
 end
 
 -- How long a departure at the head had waited (seconds), and for one skipped, until it was last seen.
@@ -951,21 +1033,28 @@ local function waited_s(rec, now, walked)
   return (now - rec[R_JOINED]) / 1000
 end
 
-local function hazard_lapsed(count)
+local function hazard_lapsed(ages)  -- walks only: their seconds were counted when they were admitted
   local h = hazard_stored()
-  h[1] = h[1] + count
+  for _, waited in ipairs(ages) do
+    local b = band_of(math.max(0, waited))
+    h[2 * b - 1] = h[2 * b - 1] + 1
+  end
   hazard_save(h)
 end
 
 -- Who has gone silent in the line already, before the head reaches them: the share of SILENT_SAMPLES
 -- tickets, spread over the line, not seen within the presence timeout (the admission tick looks, once a
 -- second; st.silent, lightly smoothed). Walking away shows here a presence timeout after it happens, long
--- before the head gets there: estimate_wait counts those as gone, and the others at the rate theta.
+-- before the head gets there: estimate_wait counts those as gone, and the others at the rate of their
+-- time waited. The look notes when the head joined too (head_js: hazard_stay's oldest wait ahead).
 local SILENT_SAMPLES = 24
 local function silent_look(p, st, now)
   local n = line_count()
-  local seen, silent = 0, 0
+  local seen, silent, head_js = 0, 0, now
   if n > 0 then
+    local head = line_range(0, 0)
+    local first = head[1] and load(vk_of(head[1]))
+    if first then head_js = first[R_JOINED] end
     local present_since = math.floor(now / 1000) - p.presence_timeout
     local shift = (now % 997) / 997
     local count = math.min(n, SILENT_SAMPLES)
@@ -981,7 +1070,7 @@ local function silent_look(p, st, now)
   end
   local share = seen > 0 and silent / seen or 0
   local old = tonumber(st.silent) or share
-  redis.call('HSET', K_ST, 'silent', fmt(old * 0.5 + share * 0.5))
+  redis.call('HSET', K_ST, 'silent', fmt(old * 0.5 + share * 0.5), 'head_js', head_js)
 end
 
 -- {event sequence, moves}, or 0 when nobody moved: the sequence grows by one for every call that moved anyone, so a client
@@ -1015,6 +1104,19 @@ local function admit(p, tid, rec, now)
   return {tid, fence, expires, rec[R_JOINED], rec[R_EST]}
 end
 
+-- How long a slot is held (ema_service_ms: sessions and unclaimed admissions alike), the mean of the
+-- last ~SERVICE_SPAN slots given back (the mean of all of them until there are that many). Slots come
+-- back shortest first after a burst, then the long ones: an average weighing the last ten (as it was)
+-- followed that order, low and then high (tests/test_estimates.py: 16.2 s for sessions of 14.5 s).
+local SERVICE_SPAN = 50
+local function service_note(sample)
+  local b = redis.call('HMGET', K_ST, 'ema_service_ms', 'svc_n')
+  local n = (tonumber(b[2]) or (b[1] and 10 or 0)) + 1  -- a queue from before the count: as if ten
+  local old = tonumber(b[1]) or sample
+  local new = old + (sample - old) / math.min(n, SERVICE_SPAN)
+  redis.call('HSET', K_ST, 'ema_service_ms', fmt(new), 'svc_n', math.min(n, SERVICE_SPAN))
+end
+
 -- Any live ticket -> a final state. Frees its slot if it held one; keeps the record for a while
 -- (the `done` set) so a late poll hears `completed` or `expired` rather than nothing.
 local function finish(tid, rec, status, reason, now)
@@ -1026,7 +1128,7 @@ local function finish(tid, rec, status, reason, now)
   elseif held then
     redis.call('ZREM', K_CLAIMS, tid)
     redis.call('ZREM', K_SESSIONS, tid)
-    ema_update('ema_service_ms', math.max(0, now - rec[R_ADMITTED]))
+    service_note(math.max(0, now - rec[R_ADMITTED]))
   end
   while #rec < R_REASON do rec[#rec + 1] = 0 end
   for i = #rec, R_LINE_SCORE, -1 do rec[i] = nil end  -- the parked place, the status limiter's bucket
@@ -1145,7 +1247,10 @@ local function expire_slots(now, limit)
       local rec = load(vk_of(tid))
       if rec and (rec[R_STATUS] == ADMITTED or rec[R_STATUS] == ACTIVE) and ticket_id(rec[R_SEQ], vk_of(tid)) == tid then
         finish(tid, rec, EXPIRED, spec[2], now)
-        if spec[1] == K_CLAIMS then LAPSED = LAPSED + 1 end
+        if spec[1] == K_CLAIMS then  -- it walked away after it was last seen in the line, or at its admission
+          local waited = (math.min(rec[R_SEEN] * 1000, rec[R_ADMITTED] or now) - rec[R_JOINED]) / 1000
+          LAPSED[#LAPSED + 1] = waited
+        end
       else
         redis.call('ZREM', spec[1], tid)  -- a stray entry: its record moved on
       end

@@ -75,7 +75,7 @@ if admitting(p, now) and waiting > 0 then
   tokens = math.max(tokens - spent, math.min(tokens, -p.burst))
   if scanned > 0 then hazard_save(hazard) end
 end
-if LAPSED > 0 then hazard_lapsed(LAPSED) end
+if #LAPSED > 0 then hazard_lapsed(LAPSED) end
 bucket_save(tokens, ts)
 rate_update(st, now, #admitted, admitting(p, now) and waiting > 0)
 if token ~= '' then silent_look(p, st, now) end  -- the leader's tick, once a second

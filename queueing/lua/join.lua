@@ -58,7 +58,7 @@ if rec and rec[R_STATUS] <= ACTIVE then
     local rank, est = -1, rec[R_EST]
     if rec[R_STATUS] == WAITING then
       rank = waiting_rank(tid, rec) or -1
-      est = estimate_told(p, st, rec[R_PRI], rank, now)
+      est = estimate_told(p, st, rec[R_PRI], rank, now, nil, rec[R_JOINED])
     end
     local reply = ticket_reply(tid, rec, rank, est, 0)
     if rank >= 0 then reply[11] = fmt(line_score_of(rec)) end

@@ -10,7 +10,7 @@ local vk, seq, now = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local rec = load(vk)
 if not rec or rec[R_SEQ] ~= seq or rec[R_STATUS] > ACTIVE then return {'gone', 0, {0, {}}} end
 
-if rec[R_STATUS] == WAITING then  -- a walk-away, after its wait so far (estimate_wait's theta)
+if rec[R_STATUS] == WAITING then  -- a walk-away, after its wait so far (estimate_wait's hazard)
   hazard_save(hazard_note(hazard_stored(), 1, waited_s(rec, now, false)))
 end
 local held = finish(ticket_id(seq, vk), rec, EXPIRED, 'left', now)
