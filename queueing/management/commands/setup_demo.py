@@ -1,4 +1,5 @@
-"""The demo: a queue `demo` aimed at the demo protected page, and a staff login (printed once)."""
+"""The demo: a queue `demo` aimed at the demo protected page, and a staff login in the Queue operators group
+(printed once)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import secrets
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
+from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandParser
 
 from queueing import services, signing_keys
 from queueing.models import Queue
+
+OPERATORS = "Queue operators"  # made by migration 0013 (queueing/migrations/0013_operator_groups.py)
 
 
 class Command(BaseCommand):
@@ -41,24 +44,7 @@ class Command(BaseCommand):
         if not users.objects.filter(username=options["username"]).exists():
             password = secrets.token_urlsafe(12)
             user = users.objects.create_user(username=options["username"], password=password, is_staff=True)
-            user.user_permissions.add(
-                *Permission.objects.filter(
-                    content_type__app_label="queueing",
-                    codename__in=[
-                        "view_queue",
-                        "change_queue",
-                        "view_queuechange",
-                        "view_prioritycode",
-                        "add_prioritycode",
-                        "change_prioritycode",
-                        "view_queueapikey",
-                        "add_queueapikey",
-                    ],
-                ),
-                *Permission.objects.filter(
-                    content_type__app_label="admin_dashboard", codename__in=["view_queuesnapshot", "view_waitsample"]
-                ),
-            )
+            user.groups.add(Group.objects.get(name=OPERATORS))  # the README's whole walk-through, no more
             self.stdout.write(
                 self.style.SUCCESS(f"Staff login (shown once): username {options['username']}  password {password}")
             )
