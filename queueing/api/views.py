@@ -11,7 +11,7 @@ from django.http import HttpRequest, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.cache import cache_control
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -67,6 +67,22 @@ class JoinView(APIView):
             "queue may cap the live tickets per address (429 `ticket_cap_reached`)."
         ),
         request=s.JoinRequestSerializer,
+        examples=[
+            OpenApiExample("Join", value={}, request_only=True, description="Any queue without its gate on."),
+            OpenApiExample("Join with a name shown to the operator", value={"display_name": "Ana"}, request_only=True),
+            OpenApiExample(
+                "Join with a priority code",
+                value={"priority_code": "SPRING-VIP-7Q2X"},
+                request_only=True,
+                description="A code the operator made for this queue (admin, Priority codes); case counts.",
+            ),
+            OpenApiExample(
+                "Join through the proof-of-work gate",
+                value={"pow_challenge": "<challenge from POST .../challenge>", "pow_nonce": "<your nonce>"},
+                request_only=True,
+                description="Only when the queue's gate is on: solve the challenge first (see POST .../challenge).",
+            ),
+        ],
         parameters=[OpenApiParameter("X-Visitor-Id", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False)],
         responses={
             201: s.JoinResponseSerializer,
@@ -234,6 +250,13 @@ class VerifyView(_ProtectedSiteView):
         operation_id="session_verify",
         summary="Verify an access token (first use starts the session)",
         request=s.VerifyRequestSerializer,
+        examples=[
+            OpenApiExample(
+                "Verify the token a visitor arrived with",
+                value={"access_token": "<the visitor's access token>", "browser": "c2f1e0b7a4d94f0e8d3b"},
+                request_only=True,
+            )
+        ],
         responses={200: s.VerifyResponseSerializer, **error_responses(*JSON_BODY, 401, 403, 406, 429, 503)},
         auth=API_KEY_AUTH,
     )
@@ -252,6 +275,11 @@ class CompleteView(_ProtectedSiteView):
         operation_id="session_complete",
         summary="End a session; frees its slot at once",
         request=s.AccessTokenSerializer,
+        examples=[
+            OpenApiExample(
+                "End the visitor's session", value={"access_token": "<the visitor's access token>"}, request_only=True
+            )
+        ],
         responses={204: None, **error_responses(*JSON_BODY, 401, 403, 406, 409, 429, 503)},
         auth=API_KEY_AUTH,
     )
@@ -293,6 +321,7 @@ class CapacityView(_ProtectedSiteView):
         operation_id="capacity_report",
         summary="Report the site's own count of sessions in use (absolute)",
         request=s.CapacitySerializer,
+        examples=[OpenApiExample("Three sessions in use", value={"in_use": 3}, request_only=True)],
         responses={200: s.CapacityResponseSerializer, **error_responses(*JSON_BODY, 401, 403, 406, 429, 503)},
         auth=API_KEY_AUTH,
     )
@@ -314,6 +343,13 @@ class HealthView(_ProtectedSiteView):
             "now sees it, over the queue's adjustment interval. `require_queue_access` sends these by itself."
         ),
         request=s.HealthReportSerializer,
+        examples=[
+            OpenApiExample(
+                "Three responses, one a server error",
+                value={"requests": 3, "errors": 1, "latency_ms": [85.0, 120.5, 96.2]},
+                request_only=True,
+            )
+        ],
         responses={200: s.SiteHealthSerializer, **error_responses(*JSON_BODY, 401, 403, 406, 429, 503)},
         auth=API_KEY_AUTH,
     )
@@ -398,6 +434,18 @@ class QueueView(_StaffView):
         operation_id="queue_update",
         summary="Change capacity, outflow or the adaptive outflow (effective on the next tick; audited)",
         request=s.QueuePatchSerializer,
+        examples=[
+            OpenApiExample(
+                "More capacity and a faster outflow",
+                value={"capacity": 50, "outflow_per_minute": 120},
+                request_only=True,
+            ),
+            OpenApiExample(
+                "Adapt the outflow to the site's health",
+                value={"adaptive_outflow": True, "outflow_min_per_minute": 30, "outflow_max_per_minute": 240},
+                request_only=True,
+            ),
+        ],
         responses={200: s.QueueSerializer, **error_responses(*JSON_BODY, 401, 403, 406, 429, 503)},
         auth=STAFF_AUTH,
     )
