@@ -6,10 +6,15 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 from rest_framework_api_key.admin import APIKeyModelAdmin
 
 from . import selectors, services, signing_keys
 from .models import PriorityCode, PriorityLevel, Queue, QueueAPIKey, QueueChange, QueueShuffle, SigningKey
+from .targets import target_problem
 
 # The per-address index is written only while a cap is set (README: Join caps), so say so where it is set.
 CAP_COUNTS_FROM_NOW = (
@@ -34,7 +39,9 @@ class QueueAdmin(admin.ModelAdmin):
         "live_waiting",
         "live_admitted",
         "live_active",
+        "links",
     )
+    list_display_links = ("slug",)
     list_filter = ("state",)
     search_fields = ("slug", "name")
     actions = ("pause_queues", "resume_queues")
@@ -66,6 +73,42 @@ class QueueAdmin(admin.ModelAdmin):
         ),
     )
 
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The mode's and the adaptive outflow's settings stay folded away until they are in use; how to
+        protect the site is shown once the queue exists."""
+        folded = {
+            "Mode": not (obj and obj.mode == Queue.Mode.STATELESS),
+            "Adaptive outflow": not (obj and obj.adaptive_outflow),
+        }
+        fieldsets: list[tuple[Any, dict[str, Any]]] = []
+        for name, options in super().get_fieldsets(request, obj):
+            fold = folded.get(str(name), False)
+            fieldsets.append((name, {**options, "classes": ("collapse",)} if fold else dict(options)))
+        if obj is not None:
+            fieldsets.insert(1, ("Protecting your site", {"fields": ("protecting",)}))
+        return fieldsets
+
+    @admin.display(description="")
+    def protecting(self, obj: Queue) -> SafeString:
+        context = {
+            "slug": obj.slug,
+            "target": obj.target_url,
+            "problem": target_problem(obj.slug, obj.target_url),
+            "dashboard_url": reverse("dashboard:queue", args=[obj.slug]),
+            "waiting_url": reverse("waiting-page", args=[obj.slug]),
+            "api_key_url": reverse("admin:queueing_queueapikey_add"),
+            "api_base": f"https://<this server>/api/v1/queues/{obj.slug}",
+        }
+        return SafeString(render_to_string("admin/queueing/queue/protecting.html", context))
+
+    @admin.display(description="links")
+    def links(self, obj: Queue) -> str:
+        return format_html(
+            '<a href="{}">dashboard</a> · <a href="{}">waiting page</a>',
+            reverse("dashboard:queue", args=[obj.slug]),
+            reverse("waiting-page", args=[obj.slug]),
+        )
+
     def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         field = super().formfield_for_dbfield(db_field, request, **kwargs)
         if db_field.name == "max_tickets_per_address" and field is not None:
@@ -73,7 +116,7 @@ class QueueAdmin(admin.ModelAdmin):
         return field
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        return ("slug",) if obj else ()
+        return ("slug", "protecting") if obj else ()
 
     def get_inline_instances(self, request: HttpRequest, obj: Any = None) -> Any:
         # Default levels are created with the queue; they are edited afterwards.
@@ -107,6 +150,9 @@ class QueueAdmin(admin.ModelAdmin):
         queue, _ = services.queue_configure(slug=obj.slug, changes=changes, actor=request.user)
         obj.pk = queue.pk
         obj.refresh_from_db()
+        problem = target_problem(queue.slug, queue.target_url)
+        if problem:
+            self.message_user(request, f"Check the target URL: {problem}", messages.WARNING)
 
     def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
         # Audited, and placement fractions mirrored into Redis, by the service.

@@ -227,6 +227,7 @@ def require_queue_access(slug: str) -> Callable[[Callable[..., HttpResponseBase]
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             return queue_access_serve(request, slug, lambda: view(request, *args, **kwargs))
 
+        wrapper.queue_access_slug = slug  # type: ignore[attr-defined]  # whose tokens it takes (admin checks targets)
         return wrapper
 
     return decorator

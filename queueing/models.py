@@ -65,36 +65,46 @@ class Queue(models.Model):
     target_url = models.CharField(
         max_length=500,
         validators=[validate_target_url],
-        help_text="Where admitted visitors are sent (absolute URL, or a path on this site).",
+        help_text="Where admitted visitors are sent: a page of the protected site (https://shop.example/sale) "
+        "or a path on this server. That page must accept this queue's access tokens (see the queue's page: "
+        '"Protecting your site").',
     )
     state = models.CharField(max_length=10, choices=State.choices, default=State.OPEN)
     mode = models.CharField(
         max_length=10,
         choices=Mode.choices,
         default=Mode.TRACKED,
-        help_text="Stateless mode keeps no per-visitor state (seed 000): a ticket is its number, and a window "
-        "of active numbers slides forward by `window size` every `window interval`. No priorities, presence, "
-        "capacity counting, revocation or neighbours; for queues too big for tracked mode. Switching the mode "
-        "of a queue with people in it sends them to join again.",
+        help_text="Tracked (the default) keeps each visitor's place, presence and session. Stateless keeps "
+        "nothing per visitor, for the largest drops: a ticket is its number, and a window of numbers moves "
+        "forward by the window size every window interval. Stateless has no priorities, presence, capacity "
+        "counting, revocation or neighbours. Switching the mode of a queue with people in it sends them to "
+        "join again.",
     )
 
     capacity = models.PositiveIntegerField(
         default=100,
         validators=[MinValueValidator(1), MaxValueValidator(10_000_000)],
-        help_text="Most visitors holding a slot (admitted or active) at once.",
+        help_text="Most visitors on the protected site at once (let in and not yet finished). The next one "
+        "goes in when one finishes or their time runs out.",
     )
-    capacity_source = models.CharField(max_length=10, choices=CapacitySource.choices, default=CapacitySource.COUNTED)
+    capacity_source = models.CharField(
+        max_length=10,
+        choices=CapacitySource.choices,
+        default=CapacitySource.COUNTED,
+        help_text="Counted: the waiting room counts who is on the site (let in until they finish or their time "
+        "runs out). Reported: the site tells it its own count (PUT /api/v1/queues/<slug>/capacity).",
+    )
     outflow_per_minute = models.FloatField(
         default=60.0,
         validators=[MinValueValidator(0.1), MaxValueValidator(1_000_000)],
-        help_text="Token-bucket rate at which visitors are admitted. Pause the queue to stop it.",
+        help_text="Most visitors let in per minute, spread evenly. Pause the queue to let nobody in.",
     )
     burst = models.PositiveIntegerField(
         default=10,
         validators=[MinValueValidator(1), MaxValueValidator(1_000_000)],
         help_text=(
-            "Most visitors admitted at once after a quiet spell (paused, nobody waiting, or the site "
-            "full): the token bucket's size. A late admission round still admits the outflow owed."
+            "Most visitors let in at once after a quiet spell (paused, nobody waiting, or the site "
+            "full). A late admission round still lets in those the outflow owes."
         ),
     )
     session_ttl = models.PositiveIntegerField(
@@ -148,7 +158,8 @@ class Queue(models.Model):
         null=True,
         blank=True,
         help_text="Admission starts at this time; visitors who join before wait in the pre-queue with a countdown, "
-        "and at this time are put in a random order that anyone can verify (see the README).",
+        "and at this time are put in a random order that anyone can check afterwards (its commitment is "
+        "published while they wait).",
     )
     ends_at = models.DateTimeField(
         null=True, blank=True, help_text="The queue closes at this time; visitors still waiting are told."
@@ -434,13 +445,22 @@ class PriorityCode(models.Model):
     code = models.CharField(
         max_length=64,
         default=priority_code_new,
-        help_text="Generated (96 random bits) unless you type one; a short or guessable code can be guessed.",
+        help_text='What visitors send with their join (priority_code in the API). Case counts ("vip" is '
+        'not "VIP"). Leave the generated one (96 random bits) unless you need a memorable code: a short or '
+        "guessable code will be guessed. To make many at once, use the queue list's \"Generate priority "
+        'codes" action.',
         validators=[RegexValidator(r"^[A-Za-z0-9_-]{4,64}$", "4-64 letters, digits, '-' or '_'.")],
     )
     level = models.PositiveSmallIntegerField(choices=[c for c in PriorityLevel.Level.choices if c[0] > 0])
-    max_uses = models.PositiveIntegerField(null=True, blank=True, help_text="Empty means unlimited.")
+    max_uses = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="How many joins may use this code; after that it is refused. Empty means unlimited.",
+    )
     uses = models.PositiveIntegerField(default=0, editable=False)
-    expires_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(
+        null=True, blank=True, help_text="After this time the code is refused. Empty means it never expires."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -250,6 +250,10 @@ def demo_protected(request: HttpRequest, slug: str = DEMO_QUEUE) -> HttpResponse
     return queue_access_serve(request, slug, lambda: _demo_page(request, slug))
 
 
+# Whose tokens the page takes, as @require_queue_access marks its views (admin checks a queue's target).
+demo_protected.queue_access_slug = lambda kwargs: kwargs.get("slug", DEMO_QUEUE)  # type: ignore[attr-defined]
+
+
 def _demo_page(request: HttpRequest, slug: str) -> HttpResponse:
     finish_url = reverse("demo-finish") if slug == DEMO_QUEUE else reverse("demo-finish-queue", args=[slug])
     context = {"access": request.queue_access, "slug": slug, "finish_url": finish_url}  # type: ignore[attr-defined]

@@ -1,0 +1,82 @@
+"""Admin that explains itself (issue 19, items 2 and 3). Seen before: a queue aimed at /demo/protected/
+(the only protected page README named) sent its admitted visitors into the demo queue's line ("That link
+to the site was not valid", "This line is closed"), where they lost their turn; nothing warned."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import override_settings
+
+from queueing import services
+from queueing.models import Queue
+from queueing.targets import target_problem
+
+from .test_admin import FORM
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def admin_client(client):
+    client.force_login(get_user_model().objects.create_superuser("root", "root@example.com", "pw"))
+    return client
+
+
+def test_a_target_that_takes_another_queue_s_tokens_is_named():
+    problem = target_problem("spring-sale", "/demo/protected/")
+    assert '"demo"' in problem and "lose their turn" in problem
+    assert "/demo/spring-sale/protected/" in problem  # the page that would work
+    assert target_problem("spring-sale", "/demo/spring-sale/protected/") == ""
+    assert target_problem("demo", "/demo/protected/?from=mail") == ""
+    assert '"other"' in target_problem("spring-sale", "/demo/other/protected/")
+
+
+def test_a_page_of_this_server_that_checks_no_token_or_is_not_there_is_named():
+    assert "does not check access tokens" in target_problem("spring-sale", "/")
+    assert '@require_queue_access("spring-sale")' in target_problem("spring-sale", "/")
+    assert "No page of this server answers at /nowhere/" in target_problem("spring-sale", "/nowhere/")
+    assert target_problem("spring-sale", "https://shop.example/sale") == ""  # another site: not checkable here
+
+
+@override_settings(
+    MIDDLEWARE=["queueing.middleware.QueueAccessMiddleware"], WR_PROTECTED_PATHS={"/shop/": "spring-sale"}
+)
+def test_paths_the_middleware_protects_take_the_queue_it_names():
+    assert target_problem("spring-sale", "/shop/boots") == ""
+    assert '"spring-sale"' in target_problem("winter", "/shop/boots")
+
+
+def test_saving_a_queue_aimed_at_the_demo_s_page_warns_and_its_page_says_how_to_protect_a_site(admin_client):
+    saved = admin_client.post("/admin/queueing/queue/add/", {**FORM, "target_url": "/demo/protected/"}, follow=True)
+    assert saved.status_code == 200
+    warnings = [str(m) for m in saved.context["messages"] if m.level_tag == "warning"]
+    assert len(warnings) == 1 and "lose their turn" in warnings[0]
+    queue = Queue.objects.get(slug=FORM["slug"])
+    page = admin_client.get(f"/admin/queueing/queue/{queue.pk}/change/").content.decode()
+    assert "Protecting your site" in page and "lose their turn" in page
+    assert '@require_queue_access("spring-sale")' in page and 'WR_PROTECTED_PATHS = {"/sale/": "spring-sale"}' in page
+    assert "/api/v1/queues/spring-sale/sessions/verify" in page
+    assert 'href="/dashboard/spring-sale/"' in page and 'href="/q/spring-sale/"' in page
+    # Aimed at its own demo page, the page shows no warning.
+    services.queue_configure(slug=queue.slug, changes={"target_url": "/demo/spring-sale/protected/"})
+    assert "lose their turn" not in admin_client.get(f"/admin/queueing/queue/{queue.pk}/change/").content.decode()
+
+
+def test_the_admin_links_to_the_dashboard_and_each_queue_s_pages(admin_client, make_queue):
+    queue = make_queue()
+    index = admin_client.get("/admin/").content.decode()
+    assert 'href="/dashboard/"' in index and "Running a sale" in index
+    listing = admin_client.get("/admin/queueing/queue/").content.decode()
+    assert f'href="/dashboard/{queue.slug}/"' in listing and f'href="/q/{queue.slug}/"' in listing
+
+
+def test_the_mode_and_adaptive_settings_are_folded_until_in_use(admin_client, make_queue):
+    tracked = make_queue()
+    page = admin_client.get(f"/admin/queueing/queue/{tracked.pk}/change/").content.decode()
+    assert page.count('class="module aligned collapse"') == 2  # the mode's and the adaptive outflow's
+    adaptive = make_queue(
+        adaptive_outflow=True, outflow_per_minute=60, outflow_min_per_minute=10, outflow_max_per_minute=100
+    )
+    page = admin_client.get(f"/admin/queueing/queue/{adaptive.pk}/change/").content.decode()
+    assert page.count('class="module aligned collapse"') == 1  # the mode's only
