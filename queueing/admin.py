@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+import csv
 from functools import partial
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.template.loader import render_to_string
+from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -44,7 +47,7 @@ class QueueAdmin(admin.ModelAdmin):
     list_display_links = ("slug",)
     list_filter = ("state",)
     search_fields = ("slug", "name")
-    actions = ("pause_queues", "resume_queues")
+    actions = ("pause_queues", "resume_queues", "generate_codes")
     inlines = (PriorityLevelInline,)
     fieldsets = (
         (None, {"fields": ("slug", "name", "target_url", "state")}),
@@ -172,11 +175,54 @@ class QueueAdmin(admin.ModelAdmin):
             services.queue_pause(queue, actor=request.user)
         self.message_user(request, f"Paused {queryset.count()} queue(s).", messages.SUCCESS)
 
+    def has_add_codes_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("queueing.add_prioritycode")
+
+    @admin.action(description="Generate priority codes (CSV) for the selected queue", permissions=["add_codes"])
+    def generate_codes(self, request: HttpRequest, queryset: QuerySet[Queue]) -> HttpResponse | None:
+        if queryset.count() != 1:
+            self.message_user(request, "Select one queue to generate codes for.", messages.ERROR)
+            return None
+        queue = queryset.get()
+        form = GenerateCodesForm(request.POST if "apply" in request.POST else None)
+        if not form.is_valid():
+            context = {
+                **self.admin_site.each_context(request),
+                "title": "Generate priority codes",
+                "queue": queue,
+                "form": form,
+                "back_url": reverse("admin:queueing_queue_changelist"),
+            }
+            return TemplateResponse(request, "admin/queueing/queue/generate_codes.html", context)
+        codes = services.priority_codes_generate(queue, **form.cleaned_data, actor=request.user)
+        response = HttpResponse(content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = f'attachment; filename="{queue.slug}-priority-codes.csv"'
+        writer = csv.writer(response)
+        writer.writerow(["queue", "code", "level", "max_uses", "expires_at"])
+        for code in codes:
+            expires = code.expires_at.isoformat() if code.expires_at else ""
+            writer.writerow([queue.slug, code.code, code.level, code.max_uses or "", expires])
+        return response
+
     @admin.action(description="Resume selected queues", permissions=["change"])
     def resume_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
         for queue in queryset:
             services.queue_resume(queue, actor=request.user)
         self.message_user(request, f"Resumed {queryset.count()} queue(s).", messages.SUCCESS)
+
+
+class GenerateCodesForm(forms.Form):
+    count = forms.IntegerField(min_value=1, max_value=services.PRIORITY_CODES_MAX, initial=100)
+    level = forms.TypedChoiceField(
+        coerce=int, choices=[c for c in PriorityLevel.Level.choices if c[0] > 0], initial=PriorityLevel.Level.VIP
+    )
+    max_uses = forms.IntegerField(
+        min_value=1, required=False, initial=1, help_text="Joins each code may be used for. Empty: unlimited."
+    )
+    expires_at = forms.DateTimeField(
+        required=False,
+        help_text="After this the codes are refused (YYYY-MM-DD HH:MM, this server's time zone). Empty: never.",
+    )
 
 
 @admin.register(PriorityCode)

@@ -4,9 +4,14 @@ to the site was not valid", "This line is closed"), where they lost their turn; 
 
 from __future__ import annotations
 
+import csv
+import io
+import json
+import uuid
+
 import pytest
 from django.contrib.auth import get_user_model
-from django.test import override_settings
+from django.test import Client, override_settings
 
 from queueing import services
 from queueing.models import Queue
@@ -80,3 +85,40 @@ def test_the_mode_and_adaptive_settings_are_folded_until_in_use(admin_client, ma
     )
     page = admin_client.get(f"/admin/queueing/queue/{adaptive.pk}/change/").content.decode()
     assert page.count('class="module aligned collapse"') == 1  # the mode's only
+
+
+def test_an_operator_generates_codes_and_downloads_them_as_csv(make_queue):
+    """The admin action: N random codes (96 bits each) of a level, saved with the queue, downloaded once as
+    CSV, audited without the codes; each one then lets a visitor join at its level, up to its uses."""
+    from queueing.models import PriorityCode, QueueChange
+
+    from .test_roles import printed_login
+
+    client = printed_login()  # an operator, not a superuser
+    queue = make_queue()
+    chosen = {"action": "generate_codes", "_selected_action": [queue.pk]}
+    form = client.post("/admin/queueing/queue/", chosen)
+    assert form.status_code == 200 and "Generate priority codes" in form.content.decode()
+    refused = client.post("/admin/queueing/queue/", {**chosen, "apply": "1", "count": "0", "level": "2"})
+    assert refused.status_code == 200 and not PriorityCode.objects.exists()  # the form again, with the error
+    answer = client.post(
+        "/admin/queueing/queue/", {**chosen, "apply": "1", "count": "25", "level": "2", "max_uses": "1"}
+    )
+    assert answer.status_code == 200 and answer["Content-Type"].startswith("text/csv")
+    assert f'filename="{queue.slug}-priority-codes.csv"' in answer["Content-Disposition"]
+    rows = list(csv.reader(io.StringIO(answer.content.decode())))
+    assert rows[0] == ["queue", "code", "level", "max_uses", "expires_at"] and len(rows) == 26
+    codes = [row[1] for row in rows[1:]]
+    assert len(set(codes)) == 25 and all(len(code) == 16 for code in codes)  # 16 URL-safe characters: 96 bits
+    assert set(PriorityCode.objects.filter(queue=queue).values_list("code", flat=True)) == set(codes)
+    entry = QueueChange.objects.get(queue=queue, action="codes_generated")
+    assert entry.after["codes"] == 25 and entry.after["level"] == 2 and codes[0] not in json.dumps(entry.after)
+    first = join_with_code(queue.slug, codes[0])
+    assert first.status_code == 201 and PriorityCode.objects.get(code=codes[0]).uses == 1
+    spent = join_with_code(queue.slug, codes[0])
+    assert spent.status_code == 400 and spent.json()["error"]["code"] == "invalid_priority_code"  # its one use
+
+
+def join_with_code(slug: str, code: str):
+    body = json.dumps({"priority_code": code})
+    return Client().post(f"/api/v1/queues/{slug}/join", body, "application/json", HTTP_X_VISITOR_ID=str(uuid.uuid4()))

@@ -8,13 +8,15 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.exceptions import ValidationError
+from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
 from .. import clock, pow, realtime, selectors, store, tokens
-from ..models import PriorityCode, PriorityLevel
+from ..models import PriorityCode, PriorityLevel, Queue, priority_code_new
 from ..selectors import Polled
 from .admission import queue_admit
+from .audit import queue_change_record
 from .errors import (
     InvalidPriorityCode,
     ProofOfWorkRequired,
@@ -50,6 +52,38 @@ def priority_code_reserve(*, slug: str, code: str, address: str = "") -> int:
     if not taken:
         raise InvalidPriorityCode(code)
     return PriorityCode.objects.values_list("level", flat=True).get(queue__slug=slug, code=code)
+
+
+PRIORITY_CODES_MAX = 10_000  # generated in one go
+
+
+def priority_codes_generate(
+    queue: Queue,
+    *,
+    count: int,
+    level: int,
+    max_uses: int | None = None,
+    expires_at: Any = None,
+    actor: Any = None,
+    actor_label: str = "",
+) -> list[PriorityCode]:
+    """`count` fresh codes of `level` for `queue` (96 random bits each: models.priority_code_new), in one
+    transaction, audited (how many and their terms, never the codes themselves)."""
+    if not 1 <= count <= PRIORITY_CODES_MAX:
+        raise ValidationError({"count": f"Between 1 and {PRIORITY_CODES_MAX:,}."})
+    codes = [
+        PriorityCode(queue=queue, code=priority_code_new(), level=level, max_uses=max_uses, expires_at=expires_at)
+        for _ in range(count)
+    ]
+    for code in codes[:1]:
+        code.full_clean(exclude=["queue"])
+    with transaction.atomic():
+        PriorityCode.objects.bulk_create(codes)
+        terms = {"codes": count, "level": level, "max_uses": max_uses, "expires_at": expires_at}
+        queue_change_record(
+            queue, action="codes_generated", before={}, after=terms, actor=actor, actor_label=actor_label
+        )
+    return codes
 
 
 def priority_code_release(*, slug: str, code: str) -> None:
