@@ -151,12 +151,12 @@ def dashboard_control(request: HttpRequest, slug: str) -> HttpResponse:
             }
     if _wants_json(request):
         if errors:
-            return JsonResponse({"error": {"code": "invalid", "fields": errors}}, status=400)
+            words = form.errors_in_words(errors)
+            return JsonResponse({"error": {"code": "invalid", "message": words, "fields": errors}}, status=400)
         queue.refresh_from_db()
         return JsonResponse({"done": done, "live": selectors.queue_live(queue)})
     if errors:
-        text = "; ".join(f"{field}: {e['message']}" for field, items in errors.items() for e in items)
-        messages.error(request, text)
+        messages.error(request, form.errors_in_words(errors))
     else:
         messages.success(request, done)
     return redirect("dashboard:queue", slug=queue.slug)
@@ -227,8 +227,9 @@ def export_changes(request: HttpRequest, slug: str) -> StreamingHttpResponse:
                 change.created_at.isoformat(),
                 change.actor_label,
                 change.action,
+                change.summary(),
                 json.dumps(change.before, sort_keys=True, default=str),
                 json.dumps(change.after, sort_keys=True, default=str),
             ]
 
-    return _csv(f"{queue.slug}-audit.csv", ["when", "who", "action", "before", "after"], rows())
+    return _csv(f"{queue.slug}-audit.csv", ["when", "who", "action", "change", "before", "after"], rows())

@@ -257,9 +257,23 @@ class SigningKeyAdmin(admin.ModelAdmin):
 
 @admin.register(QueueChange)
 class QueueChangeAdmin(admin.ModelAdmin):
-    list_display = ("created_at", "queue_slug", "action", "actor_label", "before", "after")
+    list_display = ("created_at", "queue_slug", "action", "actor_label", "change")
     list_filter = ("queue_slug", "action")
-    readonly_fields = ("queue", "queue_slug", "actor", "actor_label", "action", "before", "after", "created_at")
+    readonly_fields = (
+        "queue",
+        "queue_slug",
+        "actor",
+        "actor_label",
+        "action",
+        "change",
+        "before",
+        "after",
+        "created_at",
+    )
+
+    @admin.display(description="change")
+    def change(self, obj: QueueChange) -> str:
+        return obj.summary()
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -525,6 +525,36 @@ class QueueChange(models.Model):
     def __str__(self) -> str:
         return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.queue_slug} {self.action} by {self.actor_label}"
 
+    def summary(self) -> str:
+        """What changed, as people read it: "capacity 3 → 5, state open → paused" (a creation: what it was
+        created with; an entry without values: its action)."""
+        if self.action == "create":
+            return "created: " + ", ".join(f"{_words(k)} {_shown(v)}" for k, v in sorted(self.after.items()))
+        keys = list(dict.fromkeys([*self.before, *self.after]))
+        parts = [
+            f"{_words(k)} {_shown(self.before[k])} → {_shown(self.after.get(k))}"
+            if k in self.before
+            else f"{_words(k)} {_shown(self.after[k])}"
+            for k in keys
+        ]
+        return ", ".join(parts) or _words(self.action)
+
+
+def _words(name: str) -> str:
+    return name.replace("_", " ")
+
+
+def _shown(value: Any) -> str:
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, str) and len(value) >= 19 and value[4] == "-" and value[10] == "T":
+        return value[:19].replace("T", " ")  # a time (ISO 8601, as the log's JSON keeps it), to the second
+    return str(value)
+
 
 class FinishedTicket(models.Model):
     """A ticket that finished (left, expired, completed, revoked), noted from Redis by the cleanup task

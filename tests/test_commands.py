@@ -76,13 +76,18 @@ def test_create_api_key_prints_a_working_key_once(db):
 
 def test_setup_demo_creates_the_demo_and_prints_the_login_only_the_first_time(db):
     first = run("setup_demo")
-    assert "Staff login (shown once)" in first
+    assert "Staff login (shown once; bin/run --login gives it a new password)" in first
     password = first.split("password ")[1].split()[0]
     user = get_user_model().objects.get(username="staff")
     assert user.is_staff and user.check_password(password) and user.has_perm("queueing.change_queue")
     assert Queue.objects.get(slug="demo").target_url == "/demo/protected/"
     assert SigningKey.objects.count() == 1
     assert "Staff login" not in run("setup_demo")
+    again = run("staff_login")  # the login again: a new password, the old one no longer works
+    new_password = again.split("password ")[1].split()[0]
+    user.refresh_from_db()
+    assert new_password != password and user.check_password(new_password) and not user.check_password(password)
+    assert user.groups.filter(name="Queue operators").exists()
 
 
 def test_rotate_signing_key_publishes_a_new_key(db):

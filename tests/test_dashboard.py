@@ -256,6 +256,16 @@ def test_capacity_and_outflow_changes_take_effect_and_bad_values_change_nothing(
         answer = people["operator"].post(url, {"action": "update", **bad}, headers={"Accept": "application/json"})
         assert answer.status_code == 400, bad
         assert "fields" in answer.json()["error"]
+    # In words, with the bounds the queue keeps (issue 19: the form took outflow 0, and the server answered
+    # "outflow_per_minute: Ensure this value is greater than or equal to 0.1."); the browser refuses it first
+    answer = people["operator"].post(
+        url, {"action": "update", "capacity": 5, "outflow_per_minute": 0}, headers={"Accept": "application/json"}
+    )
+    message = answer.json()["error"]["message"]
+    assert message == "Outflow (admissions a minute): at least 0.1 a minute (to let nobody in, pause the queue)."
+    page = people["operator"].get(f"/dashboard/{queue.slug}/").content.decode()
+    assert 'name="outflow_per_minute"' in page and 'min="0.1"' in page and 'step="any"' in page
+    assert 'name="capacity"' in page and 'min="1"' in page
     queue.refresh_from_db()
     assert (queue.capacity, queue.outflow_per_minute) == (5, 120)
     answer = people["operator"].post(url, {"action": "update", "capacity": 0, "outflow_per_minute": 60}, follow=True)
@@ -296,8 +306,13 @@ def test_every_change_is_in_the_audit_log_with_who_what_before_and_after(people,
     ]
     page = people["looker"].get(f"/dashboard/{queue.slug}/").content.decode()
     assert page.count("<td>operator</td>") == 4
+    # In words, not a Python dict (issue 19: the log showed {'capacity': 3, ...})
+    assert "<td>capacity 3 → 7, outflow per minute 600 → 30</td>" in page
+    assert "<td>state open → paused</td>" in page and "<td>state paused → open</td>" in page
+    assert "{&#x27;" not in page and "{'" not in page
     rows = list(csv.reader(io.StringIO(b"".join(people["looker"].get(f"/dashboard/{queue.slug}/audit.csv")).decode())))
-    assert rows[0] == ["when", "who", "action", "before", "after"]
+    assert rows[0] == ["when", "who", "action", "change", "before", "after"]
+    assert rows[1][3] == f"ticket id {ticket.ticket_id} → {ticket.ticket_id}, status revoked"
     assert [r[1:3] for r in rows[1:5]] == [["operator", "revoke"], ["operator", "update"]] + [
         ["operator", "update"]
     ] * 2

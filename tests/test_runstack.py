@@ -212,3 +212,18 @@ def test_the_backoff_grows_with_quick_deaths_and_is_capped(monkeypatch):
     child.quick_deaths = 2
     assert dies(ran=0) == 3  # 4 s, capped
     assert dies(ran=60) == 1  # it had run a minute: counting starts again
+
+
+def test_each_installation_gets_its_own_redis_prefix_kept_in_its_var_dir(tmp_path):
+    """bin/run on a Redis someone else runs: its keys, Celery's keys and Celery's queue under a prefix of
+    its own, made up once per var/ and kept there (WR_REDIS_PREFIX, when set, wins)."""
+    first: dict[str, str] = {}
+    prefix = runstack.installation_prefix(first, tmp_path)
+    assert prefix.startswith("wr-") and len(prefix) == 11 and prefix != "wr"
+    assert first["WR_REDIS_PREFIX"] == prefix and first["CELERY_KEY_PREFIX"] == f"{prefix}:celery:"
+    assert first["CELERY_TASK_DEFAULT_QUEUE"] == f"{prefix}-tasks"
+    assert runstack.installation_prefix({}, tmp_path) == prefix  # the same installation, the same keys
+    other = tmp_path / "other"
+    other.mkdir()
+    assert runstack.installation_prefix({}, other) != prefix  # another checkout, other keys
+    assert runstack.installation_prefix({"WR_REDIS_PREFIX": "mine"}, other) == "mine"

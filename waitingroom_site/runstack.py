@@ -22,6 +22,8 @@ import contextlib
 import ctypes
 import errno
 import os
+import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -282,6 +284,25 @@ def _stop(children: list[Child], *, hurry: bool, within: float = STOP_SECONDS) -
             child.process.wait()
 
 
+def installation_prefix(env: dict[str, str], var_dir: Path) -> str:
+    """This installation's key namespace in Redis, for the one-command run (--setup): WR_REDIS_PREFIX if
+    set, else one made up the first time and kept in var/redis-prefix. A Redis already running on this
+    machine may serve other checkouts or other programs: with its own prefix (and Celery's keys and
+    queue under it), this one shares no key with them (issue 19: bin/run used the prefix `wr` and
+    Celery's queue `celery` of whatever Redis answered, and left its keys there)."""
+    prefix = env.get("WR_REDIS_PREFIX", "")
+    kept = var_dir / "redis-prefix"
+    if not prefix and kept.exists():
+        prefix = kept.read_text().strip()
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", prefix):
+        prefix = f"wr-{secrets.token_hex(4)}"
+        kept.write_text(prefix + "\n")
+    env["WR_REDIS_PREFIX"] = prefix
+    env.setdefault("CELERY_KEY_PREFIX", f"{prefix}:celery:")
+    env.setdefault("CELERY_TASK_DEFAULT_QUEUE", f"{prefix}-tasks")
+    return prefix
+
+
 def metrics_directory(env: dict[str, str], var_dir: Path) -> Path:
     """The directory every process of this run keeps its metrics in (README "Metrics"; prometheus-client's
     multiprocess mode): PROMETHEUS_MULTIPROC_DIR, else var/metrics. Emptied first: a file left by a process
@@ -332,6 +353,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--worker-concurrency", type=int, default=int(os.environ.get("WORKER_CONCURRENCY", "2")))
     parser.add_argument("--ws-port", type=int, default=int(os.environ.get("WS_PORT", "0")) or None)
     parser.add_argument("--access-log", action="store_true")
+    parser.add_argument(
+        "--login", action="store_true", help="print the staff login again, with a new password, and exit"
+    )
     parser.add_argument("--skip", action="append", default=[], choices=ROLES)
     parser.add_argument("--only", action="append", default=[], choices=ROLES, help="run only these roles")
     parser.add_argument("--var-dir", default=os.environ.get("WR_VAR_DIR", str(BASE_DIR / "var")))
@@ -374,7 +398,14 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, supervisor.on_signal)
 
+    if args.login:  # the database under var/ (set up if it is not yet); no Redis needed
+        _manage("migrate", "--noinput", "-v", "0", env=env)
+        _manage("staff_login", env=env)
+        return 0
+    if args.setup:
+        installation_prefix(env, var_dir)
     redis_url = None if args.embedded_redis else devredis.resolve()
+    embedded = redis_url is None
     if redis_url is not None and devredis.cluster_node(redis_url):
         say(
             f"REDIS_URL ({redis_url}) is a Redis Cluster node: set REDIS_CLUSTER_NODES to the cluster's nodes "
@@ -404,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, command in commands(args, worker_name).items():
             judged = name if name in ("worker", "beat") else ""
             supervisor.children.append(Child(name, command, liveness=judged, node=node if name == "worker" else ""))
-        _banner(args, env, redis_url)
+        _banner(args, env, redis_url, embedded=embedded)
         metrics_serve(env, metrics_dir)
         if not supervisor.stopping:
             return supervisor.run()
@@ -416,16 +447,22 @@ def main(argv: list[str] | None = None) -> int:
         supervisor.stop_all()
 
 
-def _banner(args: argparse.Namespace, env: dict[str, str], redis_url: str) -> None:
+def _banner(args: argparse.Namespace, env: dict[str, str], redis_url: str, *, embedded: bool) -> None:
     base = f"http://{args.host}:{args.port}"
     if "web" not in args.only:
         say(f"running {', '.join(args.only)} (Redis {redis_url}); Ctrl-C stops.")
         return
+    prefix = env.get("WR_REDIS_PREFIX", "wr")
+    if embedded:
+        whose = "embedded: started for this run, data under var/redis"
+    else:
+        whose = f"already running, not started by this run and maybe shared: this installation's keys are {prefix}:*"
     say(
-        f"Waiting Room on {base}/  (Redis {redis_url})\n"
+        f"Waiting Room on {base}/  (Redis {redis_url}, {whose})\n"
         f"[runstack]   waiting page: {base}/q/demo/   websockets: {env['WR_WS_BASE_URL']}\n"
         f"[runstack]   join:  curl -X POST {base}/api/v1/queues/demo/join\n"
         f"[runstack]   admin: {base}/admin/   API docs: /api/docs/\n"
+        "[runstack]   the staff login again (a new password): bin/run --login\n"
         "[runstack] Ctrl-C stops everything."
     )
 

@@ -520,5 +520,13 @@ LOGGING = {
         }
     },
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # A line per task received, run and sent, several a second (the admission tick alone is one a second
+        # per queue): they pushed bin/run's login out of sight. WR_TASK_LOG_LEVEL=INFO shows them again.
+        **{
+            name: {"level": os.environ.get("WR_TASK_LOG_LEVEL", "WARNING")}
+            for name in ("celery.app.trace", "celery.worker.strategy", "celery.beat")
+        },
+    },
 }

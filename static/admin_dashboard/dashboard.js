@@ -40,6 +40,7 @@
       } else if (figures.slug === config.slug) {
         fill(document.getElementById("q-live"), figures);
         fill(document.querySelector("h1"), figures);
+        controlsFor(figures.state);
       }
     });
   }
@@ -184,6 +185,16 @@
 
   // --- Controls ----------------------------------------------------------------------------------------
 
+  // Pause while open, resume while not: the other button is off.
+  function controlsFor(queueState) {
+    var pause = document.getElementById("q-pause"), resume = document.getElementById("q-resume");
+    if (!pause || !resume || !queueState) return;
+    pause.disabled = queueState !== "open";
+    resume.disabled = queueState === "open";
+  }
+
+  var PAUSE_QUESTION = "Pause this queue? Nobody is let in until you resume; everyone waiting keeps their place.";
+
   function csrf(form) {
     var input = form.querySelector("input[name=csrfmiddlewaretoken]");
     return input ? input.value : "";
@@ -192,6 +203,7 @@
   document.querySelectorAll("form[data-control]").forEach(function (form) {
     form.addEventListener("submit", function (event) {
       event.preventDefault();
+      if (event.submitter && event.submitter.value === "pause" && !window.confirm(PAUSE_QUESTION)) return;
       var body = new FormData(form);
       if (event.submitter && event.submitter.name) body.set(event.submitter.name, event.submitter.value);
       var result = document.getElementById("q-control-result");
@@ -205,10 +217,7 @@
             onLive([answer.json.live]);
             refresh().catch(function () {});
           } else {
-            var fields = (answer.json.error && answer.json.error.fields) || {};
-            result.textContent = Object.keys(fields).map(function (f) {
-              return f + ": " + fields[f].map(function (e) { return e.message; }).join(" ");
-            }).join("; ") || "Not saved.";
+            result.textContent = (answer.json.error && answer.json.error.message) || "Not saved.";
           }
         }).catch(function () { result.textContent = "Not saved: the server did not answer."; });
     });

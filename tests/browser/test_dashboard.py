@@ -43,9 +43,24 @@ def test_the_dashboard_shows_live_figures_and_charts_and_pausing_takes_effect(st
     expect(page.locator("#chart-empty")).to_be_hidden()
     screenshot(page, "dashboard-1-queue")
 
+    # Pause asks first (issue 19); saying no changes nothing. Pause is on while open, Resume while paused.
+    expect(page.locator("#q-resume")).to_be_disabled()
+    questions: list[str] = []
+
+    def say_no(dialog: Any) -> None:
+        questions.append(dialog.message)
+        dialog.dismiss()
+
+    page.once("dialog", say_no)
+    page.click("#q-pause")
+    assert questions and "Pause this queue?" in questions[0]
+    assert stack.configure(slug)["state"] == "open"
+    page.once("dialog", lambda dialog: dialog.accept())
     page.click("#q-pause")
     expect(page.locator("#q-control-result")).to_have_text("Paused.")
     expect(page.locator("#q-state")).to_have_text("paused")
+    expect(page.locator("#q-pause")).to_be_disabled()
+    expect(page.locator("#q-resume")).to_be_enabled()
     assert stack.configure(slug)["state"] == "paused"  # configure_queue with no changes prints the queue
     page.reload()
     expect(page.locator("#q-audit")).to_contain_text("staff")

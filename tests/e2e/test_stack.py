@@ -252,3 +252,37 @@ def test_requests_whose_bodies_trickle_in_do_not_hold_up_everyone_else(stack):
     finally:
         for sock in slow:
             sock.close()
+
+
+def test_the_run_s_output_is_what_a_person_needs_and_the_login_can_be_had_again(stack):
+    """Issue 19: Celery's lines, several a second, pushed the printed password out of sight, and nothing
+    said that the Redis in use was someone else's. Now: no line per task (LOG_LEVEL is INFO here), the
+    banner says whose Redis it is and this installation's keys, and `--login` gives the login again."""
+    import subprocess
+    import sys
+
+    from ..stack import ROOT
+
+    time.sleep(3)  # a few admission ticks sent and run
+    log = stack.log.read_text()
+    assert "ready." in log  # the worker's own start-up line still shows
+    assert "succeeded in" not in log and "Sending due task" not in log and "Received task" not in log
+    assert (
+        f"already running, not started by this run and maybe shared: this installation's keys are {stack.prefix}:*"
+        in log
+    )
+    assert "bin/run --login" in log
+    var = Path(stack.env["WR_VAR_DIR"])
+    again = subprocess.run(
+        [sys.executable, "-m", "waitingroom_site.runstack", "--login", "--var-dir", str(var)],
+        env=stack.env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    password = again.stdout.split("password ")[1].split()[0]
+    with stack.client() as client:
+        token = client.post("/api/v1/auth/token", json={"username": "staff", "password": password})
+        assert token.status_code == 200, token.text

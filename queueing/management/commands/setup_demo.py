@@ -3,17 +3,15 @@
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandParser
 
 from queueing import services, signing_keys
 from queueing.models import Queue
 
-OPERATORS = "Queue operators"  # made by migration 0013 (queueing/migrations/0013_operator_groups.py)
+from .staff_login import staff_login_set
 
 
 class Command(BaseCommand):
@@ -40,11 +38,11 @@ class Command(BaseCommand):
             self.stdout.write("Created the demo queue: /api/v1/queues/demo/join")
         signing_keys.jwks()  # creates the first access-token signing key if there is none
 
-        users = get_user_model()
-        if not users.objects.filter(username=options["username"]).exists():
-            password = secrets.token_urlsafe(12)
-            user = users.objects.create_user(username=options["username"], password=password, is_staff=True)
-            user.groups.add(Group.objects.get(name=OPERATORS))  # the README's whole walk-through, no more
+        if not get_user_model().objects.filter(username=options["username"]).exists():
+            password = staff_login_set(options["username"])
             self.stdout.write(
-                self.style.SUCCESS(f"Staff login (shown once): username {options['username']}  password {password}")
+                self.style.SUCCESS(
+                    f"Staff login (shown once; bin/run --login gives it a new password): "
+                    f"username {options['username']}  password {password}"
+                )
             )
