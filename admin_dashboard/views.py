@@ -73,14 +73,19 @@ def dashboard_live(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"queues": selectors.dashboard_cards()})
 
 
-def _queue_data(queue: Queue, hours: float) -> dict[str, Any]:
+def _queue_data(queue: Queue, hours: float, *, sessions: bool = False) -> dict[str, Any]:
+    """What the queue's page draws and redraws; with `sessions` (staff who may revoke them), the admitted
+    and active tickets too, so the table follows the cards (issue 19: it kept the rows of page load)."""
     start = selectors.since(hours)
-    return {
+    data = {
         "live": selectors.queue_live(queue),
         "series": selectors.queue_series(queue, start=start),
         "truth": selectors.estimate_truth(queue, start=start),
         "hours": hours,
     }
+    if sessions:
+        data["sessions"] = [{**s, "until": s["until"].isoformat()} for s in selectors.queue_sessions(queue)]
+    return data
 
 
 @require_GET
@@ -88,15 +93,15 @@ def _queue_data(queue: Queue, hours: float) -> dict[str, Any]:
 def dashboard_queue(request: HttpRequest, slug: str) -> HttpResponse:
     queue = get_object_or_404(Queue, slug=slug)
     hours = _hours(request)
-    data = _queue_data(queue, hours)
     can_change = request.user.has_perm(CHANGE_PERMISSION)
+    data = _queue_data(queue, hours, sessions=can_change)
     context = {
         "queue": queue,
         "data": data,
         "hours": hours,
         "can_change": can_change,
         "form": ControlForm(initial={"capacity": queue.capacity, "outflow_per_minute": queue.outflow_per_minute}),
-        "sessions": selectors.queue_sessions(queue) if can_change else [],
+        "sessions": data.get("sessions", []),
         "changes": selectors.queue_changes(queue),
         "socket_url": realtime.socket_url(request, SOCKET_PATH),
         "shuffle": queueing_selectors.queue_shuffle_get(slug=queue.slug),
@@ -110,7 +115,7 @@ def dashboard_queue(request: HttpRequest, slug: str) -> HttpResponse:
 def dashboard_queue_data(request: HttpRequest, slug: str) -> JsonResponse:
     """Live figures, chart series and wait-estimate truth of one queue (polling fallback, chart load)."""
     queue = get_object_or_404(Queue, slug=slug)
-    return JsonResponse(_queue_data(queue, _hours(request)))
+    return JsonResponse(_queue_data(queue, _hours(request), sessions=request.user.has_perm(CHANGE_PERMISSION)))
 
 
 def _wants_json(request: HttpRequest) -> bool:

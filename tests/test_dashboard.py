@@ -22,7 +22,7 @@ from queueing import store
 from queueing.models import Queue, QueueChange
 from waitingroom_site.asgi import application
 
-from .factories import access_token, join, ticket_claims
+from .factories import access_claims, access_token, join, ticket_claims
 
 
 @pytest.fixture
@@ -467,3 +467,20 @@ def test_a_retried_store_keeps_samples_once_and_the_drop_spares_samples_that_cam
         drop()
     assert [sample.ticket_id for sample in store.wait_samples_read(queue.slug)] == [later]
     assert set(WaitSample.objects.filter(queue=queue).values_list("ticket_id", flat=True)) == {*first, later}
+
+
+def test_the_sessions_table_comes_with_the_page_s_data_so_it_follows_the_cards(people, queue, clock):
+    """Issue 19: the table kept the rows of page load ("admitted until 21:48:37", Revoke) while the cards
+    said 0 admitted, 3 active. The page's data (redrawn on every snapshot and whenever the cards' counts
+    change) carries the sessions as they are now; staff who may not revoke get none."""
+    tickets = [join(queue.slug, f"v{i}", now=clock.now) for i in range(2)]
+    data = people["operator"].get(f"/dashboard/{queue.slug}/data.json").json()
+    assert sorted((s["ticket_id"], s["status"]) for s in data["sessions"]) == sorted(
+        (t.ticket_id, "admitted") for t in tickets
+    )
+    engine.session_complete(slug=queue.slug, claims=access_claims(queue.slug, tickets[0]), now=clock.advance(5))
+    data = people["operator"].get(f"/dashboard/{queue.slug}/data.json").json()
+    assert [s["ticket_id"] for s in data["sessions"]] == [tickets[1].ticket_id]
+    assert "sessions" not in people["looker"].get(f"/dashboard/{queue.slug}/data.json").json()
+    page = people["operator"].get(f"/dashboard/{queue.slug}/").content.decode()
+    assert f'data-ticket="{tickets[1].ticket_id}"' in page and f'data-ticket="{tickets[0].ticket_id}"' not in page

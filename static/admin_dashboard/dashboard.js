@@ -41,6 +41,12 @@
         fill(document.getElementById("q-live"), figures);
         fill(document.querySelector("h1"), figures);
         controlsFor(figures.state);
+        // Someone was admitted, started, finished or was dropped: the sessions table follows.
+        var held = figures.admitted + "/" + figures.active;
+        if (state.held !== undefined && held !== state.held && document.getElementById("q-sessions")) {
+          refresh().catch(function () {});
+        }
+        state.held = held;
       }
     });
   }
@@ -126,6 +132,7 @@
   function onData(data) {
     state.data = data;
     onLive([data.live]);
+    if (data.sessions) drawSessions(data.sessions);
     var truth = document.getElementById("q-truth");
     if (truth) truth.querySelectorAll("[data-truth]").forEach(function (el) {
       el.textContent = show(data.truth[el.getAttribute("data-truth")]);
@@ -200,7 +207,45 @@
     return input ? input.value : "";
   }
 
-  document.querySelectorAll("form[data-control]").forEach(function (form) {
+  // The sessions table, redrawn from the page's data: one row per admitted or active ticket.
+  function drawSessions(sessions) {
+    var table = document.getElementById("q-sessions"), none = document.getElementById("q-sessions-none");
+    var template = document.querySelector("form[data-control]");
+    if (!table || !template) return;
+    var body = table.querySelector("tbody");
+    body.textContent = "";
+    sessions.forEach(function (s) {
+      var row = document.createElement("tr");
+      row.setAttribute("data-ticket", s.ticket_id);
+      var ticket = document.createElement("td"), code = document.createElement("code");
+      code.textContent = s.ticket_id;
+      ticket.appendChild(code);
+      var status = document.createElement("td");
+      status.textContent = s.status;
+      var until = document.createElement("td"), time = document.createElement("time");
+      time.setAttribute("datetime", s.until);
+      time.textContent = s.until.slice(11, 19);
+      until.appendChild(time);
+      var cell = document.createElement("td"), form = document.createElement("form");
+      form.method = "post";
+      form.setAttribute("action", template.getAttribute("action"));
+      form.setAttribute("data-control", "");
+      form.innerHTML = '<input type="hidden" name="csrfmiddlewaretoken"><input type="hidden" name="ticket_id">' +
+        '<button class="button danger" name="action" value="revoke">Revoke</button>';
+      form.querySelector("[name=csrfmiddlewaretoken]").value = csrf(template);
+      form.querySelector("[name=ticket_id]").value = s.ticket_id;
+      wire(form);
+      cell.appendChild(form);
+      [ticket, status, until, cell].forEach(function (td) { row.appendChild(td); });
+      body.appendChild(row);
+    });
+    table.hidden = sessions.length === 0;
+    if (none) none.hidden = sessions.length > 0;
+  }
+
+  document.querySelectorAll("form[data-control]").forEach(wire);
+
+  function wire(form) {
     form.addEventListener("submit", function (event) {
       event.preventDefault();
       if (event.submitter && event.submitter.value === "pause" && !window.confirm(PAUSE_QUESTION)) return;
@@ -221,7 +266,7 @@
           }
         }).catch(function () { result.textContent = "Not saved: the server did not answer."; });
     });
-  });
+  }
 
   if (config.page === "queue") {
     var initial = document.getElementById("dash-data");

@@ -72,3 +72,22 @@ def test_the_dashboard_shows_live_figures_and_charts_and_pausing_takes_effect(st
     expect(card.locator('[data-field="state"]')).to_have_text("paused")
     expect(card.locator('[data-field="waiting"]')).to_have_text("4")
     screenshot(page, "dashboard-3-index")
+
+
+def test_the_sessions_table_follows_the_queue_without_a_reload(stack, contexts):
+    """Issue 19: the table kept the rows of page load. Revoking from it answers in place; the row goes,
+    and the visitor let in with the freed slot appears, without reloading the page."""
+    slug = stack.new_queue(capacity=2, outflow_per_minute=600, burst=5)
+    for _ in range(3):
+        api_join(stack, slug)  # two admitted, one waiting
+    page = contexts(viewport=DESKTOP).new_page()
+    staff_login(stack, page, f"/dashboard/{slug}/")
+    rows = page.locator("#q-sessions tbody tr")
+    expect(rows).to_have_count(2)
+    first = rows.first.get_attribute("data-ticket")
+    url = page.url
+    rows.first.locator("button").click()
+    expect(page.locator("#q-control-result")).to_contain_text("revoked")
+    expect(page.locator(f'#q-sessions tr[data-ticket="{first}"]')).to_have_count(0)
+    expect(rows).to_have_count(2)  # the waiting visitor took the freed slot
+    assert page.url == url  # answered in place
