@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.test import Client
 
@@ -27,6 +28,10 @@ OPERATIONS = {
     ("/api/v1/queues/{slug}/pause", "post"): "queue_pause",
     ("/api/v1/queues/{slug}/resume", "post"): "queue_resume",
     ("/api/v1/queues/{slug}", "patch"): "queue_update",
+    ("/api/v1/queues/{slug}", "delete"): "queue_delete",
+    ("/api/v1/queues", "get"): "queue_list",
+    ("/api/v1/queues", "post"): "queue_create",
+    ("/api/v1/queues/{slug}/codes", "post"): "priority_codes_generate",
     ("/api/v1/queues/{slug}/challenge", "post"): "pow_challenge",
     ("/api/v1/queues/{slug}/neighbours", "get"): "ticket_neighbours",
 }
@@ -99,6 +104,10 @@ ERROR_STATUSES = {
     "queue_resume": {401, 403, 404, 406, 429, 503},
     "queue_get": {401, 403, 404, 406, 429, 503},
     "queue_update": {400, 401, 403, 404, 406, 413, 415, 429, 503},
+    "queue_delete": {401, 403, 404, 406, 429, 503},
+    "queue_list": {401, 403, 404, 406, 429, 503},
+    "queue_create": {400, 401, 403, 404, 406, 409, 413, 415, 429, 503},
+    "priority_codes_generate": {400, 401, 403, 404, 406, 413, 415, 429, 503},
 }
 # simplejwt's serializers ignore fields they do not know (settings.SIMPLE_JWT would have to name strict ones).
 # A body each operation accepts, so that only what a test changes can be refused.
@@ -110,6 +119,8 @@ GOOD_BODIES: dict[str, dict[str, Any]] = {
     "capacity_report": {"in_use": 1},
     "site_health_report": {"requests": 1, "errors": 0},
     "queue_update": {"capacity": 5},
+    "queue_create": {"slug": "made-by-a-test", "name": "Made by a test", "target_url": "/"},
+    "priority_codes_generate": {"count": 1, "level": 2},
 }
 PRODUCTION_RATE_LIMITS = {
     scope: {"algorithm": "token_bucket", "capacity": 100, "refill_per_second": 1}
@@ -124,7 +135,9 @@ def _schema() -> dict:
 
 
 def _operations(schema: dict) -> list[tuple[str, str, dict]]:
-    return [(path, method, op) for path, ops in schema["paths"].items() for method, op in ops.items()]
+    """Every operation; deleting the queue comes last (the others use the queue it deletes)."""
+    operations = [(path, method, op) for path, ops in schema["paths"].items() for method, op in ops.items()]
+    return sorted(operations, key=lambda operation: operation[2]["operationId"] == "queue_delete")
 
 
 def _error_body(response) -> dict:
@@ -137,6 +150,8 @@ def _error_body(response) -> dict:
 def caller(make_queue, staff_user, api_key_for):
     """Sends an operation's request as the caller its security names (ticket, API key, staff JWT, nobody)."""
     queue = make_queue()
+    management = ("view_queue", "add_queue", "delete_queue", "add_prioritycode")  # the management API's
+    staff_user.user_permissions.add(*Permission.objects.filter(codename__in=management))
     client = Client()
     visitor = str(uuid.uuid4())
     ticket = client.post(f"/api/v1/queues/{queue.slug}/join", "{}", JSON, HTTP_X_VISITOR_ID=visitor).json()["ticket"]
@@ -204,7 +219,7 @@ def test_every_json_body_that_is_malformed_too_large_or_not_json_is_a_documented
         ("a=b", "text/plain", 415, "unsupported_media_type"),
     ]
     bodies = [(path, method, op) for path, method, op in _operations(_schema()) if "requestBody" in op]
-    assert len(bodies) == 9
+    assert len(bodies) == 11
     for path, method, op in bodies:
         for raw, content_type, status, code in refusals:
             response = caller(path, method, op, raw=raw, content_type=content_type)

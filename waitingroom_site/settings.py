@@ -487,6 +487,8 @@ SPECTACULAR_SETTINGS = {
             "expired_window",
         ],
         "QueueStateEnum": ["open", "paused", "closed"],
+        "QueueModeEnum": ["tracked", "stateless"],
+        "StatelessModeEnum": ["stateless"],
         "VerifyReasonEnum": ["expired", "superseded", "revoked", "full", "bound_elsewhere", "invalid"],
         "ErrorCodeEnum": "queueing.api.errors.ERROR_CODES",
     },

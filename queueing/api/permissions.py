@@ -54,3 +54,32 @@ class CanChangeQueue(IsStaff):
 
     def has_permission(self, request: Request, view: Any) -> bool:
         return super().has_permission(request, view) and request.user.has_perm("queueing.change_queue")
+
+
+class HasModelPermission(IsStaff):
+    """Staff holding one model permission (the Queue operators group holds them all: README "Roles")."""
+
+    permission = ""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return super().has_permission(request, view) and request.user.has_perm(self.permission)
+
+    @property
+    def message(self) -> str:  # type: ignore[override]
+        return f"This needs the '{self.permission}' permission (the Queue operators group has it)."
+
+
+class CanViewQueue(HasModelPermission):
+    permission = "queueing.view_queue"
+
+
+class CanAddQueue(HasModelPermission):
+    permission = "queueing.add_queue"
+
+
+class CanDeleteQueue(HasModelPermission):
+    permission = "queueing.delete_queue"
+
+
+class CanAddCodes(HasModelPermission):
+    permission = "queueing.add_prioritycode"

@@ -28,7 +28,8 @@ ERRORS = {
         "without its CSRF token)",
         404: "not_found (no such path, e.g. a malformed slug; no such queue), queue_not_found, ticket_not_found",
         406: "not_acceptable: the Accept header allows no application/json",
-        409: "Conflict: queue_closed, queue_not_open, session_not_active, proof_of_work_reused, not_in_stateless_mode",
+        409: "Conflict: queue_closed, queue_not_open, session_not_active, proof_of_work_reused, not_in_stateless_mode, "
+        "queue_exists",
         413: "request_too_large: the body is over the upload limit",
         415: "unsupported_media_type: send the body as application/json",
         428: "proof_of_work_required: the error object carries a challenge to solve",

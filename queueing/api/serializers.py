@@ -245,6 +245,38 @@ class QueuePatchSerializer(StrictSerializer):
         return attrs
 
 
+class QueueCreateSerializer(QueuePatchSerializer):
+    """A new queue: its slug, name and target, and any of the settings QueuePatchSerializer takes, and
+    these (the rest take their defaults, as in admin)."""
+
+    slug = StrictCharField(max_length=64, help_text="Lowercase letters, digits and '-'; the queue's address.")
+    name = StrictCharField(max_length=120)
+    target_url = StrictCharField(max_length=500, help_text="Where admitted visitors are sent.")
+    state = serializers.ChoiceField(choices=["open", "paused", "closed"], required=False)
+    capacity_source = serializers.ChoiceField(choices=Queue.CapacitySource.choices, required=False)
+    session_ttl = StrictIntegerField(required=False, min_value=1)
+    claim_ttl = StrictIntegerField(required=False, min_value=1)
+    presence_timeout = StrictIntegerField(required=False, min_value=1)
+    abandon_timeout = StrictIntegerField(required=False, min_value=1)
+    prequeue_opens_at = serializers.DateTimeField(required=False, allow_null=True)
+    starts_at = serializers.DateTimeField(required=False, allow_null=True)
+    ends_at = serializers.DateTimeField(required=False, allow_null=True)
+
+
+class CodesRequestSerializer(StrictSerializer):
+    count = StrictIntegerField(min_value=1, max_value=10_000)
+    level = StrictIntegerField(min_value=1, max_value=3, help_text="1 elevated, 2 VIP, 3 premium.")
+    max_uses = StrictIntegerField(required=False, min_value=1, help_text="Joins per code; absent: unlimited.")
+    expires_at = serializers.DateTimeField(required=False, allow_null=True)
+
+
+class CodesResponseSerializer(serializers.Serializer):
+    codes = serializers.ListField(child=serializers.CharField(), help_text="Shown this once: hand them out.")
+    level = serializers.IntegerField()
+    max_uses = serializers.IntegerField(allow_null=True)
+    expires_at = serializers.DateTimeField(allow_null=True)
+
+
 # --- Responses (documentation for the schema; views build plain dicts) ------------------------------
 
 
@@ -374,8 +406,18 @@ class QueueSerializer(serializers.ModelSerializer):
         fields = (
             "slug",
             "name",
+            "target_url",
             "state",
+            "mode",
             "capacity",
+            "capacity_source",
+            "session_ttl",
+            "claim_ttl",
+            "presence_timeout",
+            "abandon_timeout",
+            "prequeue_opens_at",
+            "starts_at",
+            "ends_at",
             "outflow_per_minute",
             "burst",
             "max_waiting",

@@ -20,4 +20,6 @@ urlpatterns = [
     path("queues/<queue:slug>/pause", views.PauseView.as_view(), name="queue-pause"),
     path("queues/<queue:slug>/resume", views.ResumeView.as_view(), name="queue-resume"),
     path("queues/<queue:slug>", views.QueueView.as_view(), name="queue-detail"),
+    path("queues", views.QueuesView.as_view(), name="queue-list"),
+    path("queues/<queue:slug>/codes", views.CodesView.as_view(), name="queue-codes"),
 ]

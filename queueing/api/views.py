@@ -25,7 +25,7 @@ from ..visitors import client_address
 from . import serializers as s
 from .answers import authorization, join_answer, status_answer, ticket_claims, window_answer
 from .errors import ApiError
-from .permissions import CanChangeQueue, HasQueueApiKey, IsStaff
+from .permissions import CanAddCodes, CanAddQueue, CanChangeQueue, CanDeleteQueue, CanViewQueue, HasQueueApiKey, IsStaff
 from .schema import JSON_BODY, error_responses
 from .throttling import (
     ClientAddressThrottle,
@@ -457,6 +457,93 @@ class QueueView(_StaffView):
         except ValidationError as exc:
             raise ApiError("invalid_request", "The change is not valid.", fields=exc.message_dict) from exc
         return Response(_queue_payload(queue))
+
+    @extend_schema(
+        operation_id="queue_delete",
+        summary="Delete a queue: its line, tickets and sessions end with it (audited; the log stays)",
+        responses={204: None, **error_responses(401, 403, 406, 429, 503)},
+        auth=STAFF_AUTH,
+    )
+    def delete(self, request: Request, slug: str) -> Response:
+        if not CanDeleteQueue().has_permission(request, self):
+            raise ApiError("permission_denied", CanDeleteQueue().message)
+        services.queue_delete(self.queue(slug), actor=request.user)
+        return Response(status=204)
+
+
+class QueuesView(_StaffView):
+    """The management API's collection (issue 19): what admin and `configure_queue` do, for automation.
+    Every change goes through the same service (services.queue_configure) and is audited alike."""
+
+    def get_permissions(self) -> list[Any]:
+        return [CanAddQueue()] if self.request.method == "POST" else [CanViewQueue()]
+
+    @extend_schema(
+        operation_id="queue_list",
+        summary="Every queue's settings",
+        responses={200: s.QueueSerializer(many=True), **error_responses(401, 403, 406, 429, 503)},
+        auth=STAFF_AUTH,
+    )
+    def get(self, request: Request) -> Response:
+        return Response([_queue_payload(queue) for queue in Queue.objects.order_by("slug")])
+
+    @extend_schema(
+        operation_id="queue_create",
+        summary="Create a queue (audited; mirrored to Redis like one made in admin)",
+        request=s.QueueCreateSerializer,
+        examples=[
+            OpenApiExample(
+                "A sale of 50 at a time, 120 a minute",
+                value={
+                    "slug": "spring-sale",
+                    "name": "Spring sale",
+                    "target_url": "https://shop.example/sale",
+                    "capacity": 50,
+                    "outflow_per_minute": 120,
+                    "state": "paused",
+                },
+                request_only=True,
+            )
+        ],
+        responses={201: s.QueueSerializer, **error_responses(*JSON_BODY, 401, 403, 406, 409, 429, 503)},
+        auth=STAFF_AUTH,
+    )
+    def post(self, request: Request) -> Response:
+        data = _validated(s.QueueCreateSerializer, request.data)
+        slug = data.pop("slug")
+        if Queue.objects.filter(slug=slug).exists():
+            raise ApiError("queue_exists", f"A queue {slug} exists already: PATCH /api/v1/queues/{slug} changes it.")
+        try:
+            queue, _ = services.queue_configure(slug=slug, changes=data, actor=request.user)
+        except ValidationError as exc:
+            raise ApiError("invalid_request", "The queue is not valid.", fields=exc.message_dict) from exc
+        return Response(_queue_payload(queue), status=201)
+
+
+class CodesView(_StaffView):
+    permission_classes = [CanAddCodes]
+
+    @extend_schema(
+        operation_id="priority_codes_generate",
+        summary="Generate priority codes (96 random bits each), returned this once (audited without them)",
+        request=s.CodesRequestSerializer,
+        examples=[
+            OpenApiExample(
+                "Fifty VIP codes, one use each", value={"count": 50, "level": 2, "max_uses": 1}, request_only=True
+            )
+        ],
+        responses={201: s.CodesResponseSerializer, **error_responses(*JSON_BODY, 401, 403, 406, 429, 503)},
+        auth=STAFF_AUTH,
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        queue = self.queue(slug)
+        data = _validated(s.CodesRequestSerializer, request.data)
+        try:
+            codes = services.priority_codes_generate(queue, **data, actor=request.user)
+        except ValidationError as exc:
+            raise ApiError("invalid_request", "The codes are not valid.", fields=exc.message_dict) from exc
+        terms = {"level": data["level"], "max_uses": data.get("max_uses"), "expires_at": data.get("expires_at")}
+        return Response({"codes": [code.code for code in codes], **terms}, status=201)
 
 
 @cache_control(public=True, max_age=300)

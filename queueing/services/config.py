@@ -168,12 +168,15 @@ def api_key_create(queue: Queue, *, name: str) -> tuple[QueueAPIKey, str]:
 
 def queue_delete(queue: Queue, *, actor: Any = None, actor_label: str = "") -> None:
     """Delete a queue and everything it has in Redis (its line, tickets and sessions end with it). Its
-    audit log stays, with an entry saying who deleted it."""
+    audit log stays, with an entry saying who deleted it. All or nothing: Redis is emptied before the
+    database commits, so a Redis that does not answer leaves the queue as it was (it was deleted from the
+    database first, and its live state stayed behind)."""
     slug = queue.slug
-    queue_change_record(
-        queue, action="delete", before=queue_values(queue), after={}, actor=actor, actor_label=actor_label
-    )
-    queue.delete()
-    store.queue_delete(slug)
+    with transaction.atomic():
+        queue_change_record(
+            queue, action="delete", before=queue_values(queue), after={}, actor=actor, actor_label=actor_label
+        )
+        queue.delete()
+        store.queue_delete(slug)
     caching.forget(caching.shuffle_key(slug), caching.window_refused_key(slug))
 
