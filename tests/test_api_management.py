@@ -112,3 +112,21 @@ def test_deleting_while_redis_is_away_is_a_503_and_loses_nothing(make_queue, set
     assert answer.status_code == 503 and answer.json()["error"]["code"] == "service_unavailable"
     assert Queue.objects.filter(slug=queue.slug).exists()
     assert not QueueChange.objects.filter(queue_slug=queue.slug, action="delete").exists()
+
+
+def test_an_operator_schedules_a_sale_and_retargets_it_over_the_api(make_queue):
+    operator = signed_in("Queue operators")
+    queue = make_queue()
+    schedule = {"prequeue_opens_at": "2031-03-01T09:00:00Z", "starts_at": "2031-03-01T10:00:00Z"}
+    answer = call("PATCH", f"/api/v1/queues/{queue.slug}", operator, {**schedule, "target_url": "/sale/"})
+    assert answer.status_code == 200, answer.content
+    body = answer.json()
+    assert (body["prequeue_opens_at"], body["starts_at"], body["target_url"]) == (
+        "2031-03-01T09:00:00Z",
+        "2031-03-01T10:00:00Z",
+        "/sale/",
+    )
+    entry = QueueChange.objects.filter(queue=queue, action="update").latest("id")
+    assert {"prequeue_opens_at", "starts_at", "target_url"} <= set(entry.after)
+    backwards = call("PATCH", f"/api/v1/queues/{queue.slug}", operator, {"starts_at": "2031-03-01T08:00:00Z"})
+    assert backwards.status_code == 400, backwards.content  # the pre-queue would open after the start

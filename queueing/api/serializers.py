@@ -216,6 +216,20 @@ class HealthReportSerializer(StrictSerializer):
 
 
 class QueuePatchSerializer(StrictSerializer):
+    name = StrictCharField(required=False, max_length=120)
+    target_url = StrictCharField(required=False, max_length=500, help_text="Where admitted visitors are sent.")
+    capacity_source = serializers.ChoiceField(choices=Queue.CapacitySource.choices, required=False)
+    session_ttl = StrictIntegerField(required=False, min_value=1)
+    claim_ttl = StrictIntegerField(required=False, min_value=1)
+    presence_timeout = StrictIntegerField(required=False, min_value=1)
+    abandon_timeout = StrictIntegerField(required=False, min_value=1)
+    prequeue_opens_at = serializers.DateTimeField(
+        required=False, allow_null=True, help_text="Joins before this are refused with the time it opens."
+    )
+    starts_at = serializers.DateTimeField(
+        required=False, allow_null=True, help_text="Admission starts; those who joined before are drawn in order."
+    )
+    ends_at = serializers.DateTimeField(required=False, allow_null=True, help_text="The queue closes.")
     capacity = StrictIntegerField(required=False, min_value=1)
     outflow_per_minute = StrictFloatField(required=False, min_value=0.1)
     burst = StrictIntegerField(required=False, min_value=1)
@@ -247,20 +261,12 @@ class QueuePatchSerializer(StrictSerializer):
 
 class QueueCreateSerializer(QueuePatchSerializer):
     """A new queue: its slug, name and target, and any of the settings QueuePatchSerializer takes, and
-    these (the rest take their defaults, as in admin)."""
+    its first state (the rest take their defaults, as in admin)."""
 
     slug = StrictCharField(max_length=64, help_text="Lowercase letters, digits and '-'; the queue's address.")
     name = StrictCharField(max_length=120)
     target_url = StrictCharField(max_length=500, help_text="Where admitted visitors are sent.")
     state = serializers.ChoiceField(choices=["open", "paused", "closed"], required=False)
-    capacity_source = serializers.ChoiceField(choices=Queue.CapacitySource.choices, required=False)
-    session_ttl = StrictIntegerField(required=False, min_value=1)
-    claim_ttl = StrictIntegerField(required=False, min_value=1)
-    presence_timeout = StrictIntegerField(required=False, min_value=1)
-    abandon_timeout = StrictIntegerField(required=False, min_value=1)
-    prequeue_opens_at = serializers.DateTimeField(required=False, allow_null=True)
-    starts_at = serializers.DateTimeField(required=False, allow_null=True)
-    ends_at = serializers.DateTimeField(required=False, allow_null=True)
 
 
 class CodesRequestSerializer(StrictSerializer):

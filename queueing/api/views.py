@@ -432,12 +432,17 @@ class QueueView(_StaffView):
 
     @extend_schema(
         operation_id="queue_update",
-        summary="Change capacity, outflow or the adaptive outflow (effective on the next tick; audited)",
+        summary="Change a queue's settings: capacity, outflow, schedule, target… (next tick; audited)",
         request=s.QueuePatchSerializer,
         examples=[
             OpenApiExample(
                 "More capacity and a faster outflow",
                 value={"capacity": 50, "outflow_per_minute": 120},
+                request_only=True,
+            ),
+            OpenApiExample(
+                "Schedule the sale: the pre-queue opens an hour before the start",
+                value={"prequeue_opens_at": "2031-03-01T09:00:00Z", "starts_at": "2031-03-01T10:00:00Z"},
                 request_only=True,
             ),
             OpenApiExample(
