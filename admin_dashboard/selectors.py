@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from queueing import caching, selectors
 from queueing.models import Queue, QueueChange
@@ -31,6 +32,20 @@ def queue_live(queue: Queue, *, now: float | None = None) -> dict[str, Any]:
         "health_requests": site["requests"],
         "health_window_seconds": site["window_seconds"],
     }
+
+
+def schedule_phase(queue: Queue, *, now: datetime | None = None) -> str:
+    """Where a scheduled queue is in its schedule, in words ('' when it has none)."""
+    now = now or timezone.now()
+    if not (queue.prequeue_opens_at or queue.starts_at or queue.ends_at):
+        return ""
+    if queue.ends_at and now >= queue.ends_at:
+        return "ended: the queue is closed"
+    if queue.prequeue_opens_at and now < queue.prequeue_opens_at:
+        return "before the pre-queue: joins are refused until it opens"
+    if queue.starts_at and now < queue.starts_at:
+        return "pre-queue: joiners wait for the draw at the start"
+    return "running"
 
 
 def dashboard_cards(*, now: float | None = None) -> list[dict[str, Any]]:

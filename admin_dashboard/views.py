@@ -106,6 +106,7 @@ def dashboard_queue(request: HttpRequest, slug: str) -> HttpResponse:
         "socket_url": realtime.socket_url(request, SOCKET_PATH),
         "shuffle": queueing_selectors.queue_shuffle_get(slug=queue.slug),
         "error_threshold_percent": queue.health_error_rate * 100,
+        "phase": selectors.schedule_phase(queue),
     }
     return render(request, "admin_dashboard/queue.html", context)
 

@@ -484,3 +484,21 @@ def test_the_sessions_table_comes_with_the_page_s_data_so_it_follows_the_cards(p
     assert "sessions" not in people["looker"].get(f"/dashboard/{queue.slug}/data.json").json()
     page = people["operator"].get(f"/dashboard/{queue.slug}/").content.decode()
     assert f'data-ticket="{tickets[1].ticket_id}"' in page and f'data-ticket="{tickets[0].ticket_id}"' not in page
+
+
+def test_the_schedule_is_on_the_queue_s_page_with_where_the_queue_is_in_it(people, make_queue):
+    """Issue 19: the dashboard did not show a queue's schedule. Its times (counting down on the page) and,
+    in words, where the queue is in it."""
+    now = datetime.now(UTC)
+    later = make_queue(prequeue_opens_at=now + timedelta(hours=1), starts_at=now + timedelta(hours=2))
+    page = people["looker"].get(f"/dashboard/{later.slug}/").content.decode()
+    assert "before the pre-queue: joins are refused until it opens" in page
+    assert page.count("data-countdown") == 2
+    assert later.starts_at.strftime("%Y-%m-%d %H:%M:%S") in page
+    waiting = make_queue(prequeue_opens_at=now - timedelta(minutes=5), starts_at=now + timedelta(minutes=10))
+    assert (
+        "pre-queue: joiners wait for the draw" in people["looker"].get(f"/dashboard/{waiting.slug}/").content.decode()
+    )
+    plain = make_queue()
+    assert "No schedule" in people["looker"].get(f"/dashboard/{plain.slug}/").content.decode()
+    assert selectors.schedule_phase(later, now=now + timedelta(hours=3)) == "running"

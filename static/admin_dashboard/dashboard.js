@@ -268,6 +268,26 @@
     });
   }
 
+  // The schedule's times count down: "(in 4 min 10 s)", "(passed)".
+  function countdowns() {
+    document.querySelectorAll("time[data-countdown]").forEach(function (el) {
+      var left = Math.round((Date.parse(el.getAttribute("datetime")) - Date.now()) / 1000);
+      var note = el.nextElementSibling && el.nextElementSibling.classList.contains("countdown")
+        ? el.nextElementSibling : null;
+      if (!note) {
+        note = document.createElement("span");
+        note.className = "countdown";
+        el.insertAdjacentElement("afterend", note);
+      }
+      if (isNaN(left)) return;
+      var h = Math.floor(left / 3600), m = Math.floor((left % 3600) / 60), s = left % 60;
+      note.textContent = left <= 0 ? " (passed)"
+        : " (in " + (h ? h + " h " : "") + (h || m ? m + " min " : "") + s + " s)";
+    });
+  }
+  countdowns();
+  setInterval(countdowns, 1000);
+
   if (config.page === "queue") {
     var initial = document.getElementById("dash-data");
     if (initial) onData(JSON.parse(initial.textContent));

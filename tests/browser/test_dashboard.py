@@ -3,7 +3,9 @@ it renders live figures and charts from the beat's snapshots, and pausing from i
 
 from __future__ import annotations
 
+import re
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from playwright.sync_api import Page, expect
@@ -91,3 +93,13 @@ def test_the_sessions_table_follows_the_queue_without_a_reload(stack, contexts):
     expect(page.locator(f'#q-sessions tr[data-ticket="{first}"]')).to_have_count(0)
     expect(rows).to_have_count(2)  # the waiting visitor took the freed slot
     assert page.url == url  # answered in place
+
+
+def test_the_schedule_counts_down_on_the_page(stack, contexts):
+    start = (datetime.now(UTC) + timedelta(minutes=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    slug = stack.new_queue(capacity=2, outflow_per_minute=60, burst=2)
+    stack.configure(slug, starts_at=start)
+    page = contexts(viewport=DESKTOP).new_page()
+    staff_login(stack, page, f"/dashboard/{slug}/")
+    expect(page.locator("#q-schedule")).to_contain_text("pre-queue: joiners wait for the draw")
+    expect(page.locator("#q-schedule .countdown")).to_have_text(re.compile(r"^ \(in (29|30) min \d+ s\)$"))
