@@ -30,6 +30,15 @@ class PriorityLevelInline(admin.TabularInline):
     extra = 0
     max_num = 4
 
+    def get_extra(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> int:
+        return 0 if obj is not None and obj.pk else len(PriorityLevel.DEFAULT_FRACTIONS)  # the add form: all four
+
+
+DEFAULT_LEVELS = [
+    {"level": level, "name": PriorityLevel.Level(level).label, "placement_fraction": fraction}
+    for level, fraction in PriorityLevel.DEFAULT_FRACTIONS.items()
+]
+
 
 @admin.register(Queue)
 class QueueAdmin(admin.ModelAdmin):
@@ -121,9 +130,12 @@ class QueueAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return ("slug", "protecting") if obj else ()
 
-    def get_inline_instances(self, request: HttpRequest, obj: Any = None) -> Any:
-        # Default levels are created with the queue; they are edited afterwards.
-        return super().get_inline_instances(request, obj) if obj else []
+    def get_formset_kwargs(self, request: HttpRequest, obj: Any, inline: Any, prefix: str) -> dict[str, Any]:
+        """On the add form, the four levels the queue will have, to edit before it exists (issue 19)."""
+        kwargs: dict[str, Any] = super().get_formset_kwargs(request, obj, inline, prefix)
+        if isinstance(inline, PriorityLevelInline) and not obj.pk:
+            kwargs["initial"] = DEFAULT_LEVELS
+        return kwargs
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         self._snapshots: dict[str, selectors.QueueSnapshot] = {}
@@ -159,7 +171,19 @@ class QueueAdmin(admin.ModelAdmin):
 
     def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
         # Audited, and placement fractions mirrored into Redis, by the service.
-        save = partial(super().save_related, request, form, formsets, change)
+        save_formsets = partial(super().save_related, request, form, formsets, change)
+
+        def save() -> None:
+            if not change:  # the levels edited on the add form replace the defaults the queue was made with
+                edited = [
+                    f.cleaned_data["level"]
+                    for fs in formsets
+                    for f in fs.forms
+                    if fs.prefix == "priority_levels" and f.has_changed() and not f.cleaned_data.get("DELETE")
+                ]
+                PriorityLevel.objects.filter(queue=form.instance, level__in=edited).delete()
+            save_formsets()
+
         services.queue_priority_levels_edit(form.instance, save=save, actor=request.user)
 
     def delete_model(self, request: HttpRequest, obj: Queue) -> None:

@@ -50,6 +50,9 @@ FORM = {
     "window_size": "100",
     "window_interval": "10",
     "active_windows": "2",
+    # The add form's priority levels (issue 19): none sent, so the queue gets the four defaults.
+    "priority_levels-TOTAL_FORMS": "0",
+    "priority_levels-INITIAL_FORMS": "0",
 }
 
 

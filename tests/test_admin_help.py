@@ -122,3 +122,31 @@ def test_an_operator_generates_codes_and_downloads_them_as_csv(make_queue):
 def join_with_code(slug: str, code: str):
     body = json.dumps({"priority_code": code})
     return Client().post(f"/api/v1/queues/{slug}/join", body, "application/json", HTTP_X_VISITOR_ID=str(uuid.uuid4()))
+
+
+def test_priority_levels_are_edited_on_the_add_form(admin_client):
+    """Issue 19: the levels could only be edited once the queue existed. The add form shows the four a
+    queue gets; what is changed there is what the queue is made with (audited, mirrored into Redis)."""
+    from queueing import store
+    from queueing.models import PriorityLevel, QueueChange
+
+    form = admin_client.get("/admin/queueing/queue/add/").content.decode()
+    assert 'name="priority_levels-TOTAL_FORMS" value="4"' in form
+    assert 'name="priority_levels-2-placement_fraction" value="0.5"' in form  # VIP: the middle, by default
+    levels = {"priority_levels-TOTAL_FORMS": "4", "priority_levels-INITIAL_FORMS": "0"}
+    for i, row in enumerate(
+        [(0, "Normal", "0.0"), (1, "Elevated", "0.1"), (2, "Members", "0.8"), (3, "Premium", "1.0")]
+    ):
+        level, name, fraction = row
+        levels |= {
+            f"priority_levels-{i}-level": str(level),
+            f"priority_levels-{i}-name": name,
+            f"priority_levels-{i}-placement_fraction": fraction,
+        }
+    saved = admin_client.post("/admin/queueing/queue/add/", {**FORM, **levels})
+    assert saved.status_code == 302, saved.content.decode()[:3000]
+    queue = Queue.objects.get(slug=FORM["slug"])
+    made = {lvl.level: (lvl.name, lvl.placement_fraction) for lvl in PriorityLevel.objects.filter(queue=queue)}
+    assert made == {0: ("Normal", 0.0), 1: ("Elevated", 0.1), 2: ("Members", 0.8), 3: ("Premium", 1.0)}
+    assert QueueChange.objects.filter(queue=queue, action="priority_levels").exists()
+    assert 0.8 in json.loads(store.snapshot(queue.slug).config["packed"])  # VIP's place, as joins read it
