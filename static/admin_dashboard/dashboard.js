@@ -67,7 +67,9 @@
       uSeries.push({ label: line.label, stroke: line.color, width: 2, dash: line.dash, spanGaps: true, scale: line.scale || "y" });
       if (line.scale) axes.push({ scale: line.scale, side: 1, size: 50, grid: { show: false } });
     });
-    var width = Math.max(280, el.clientWidth || 600);
+    // As wide as its box, and never wider than the screen (a phone: no sideways scrolling).
+    var room = document.documentElement.clientWidth - 24;
+    var width = Math.max(200, Math.min(el.clientWidth || (el.parentNode && el.parentNode.clientWidth) || 600, room));
     return new window.uPlot({ width: width, height: 200, series: uSeries, axes: axes, legend: { live: false } }, data, el);
   }
 

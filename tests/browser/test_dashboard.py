@@ -103,3 +103,18 @@ def test_the_schedule_counts_down_on_the_page(stack, contexts):
     staff_login(stack, page, f"/dashboard/{slug}/")
     expect(page.locator("#q-schedule")).to_contain_text("pre-queue: joiners wait for the draw")
     expect(page.locator("#q-schedule .countdown")).to_have_text(re.compile(r"^ \(in (29|30) min \d+ s\)$"))
+
+
+def test_the_queue_s_page_fits_a_phone_without_sideways_scrolling(stack, contexts):
+    slug = stack.new_queue(capacity=2, outflow_per_minute=60, burst=2)
+    for _ in range(3):
+        api_join(stack, slug)
+    page = contexts(viewport={"width": 390, "height": 844}).new_page()
+    staff_login(stack, page, f"/dashboard/{slug}/")
+    expect(page.locator("#q-sessions tbody tr")).to_have_count(2)
+    wide = page.evaluate(
+        "() => [document.documentElement.scrollWidth, [...document.querySelectorAll('body *')]"
+        ".filter(e => e.getBoundingClientRect().right > 391).map(e => e.tagName + '#' + e.id + '.' + e.className)"
+        ".slice(0, 8)]"
+    )
+    assert wide[0] <= 390, wide
