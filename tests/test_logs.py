@@ -79,6 +79,7 @@ def worker(tmp_path: Path) -> Iterator[tuple[Celery, str, Path]]:
     prefix = f"wrl{uuid.uuid4().hex[:6]}"
     env = product_env(tmp_path, prefix)
     env["LOG_FORMAT"] = "json"
+    env["WR_TASK_LOG_LEVEL"] = "INFO"  # the per-task lines are quiet by default
     migrate = subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], env=env, cwd=ROOT, timeout=120)
     assert migrate.returncode == 0
     log = tmp_path / "worker.log"
