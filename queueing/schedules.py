@@ -32,6 +32,13 @@ BEAT_SCHEDULES: list[dict[str, Any]] = [
         "every_seconds": 3600,
         "expire_seconds": 600,
     },
+    {"name": "Alerts", "task": "alerts.tasks.alerts_check", "every_seconds": 5, "expire_seconds": 10},
+    {
+        "name": "Alert deliveries prune",
+        "task": "alerts.tasks.alerts_prune",
+        "every_seconds": 3600,
+        "expire_seconds": 600,
+    },
     {
         "name": "Signing key prune",
         "task": "queueing.tasks.signing_keys_prune",

@@ -15,6 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from celery import Celery
 from django.conf import settings
 
 from waitingroom_site import devredis
@@ -178,3 +180,26 @@ def run_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         if keys:
             client.delete(*keys)
         client.close()
+
+
+@contextmanager
+def celery_worker(env: dict[str, str], log: Path, *, name: str) -> Iterator[Celery]:
+    """A real Celery worker of the product (solo pool) with `env` (product_env's: its own broker keys and
+    task queue), logging to `log`; yields an app that publishes to it, and stops the worker after."""
+    command = [sys.executable, "-m", "celery", "-A", "waitingroom_site", "worker", "--pool", "solo"]
+    command += ["--without-gossip", "--without-mingle", "-n", f"{name}@%h", "--loglevel", "INFO"]
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    app = Celery("tests-publisher", broker=settings.REDIS_URL)
+    app.conf.broker_transport_options = {"global_keyprefix": env["CELERY_KEY_PREFIX"]}
+    app.conf.task_default_queue = env["CELERY_TASK_DEFAULT_QUEUE"]
+    try:
+        deadline = time.monotonic() + 60
+        while "ready" not in log.read_text():
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        yield app
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        app.close()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("queueing", "admin_dashboard", "waitingroom_site")
+PACKAGES = ("queueing", "admin_dashboard", "alerts", "waitingroom_site")
 
 
 def lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:

@@ -18,12 +18,11 @@ from pathlib import Path
 
 import pytest
 from celery import Celery
-from django.conf import settings
 
 from queueing import logcontext
 from waitingroom_site.logs import JsonLines
 
-from .stack import ROOT, product_env
+from .stack import ROOT, celery_worker, product_env
 
 
 @pytest.fixture
@@ -82,24 +81,8 @@ def worker(tmp_path: Path) -> Iterator[tuple[Celery, str, Path]]:
     env["WR_TASK_LOG_LEVEL"] = "INFO"  # the per-task lines are quiet by default
     migrate = subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], env=env, cwd=ROOT, timeout=120)
     assert migrate.returncode == 0
-    log = tmp_path / "worker.log"
-    command = [sys.executable, "-m", "celery", "-A", "waitingroom_site", "worker", "--pool", "solo"]
-    command += ["--without-gossip", "--without-mingle", "-n", f"{prefix}@%h", "--loglevel", "INFO"]
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-    app = Celery("tests-publisher", broker=settings.REDIS_URL)
-    app.conf.broker_transport_options = {"global_keyprefix": env["CELERY_KEY_PREFIX"]}
-    app.conf.task_default_queue = env["CELERY_TASK_DEFAULT_QUEUE"]
-    try:
-        deadline = time.monotonic() + 60
-        while "ready" not in log.read_text():
-            assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-        yield app, prefix, log
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        app.close()
+    with celery_worker(env, tmp_path / "worker.log", name=prefix) as app:
+        yield app, prefix, tmp_path / "worker.log"
 
 
 def test_a_task_published_while_a_request_is_served_carries_its_id_into_the_worker(worker):

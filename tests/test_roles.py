@@ -31,7 +31,9 @@ def test_the_two_roles_exist_with_what_each_may_do():
         assert {f"add_{model}", f"change_{model}", f"delete_{model}", f"view_{model}"} <= operators
     assert {"view_queuechange", "view_queuesnapshot", "view_waitsample"} <= operators
     assert not any(name.endswith("signingkey") for name in operators)  # signing keys stay with superusers
+    assert {"add_alerthook", "change_alerthook", "delete_alerthook", "view_alertdelivery"} <= operators
     assert viewers == {
+        "view_alertdelivery",  # the log, not the hooks (they hold the webhooks' secrets)
         "view_queue",
         "view_prioritylevel",
         "view_queuechange",

@@ -110,6 +110,7 @@ INSTALLED_APPS = [
     "waitingroom_site",
     "queueing",
     "admin_dashboard",
+    "alerts",
 ]
 
 MIDDLEWARE = [
@@ -402,6 +403,20 @@ WR_TRUSTED_PROXIES = envlist("WR_TRUSTED_PROXIES", "")
 # are kept this long.
 WR_DASHBOARD_LIVE_SECONDS = envint("WR_DASHBOARD_LIVE_SECONDS", 2)
 WR_DASHBOARD_RETENTION_HOURS = envint("WR_DASHBOARD_RETENTION_HOURS", 24 * 14)
+
+# Alerts (README "Alerts"): links in alerts start with this (e.g. https://queue.example.com); empty, they are
+# paths. A failed delivery is tried again after this many seconds, doubled each time.
+WR_PUBLIC_URL = os.environ.get("WR_PUBLIC_URL", "")
+WR_ALERT_RETRY_SECONDS = float(os.environ.get("WR_ALERT_RETRY_SECONDS", "5"))
+WR_ALERT_FROM_EMAIL = os.environ.get("WR_ALERT_FROM_EMAIL", "waiting-room@localhost")
+# E-mail for alerts: an SMTP server of yours (none is set: e-mail alerts fail and are logged as failed).
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = envint("EMAIL_PORT", 25)
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = envbool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = envbool("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = 10
 
 # --- Celery ---
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
