@@ -16,7 +16,16 @@ from django.utils.safestring import SafeString
 from rest_framework_api_key.admin import APIKeyModelAdmin
 
 from . import selectors, services, signing_keys
-from .models import PriorityCode, PriorityLevel, Queue, QueueAPIKey, QueueChange, QueueShuffle, SigningKey
+from .models import (
+    ManagementKey,
+    PriorityCode,
+    PriorityLevel,
+    Queue,
+    QueueAPIKey,
+    QueueChange,
+    QueueShuffle,
+    SigningKey,
+)
 from .targets import target_problem
 
 # The per-address index is written only while a cap is set (README: Join caps), so say so where it is set.
@@ -261,6 +270,14 @@ class PriorityCodeAdmin(admin.ModelAdmin):
 class QueueAPIKeyAdmin(APIKeyModelAdmin):
     list_display = (*APIKeyModelAdmin.list_display, "queue")  # type: ignore[assignment]
     list_filter = (*APIKeyModelAdmin.list_filter, "queue")  # type: ignore[assignment]
+
+
+@admin.register(ManagementKey)
+class ManagementKeyAdmin(APIKeyModelAdmin):
+    """Superusers only (no group holds its permissions): a key does what its role's group may."""
+
+    list_display = (*APIKeyModelAdmin.list_display, "role")  # type: ignore[assignment]
+    list_filter = (*APIKeyModelAdmin.list_filter, "role")  # type: ignore[assignment]
 
 
 @admin.register(SigningKey)

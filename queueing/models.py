@@ -485,6 +485,22 @@ class QueueAPIKey(AbstractAPIKey):
         verbose_name_plural = "API keys"
 
 
+class ManagementKey(AbstractAPIKey):
+    """A key for automation (Terraform, CI, a script): the management API without a staff login
+    (`Authorization: Api-Key <key>`). It may do what its role's group may (README "Roles"): an operator
+    key what Queue operators may, a viewer key what Queue viewers may. Stored hashed, shown once."""
+
+    class Role(models.TextChoices):
+        OPERATOR = "operator", "Operator (what the Queue operators group may do)"
+        VIEWER = "viewer", "Viewer (reads only, as the Queue viewers group)"
+
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.OPERATOR)
+
+    class Meta(AbstractAPIKey.Meta):
+        verbose_name = "management key"
+        verbose_name_plural = "management keys"
+
+
 class SigningKey(models.Model):
     """An Ed25519 key that signs access tokens, published at /.well-known/jwks.json.
 

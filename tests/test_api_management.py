@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import json
 import uuid
+from io import StringIO
 from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
+from django.core.management import call_command
 from django.test import Client
 
 from queueing import store
-from queueing.models import PriorityCode, Queue, QueueChange
+from queueing.models import ManagementKey, PriorityCode, PriorityLevel, Queue, QueueChange
 
 pytestmark = pytest.mark.django_db
 JSON = "application/json"
@@ -130,3 +132,87 @@ def test_an_operator_schedules_a_sale_and_retargets_it_over_the_api(make_queue):
     assert {"prequeue_opens_at", "starts_at", "target_url"} <= set(entry.after)
     backwards = call("PATCH", f"/api/v1/queues/{queue.slug}", operator, {"starts_at": "2031-03-01T08:00:00Z"})
     assert backwards.status_code == 400, backwards.content  # the pre-queue would open after the start
+
+
+def test_an_operator_changes_priority_levels_validated_as_in_admin_and_audited(make_queue):
+    queue = make_queue()
+    Group.objects.create(name="Members")
+    operator, viewer = signed_in("Queue operators"), signed_in("Queue viewers")
+    levels = call("GET", f"/api/v1/queues/{queue.slug}/levels", viewer)
+    assert levels.status_code == 200
+    assert [(lv["level"], lv["placement_fraction"]) for lv in levels.json()] == [(0, 0.0), (1, 0.1), (2, 0.5), (3, 1.0)]
+    body = {"levels": [{"level": 2, "name": "Members", "placement_fraction": 0.75, "group": "Members"}]}
+    assert call("PATCH", f"/api/v1/queues/{queue.slug}/levels", viewer, body).status_code == 403
+    changed = call("PATCH", f"/api/v1/queues/{queue.slug}/levels", operator, body)
+    assert changed.status_code == 200, changed.content
+    assert changed.json()[2] == {"level": 2, "name": "Members", "placement_fraction": 0.75, "group": "Members"}
+    assert store.config_read(queue.slug)["pf2"] == "0.75"  # mirrored into Redis: joins use it at once
+    entry = QueueChange.objects.get(queue_slug=queue.slug, action="priority_levels")
+    assert entry.actor_label == "operators" and entry.after["2"]["placement_fraction"] == 0.75
+
+    for bad, problem in (
+        ({"levels": [{"level": 0, "placement_fraction": 0.5}]}, "Normal joiners always go to the back"),
+        ({"levels": [{"level": 1, "group": "Nobody"}]}, "no group named “Nobody”"),
+        ({"levels": [{"level": 1, "name": "ok"}, {"level": 0, "placement_fraction": 0.2}]}, "level 0"),
+    ):
+        refused = call("PATCH", f"/api/v1/queues/{queue.slug}/levels", operator, bad)
+        assert refused.status_code == 400 and problem in json.dumps(refused.json(), ensure_ascii=False), refused.json()
+    assert PriorityLevel.objects.get(queue=queue, level=1).name == "Elevated"  # all or none
+    out_of_range = call("PATCH", f"/api/v1/queues/{queue.slug}/levels", operator, {"levels": [{"level": 4}]})
+    assert out_of_range.status_code == 400 and out_of_range.json()["error"]["code"] == "invalid_request"
+
+
+def test_an_operator_makes_lists_and_revokes_api_keys_and_a_revoked_key_is_refused_at_once(make_queue):
+    queue = make_queue()
+    operator, viewer = signed_in("Queue operators"), signed_in("Queue viewers")
+    made = call("POST", f"/api/v1/queues/{queue.slug}/keys", operator, {"name": "shop checkout"})
+    assert made.status_code == 201, made.content
+    key, prefix = made.json()["key"], made.json()["prefix"]
+    assert key.startswith(prefix) and made.json()["revoked"] is False
+    listed = call("GET", f"/api/v1/queues/{queue.slug}/keys", operator).json()
+    assert [(k["prefix"], k["name"]) for k in listed] == [(prefix, "shop checkout")] and "key" not in listed[0]
+    assert call("GET", f"/api/v1/queues/{queue.slug}/keys", viewer).status_code == 403  # viewers see no keys
+    site = {"HTTP_AUTHORIZATION": f"Api-Key {key}"}
+    assert call("PUT", f"/api/v1/queues/{queue.slug}/capacity", site, {"in_use": 0}).status_code == 200
+    assert call("DELETE", f"/api/v1/queues/{queue.slug}/keys/{prefix}", viewer).status_code == 403
+    assert call("DELETE", f"/api/v1/queues/{queue.slug}/keys/{prefix}", operator).status_code == 204
+    refused = call("PUT", f"/api/v1/queues/{queue.slug}/capacity", site, {"in_use": 0})
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    missing = call("DELETE", f"/api/v1/queues/{queue.slug}/keys/nosuchkey", operator)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    other = make_queue()
+    assert call("DELETE", f"/api/v1/queues/{other.slug}/keys/{prefix}", operator).status_code == 404
+    log = [(e.action, e.summary()) for e in QueueChange.objects.filter(queue_slug=queue.slug).order_by("created_at")]
+    assert ("api_key_created", f"api key shop checkout ({prefix})") in log
+    assert ("api_key_revoked", f"api key shop checkout ({prefix}) → —") in log
+    assert key not in json.dumps(list(QueueChange.objects.values("before", "after")), default=str)
+
+
+def management_key(role: str) -> dict[str, str]:
+    out = StringIO()
+    call_command("create_management_key", f"{role}-bot", "--role", role, stdout=out)
+    return {"HTTP_AUTHORIZATION": f"Api-Key {out.getvalue().strip()}"}
+
+
+def test_a_management_key_automates_without_a_staff_login_within_its_role(make_queue):
+    operator_key, viewer_key = management_key("operator"), management_key("viewer")
+    created = call("POST", "/api/v1/queues", operator_key, NEW)
+    assert created.status_code == 201, created.content
+    entry = QueueChange.objects.get(queue_slug="spring-sale", action="create")
+    assert entry.actor is None and entry.actor_label.startswith("management key “operator-bot”")
+    assert call("POST", "/api/v1/queues/spring-sale/pause", operator_key).json()["state"] == "paused"
+    assert call("GET", "/api/v1/queues", viewer_key).status_code == 200
+    assert call("GET", "/api/v1/queues/spring-sale/stats", viewer_key).status_code == 200
+    refused = call("PATCH", "/api/v1/queues/spring-sale", viewer_key, {"capacity": 9})
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "permission_denied"
+    assert call("POST", "/api/v1/queues", viewer_key, {**NEW, "slug": "other"}).status_code == 403
+    keys = call("POST", "/api/v1/queues/spring-sale/keys", operator_key, {"name": "site"})
+    assert keys.status_code == 201
+    site_key = {"HTTP_AUTHORIZATION": f"Api-Key {keys.json()['key']}"}  # a queue's key manages nothing
+    wrong = call("GET", "/api/v1/queues", site_key)
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+    revoked = ManagementKey.objects.get(name="operator-bot")
+    revoked.revoked = True
+    revoked.save()
+    assert call("GET", "/api/v1/queues", operator_key).status_code == 401
+    assert call("GET", "/api/v1/queues", {"HTTP_AUTHORIZATION": "Api-Key not.a-key"}).status_code == 401

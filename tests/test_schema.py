@@ -32,6 +32,11 @@ OPERATIONS = {
     ("/api/v1/queues", "get"): "queue_list",
     ("/api/v1/queues", "post"): "queue_create",
     ("/api/v1/queues/{slug}/codes", "post"): "priority_codes_generate",
+    ("/api/v1/queues/{slug}/levels", "get"): "priority_levels_get",
+    ("/api/v1/queues/{slug}/levels", "patch"): "priority_levels_update",
+    ("/api/v1/queues/{slug}/keys", "get"): "api_key_list",
+    ("/api/v1/queues/{slug}/keys", "post"): "api_key_create",
+    ("/api/v1/queues/{slug}/keys/{prefix}", "delete"): "api_key_revoke",
     ("/api/v1/queues/{slug}/challenge", "post"): "pow_challenge",
     ("/api/v1/queues/{slug}/neighbours", "get"): "ticket_neighbours",
 }
@@ -108,6 +113,11 @@ ERROR_STATUSES = {
     "queue_list": {401, 403, 404, 406, 429, 503},
     "queue_create": {400, 401, 403, 404, 406, 409, 413, 415, 429, 503},
     "priority_codes_generate": {400, 401, 403, 404, 406, 413, 415, 429, 503},
+    "priority_levels_get": {401, 403, 404, 406, 429, 503},
+    "priority_levels_update": {400, 401, 403, 404, 406, 413, 415, 429, 503},
+    "api_key_list": {401, 403, 404, 406, 429, 503},
+    "api_key_create": {400, 401, 403, 404, 406, 413, 415, 429, 503},
+    "api_key_revoke": {401, 403, 404, 406, 429, 503},
 }
 # simplejwt's serializers ignore fields they do not know (settings.SIMPLE_JWT would have to name strict ones).
 # A body each operation accepts, so that only what a test changes can be refused.
@@ -121,6 +131,8 @@ GOOD_BODIES: dict[str, dict[str, Any]] = {
     "queue_update": {"capacity": 5},
     "queue_create": {"slug": "made-by-a-test", "name": "Made by a test", "target_url": "/"},
     "priority_codes_generate": {"count": 1, "level": 2},
+    "priority_levels_update": {"levels": [{"level": 1, "name": "Elevated"}]},
+    "api_key_create": {"name": "a test's key"},
 }
 PRODUCTION_RATE_LIMITS = {
     scope: {"algorithm": "token_bucket", "capacity": 100, "refill_per_second": 1}
@@ -150,7 +162,8 @@ def _error_body(response) -> dict:
 def caller(make_queue, staff_user, api_key_for):
     """Sends an operation's request as the caller its security names (ticket, API key, staff JWT, nobody)."""
     queue = make_queue()
-    management = ("view_queue", "add_queue", "delete_queue", "add_prioritycode")  # the management API's
+    management = ["view_queue", "add_queue", "delete_queue", "add_prioritycode", "view_prioritylevel"]  # the API's
+    management += ["change_prioritylevel", "view_queueapikey", "add_queueapikey", "change_queueapikey"]
     staff_user.user_permissions.add(*Permission.objects.filter(codename__in=management))
     client = Client()
     visitor = str(uuid.uuid4())
@@ -219,7 +232,7 @@ def test_every_json_body_that_is_malformed_too_large_or_not_json_is_a_documented
         ("a=b", "text/plain", 415, "unsupported_media_type"),
     ]
     bodies = [(path, method, op) for path, method, op in _operations(_schema()) if "requestBody" in op]
-    assert len(bodies) == 11
+    assert len(bodies) == 13
     for path, method, op in bodies:
         for raw, content_type, status, code in refusals:
             response = caller(path, method, op, raw=raw, content_type=content_type)

@@ -517,6 +517,12 @@ SPECTACULAR_SETTINGS = {
                 "description": "A protected site's key: `Api-Key <key>`.",
             },
             "staffJWT": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"},
+            "managementKey": {
+                "type": "apiKey",
+                "in": "header",
+                "name": "Authorization",
+                "description": "A management key (automation without a staff login): `Api-Key <key>`.",
+            },
             "cookieAuth": {"type": "apiKey", "in": "cookie", "name": "sessionid"},
         }
     },

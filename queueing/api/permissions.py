@@ -83,3 +83,8 @@ class CanDeleteQueue(HasModelPermission):
 
 class CanAddCodes(HasModelPermission):
     permission = "queueing.add_prioritycode"
+
+
+def needs(permission: str) -> type[HasModelPermission]:
+    """A permission class for staff (or a management key) holding `permission`."""
+    return type(f"Needs_{permission.replace('.', '_')}", (HasModelPermission,), {"permission": permission})

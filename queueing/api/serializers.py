@@ -283,6 +283,45 @@ class CodesResponseSerializer(serializers.Serializer):
     expires_at = serializers.DateTimeField(allow_null=True)
 
 
+class LevelChangeSerializer(StrictSerializer):
+    level = StrictIntegerField(min_value=0, max_value=3, help_text="0 normal, 1 elevated, 2 VIP, 3 premium.")
+    name = serializers.CharField(required=False, max_length=50)
+    placement_fraction = serializers.FloatField(
+        required=False, min_value=0.0, max_value=1.0, help_text="Share of the line a joiner is placed ahead of."
+    )
+    group = serializers.CharField(
+        required=False, allow_null=True, allow_blank=True, max_length=150, help_text="A group's name; null: none."
+    )
+
+
+class LevelsPatchSerializer(StrictSerializer):
+    levels = LevelChangeSerializer(many=True, allow_empty=False, help_text="The levels to change; others stay.")
+
+
+class LevelSerializer(serializers.Serializer):
+    level = serializers.IntegerField()
+    name = serializers.CharField()
+    placement_fraction = serializers.FloatField()
+    group = serializers.CharField(allow_null=True)
+
+
+class ApiKeyCreateSerializer(StrictSerializer):
+    name = serializers.CharField(max_length=50, help_text="Which site or service holds it.")
+    expiry_date = serializers.DateTimeField(required=False, allow_null=True, help_text="Absent: never expires.")
+
+
+class ApiKeySerializer(serializers.Serializer):
+    prefix = serializers.CharField(help_text="Names the key without revealing it (the start of the key).")
+    name = serializers.CharField()
+    created = serializers.DateTimeField()
+    expiry_date = serializers.DateTimeField(allow_null=True)
+    revoked = serializers.BooleanField()
+
+
+class ApiKeyCreatedSerializer(ApiKeySerializer):
+    key = serializers.CharField(help_text="Shown this once: the site sends it as `Authorization: Api-Key <key>`.")
+
+
 # --- Responses (documentation for the schema; views build plain dicts) ------------------------------
 
 

@@ -1,7 +1,7 @@
 from django.urls import path
 
 from .. import converters  # noqa: F401  (registers the "queue" path converter)
-from . import views
+from . import management, views
 
 urlpatterns = [
     path("queues/<queue:slug>/join", views.JoinView.as_view(), name="queue-join"),
@@ -22,4 +22,7 @@ urlpatterns = [
     path("queues/<queue:slug>", views.QueueView.as_view(), name="queue-detail"),
     path("queues", views.QueuesView.as_view(), name="queue-list"),
     path("queues/<queue:slug>/codes", views.CodesView.as_view(), name="queue-codes"),
+    path("queues/<queue:slug>/levels", management.LevelsView.as_view(), name="queue-levels"),
+    path("queues/<queue:slug>/keys", management.KeysView.as_view(), name="queue-keys"),
+    path("queues/<queue:slug>/keys/<str:prefix>", management.KeyView.as_view(), name="queue-key"),
 ]

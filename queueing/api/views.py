@@ -24,6 +24,7 @@ from ..models import Queue
 from ..visitors import client_address
 from . import serializers as s
 from .answers import authorization, join_answer, status_answer, ticket_claims, window_answer
+from .authentication import ManagementKeyAuthentication
 from .errors import ApiError
 from .permissions import CanAddCodes, CanAddQueue, CanChangeQueue, CanDeleteQueue, CanViewQueue, HasQueueApiKey, IsStaff
 from .schema import JSON_BODY, error_responses
@@ -38,7 +39,7 @@ from .throttling import (
 # Security requirements for the schema (drf-spectacular's hint says list[str]; it takes these objects).
 TICKET_AUTH: Any = [{"ticket": []}]
 API_KEY_AUTH: Any = [{"apiKey": []}]
-STAFF_AUTH: Any = [{"staffJWT": []}, {"cookieAuth": []}]
+STAFF_AUTH: Any = [{"staffJWT": []}, {"cookieAuth": []}, {"managementKey": []}]
 
 
 def _validated(serializer_class: type[Serializer], data: Any) -> dict[str, Any]:
@@ -369,7 +370,7 @@ def _queue_payload(queue: Queue) -> dict[str, Any]:
 
 
 class _StaffView(APIView):
-    authentication_classes = [JWTAuthentication, SessionAuthentication]
+    authentication_classes = [JWTAuthentication, SessionAuthentication, ManagementKeyAuthentication]
     permission_classes: list[Any] = [CanChangeQueue]
     throttle_classes = [StaffThrottle]
 

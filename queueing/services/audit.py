@@ -32,8 +32,10 @@ def audit_change(queue: Queue, *, action: str, before: dict[str, Any], actor: An
 def queue_change_record(
     queue: Queue, *, action: str, before: dict[str, Any], after: dict[str, Any], actor: Any, actor_label: str = ""
 ) -> QueueChange:
-    """Write one entry of the audit log (who, what, before, after, when)."""
+    """Write one entry of the audit log (who, what, before, after, when). The actor is a user, or one that
+    says who it is (`audit_label`: a management key), or nobody ("system")."""
     user = actor if isinstance(actor, get_user_model()) else None
+    actor_label = actor_label or getattr(actor, "audit_label", "")
     return QueueChange.objects.create(
         queue=queue,
         queue_slug=queue.slug,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, cast
 
+from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import F
@@ -160,10 +161,64 @@ def queue_resume(queue: Queue, *, actor: Any = None, actor_label: str = "") -> Q
     return queue_update(queue, changes={"state": Queue.State.OPEN}, actor=actor, actor_label=actor_label)
 
 
-def api_key_create(queue: Queue, *, name: str) -> tuple[QueueAPIKey, str]:
-    """A new API key for the queue's protected site; the key itself is returned once, never stored."""
+def api_key_create(queue: Queue, *, name: str, actor: Any = None) -> tuple[QueueAPIKey, str]:
+    """A new API key for the queue's protected site; the key itself is returned once, never stored.
+    Audited with its name and prefix (the prefix names a key without revealing it)."""
     api_key, key = QueueAPIKey.objects.create_key(queue=queue, name=name)
+    if actor is not None:
+        queue_change_record(
+            queue, action="api_key_created", before={}, after={"api_key": f"{name} ({api_key.prefix})"}, actor=actor
+        )
     return cast(QueueAPIKey, api_key), key
+
+
+def api_key_revoke(queue: Queue, *, prefix: str, actor: Any = None) -> QueueAPIKey:
+    """Revoke one of the queue's API keys (QueueAPIKey.DoesNotExist: no such key); its site is refused at once.
+    Revoking a revoked key changes nothing and is not audited again."""
+    api_key = QueueAPIKey.objects.get(queue=queue, prefix=prefix)
+    if not api_key.revoked:
+        api_key.revoked = True
+        api_key.save(update_fields=["revoked"])
+        queue_change_record(
+            queue, action="api_key_revoked", before={"api_key": f"{api_key.name} ({prefix})"}, after={}, actor=actor
+        )
+    return api_key
+
+
+def queue_priority_levels_update(queue: Queue, *, levels: list[dict[str, Any]], actor: Any = None) -> None:
+    """Change some of a queue's priority levels (name, placement fraction, group by name): validated as in
+    admin, all or none, audited and mirrored into Redis as admin's edits are."""
+    known = {level.level: level for level in PriorityLevel.objects.filter(queue=queue)}
+    problems: dict[str, list[str]] = {}
+    changed = []
+    for change in levels:
+        level = known.get(change["level"])
+        if level is None:
+            problems.setdefault("levels", []).append(f"level {change['level']}: no such level (0 to 3).")
+            continue
+        for field in ("name", "placement_fraction"):
+            if field in change:
+                setattr(level, field, change[field])
+        if "group" in change:
+            group = Group.objects.filter(name=change["group"]).first() if change["group"] else None
+            if change["group"] and group is None:
+                problems.setdefault("levels", []).append(f"level {level.level}: no group named “{change['group']}”.")
+            level.group = group
+        try:
+            level.full_clean()
+        except ValidationError as exc:
+            for field, messages in exc.message_dict.items():
+                problems.setdefault("levels", []).extend(f"level {level.level} {field}: {m}" for m in messages)
+        changed.append(level)
+    if problems:
+        raise ValidationError(problems)
+
+    def save() -> None:
+        with transaction.atomic():
+            for level in changed:
+                level.save()
+
+    queue_priority_levels_edit(queue, save=save, actor=actor)
 
 
 def queue_delete(queue: Queue, *, actor: Any = None, actor_label: str = "") -> None:
@@ -179,4 +234,3 @@ def queue_delete(queue: Queue, *, actor: Any = None, actor_label: str = "") -> N
         queue.delete()
         store.queue_delete(slug)
     caching.forget(caching.shuffle_key(slug), caching.window_refused_key(slug))
-
