@@ -11,6 +11,7 @@ import csv
 import json
 import math
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from functools import wraps
 from typing import Any
 
@@ -21,6 +22,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import dateformat, timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from queueing import realtime
@@ -34,6 +36,14 @@ from .forms import ControlForm
 CHANGE_PERMISSION = "queueing.change_queue"
 SOCKET_PATH = "/ws/dashboard/"
 View = Callable[..., HttpResponseBase]
+
+# One way of showing a time on the dashboard (issue 19): the schedule, the sessions and the audit log alike,
+# in the server's time zone (TIME_ZONE) and named. Templates use the same format string.
+SHOWN_TIME_FORMAT = "Y-m-d H:i:s T"
+
+
+def shown_time(moment: datetime) -> str:
+    return dateformat.format(timezone.localtime(moment), SHOWN_TIME_FORMAT)
 
 
 def staff_required(view: View) -> View:
@@ -84,7 +94,10 @@ def _queue_data(queue: Queue, hours: float, *, sessions: bool = False) -> dict[s
         "hours": hours,
     }
     if sessions:
-        data["sessions"] = [{**s, "until": s["until"].isoformat()} for s in selectors.queue_sessions(queue)]
+        data["sessions"] = [
+            {**s, "until": s["until"].isoformat(), "until_shown": shown_time(s["until"])}
+            for s in selectors.queue_sessions(queue)
+        ]
     return data
 
 

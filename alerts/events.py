@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,10 +37,22 @@ WAITING_HYSTERESIS = 0.9
 
 
 @dataclass(frozen=True)
+class StateChange:
+    """A change of the queue's state, from its audit log: every one is told, however soon it is undone
+    (a pause undone before the next look would be missed by comparing states alone), with who made it."""
+
+    id: int
+    state: str
+    by: str
+    at: str
+
+
+@dataclass(frozen=True)
 class Figures:
     """One queue as a check sees it."""
 
     phase: str  # open | prequeue | before_prequeue | paused | closed
+    schedule: str  # before_prequeue | prequeue | running: where the clock is in the queue's schedule
     waiting: int
     waiting_here: int  # of those, not parked as away (absent when they reached the head)
     admitted_total: int
@@ -57,14 +69,23 @@ class Rules:
     stall_seconds: int
 
 
-def phase_of(*, state: str, now: float, prequeue_opens_at: float | None, starts_at: float | None) -> str:
-    if state in ("paused", "closed"):
-        return state
+def schedule_of(*, now: float, prequeue_opens_at: float | None, starts_at: float | None) -> str:
     if prequeue_opens_at is not None and now < prequeue_opens_at:
         return "before_prequeue"
     if starts_at is not None and now < starts_at:
         return "prequeue"
-    return "open"
+    return "running"
+
+
+def phase_of(*, state: str, schedule: str) -> str:
+    if state in ("paused", "closed"):
+        return state
+    return "open" if schedule == "running" else schedule
+
+
+def _opening(schedule: str) -> str | None:
+    """What a queue that is open says at this point of its schedule."""
+    return {"prequeue": PREQUEUE_OPENED, "running": OPENED}.get(schedule)
 
 
 def site_unhealthy(site: health.SiteHealth, thresholds: health.Thresholds) -> bool:
@@ -73,22 +94,35 @@ def site_unhealthy(site: health.SiteHealth, thresholds: health.Thresholds) -> bo
     return verdict == health.DECREASE
 
 
-def observe(seen: Mapping[str, Any], figures: Figures, rules: Rules, now: float) -> tuple[dict[str, Any], list[str]]:
+Event = tuple[str, dict[str, Any]]  # the event's name and what it says besides the figures
+
+
+def observe(
+    seen: Mapping[str, Any], figures: Figures, rules: Rules, now: float, changes: Sequence[StateChange] = ()
+) -> tuple[dict[str, Any], list[Event]]:
     """What is seen now (to keep) and the events since `seen` (empty: the first look, which announces
-    no state, only conditions already true)."""
+    no state, only conditions already true). `changes`: the queue's state changes audited since
+    `seen["change_id"]`, oldest first."""
     first = not seen
-    events: list[str] = []
-    if not first and seen.get("phase") != figures.phase and figures.phase in PHASE_EVENTS:
-        events.append(PHASE_EVENTS[figures.phase])
+    events: list[Event] = []
+    if not first:
+        for change in changes:
+            name = _opening(figures.schedule) if change.state == "open" else PHASE_EVENTS.get(change.state)
+            if name:
+                events.append((name, {"by": change.by, "at": change.at}))
+        if seen.get("schedule") != figures.schedule and figures.phase not in ("paused", "closed"):
+            name = _opening(figures.schedule)
+            if name:
+                events.append((name, {"by": "schedule"}))
 
     above = bool(seen.get("waiting_above"))
     if rules.waiting_threshold is not None:
         if not above and figures.waiting >= rules.waiting_threshold:
             above = True
-            events.append(WAITING_ABOVE)
+            events.append((WAITING_ABOVE, {}))
         elif above and figures.waiting < max(1, int(rules.waiting_threshold * WAITING_HYSTERESIS)):
             above = False
-            events.append(WAITING_BELOW)
+            events.append((WAITING_BELOW, {}))
     elif above:  # the threshold was removed: the condition is over
         above = False
 
@@ -100,19 +134,22 @@ def observe(seen: Mapping[str, Any], figures: Figures, rules: Rules, now: float)
     stalled_before = bool(seen.get("stalled"))
     stalled = now - progress_at >= rules.stall_seconds
     if stalled and not stalled_before:
-        events.append(STALLED)
+        events.append((STALLED, {"stalled_seconds": round(now - progress_at)}))
     elif stalled_before and not stalled:
-        events.append(RESUMED)
+        events.append((RESUMED, {}))
 
     unhealthy_before = bool(seen.get("unhealthy"))
     unhealthy = site_unhealthy(figures.site, figures.thresholds)
     if unhealthy and not unhealthy_before:
-        events.append(UNHEALTHY)
+        events.append((UNHEALTHY, {}))
     elif unhealthy_before and not unhealthy:
-        events.append(HEALTHY)
+        events.append((HEALTHY, {}))
 
+    last_change = max([change.id for change in changes], default=int(seen.get("change_id") or 0))
     kept = {
         "phase": figures.phase,
+        "schedule": figures.schedule,
+        "change_id": last_change,
         "waiting_above": above,
         "admitted_total": figures.admitted_total,
         "progress_at": progress_at,

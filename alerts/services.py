@@ -22,12 +22,12 @@ from typing import Any
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Max, Q
 from django.urls import reverse
 from redis.exceptions import RedisError
 
 from queueing import health, selectors
-from queueing.models import Queue
+from queueing.models import Queue, QueueChange
 
 from . import events, names
 from .models import RETRY_MAX_ATTEMPTS, AlertDelivery, AlertHook, AlertWatch
@@ -55,13 +55,12 @@ def queue_figures(queue: Queue, *, now: float) -> events.Figures | None:
         logger.warning("alerts: cannot read queue %s (%s)", queue.slug, exc.__class__.__name__)
         return None
     site = stats["site_health"]
+    schedule = events.schedule_of(
+        now=now, prequeue_opens_at=_stamp(queue.prequeue_opens_at), starts_at=_stamp(queue.starts_at)
+    )
     return events.Figures(
-        phase=events.phase_of(
-            state=queue.state,
-            now=now,
-            prequeue_opens_at=_stamp(queue.prequeue_opens_at),
-            starts_at=_stamp(queue.starts_at),
-        ),
+        phase=events.phase_of(state=queue.state, schedule=schedule),
+        schedule=schedule,
         waiting=int(stats.get("waiting") or 0),
         waiting_here=int(stats.get("waiting") or 0) - int(stats.get("waiting_away") or 0),
         admitted_total=int(stats.get("totals", {}).get("admitted") or 0),
@@ -86,7 +85,12 @@ def _link(path: str) -> str:
 
 
 def alert_payload(
-    hook: AlertHook, queue: Queue | None, event: str, figures: events.Figures | None, now: float
+    hook: AlertHook,
+    queue: Queue | None,
+    event: str,
+    figures: events.Figures | None,
+    now: float,
+    details: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON a webhook receives (and what an e-mail says, in words)."""
     about: dict[str, Any] | None = None
@@ -121,6 +125,7 @@ def alert_payload(
         if stats
         else None,
         "phase": figures.phase if figures else None,
+        "details": details or {},
         "thresholds": {"waiting": hook.waiting_threshold, "stall_seconds": hook.stall_seconds},
     }
 
@@ -172,14 +177,31 @@ def _watch(hook: AlertHook, queue: Queue, figures: events.Figures, now: float) -
         watch, _ = AlertWatch.objects.select_for_update().get_or_create(hook=hook, queue=queue)
         if float(watch.seen.get("seen_at", 0)) > now:
             return []  # a later look was kept already (two checks at once, this one read first)
-        watch.seen, happened = events.observe(watch.seen, figures, rules, now)
+        first = not watch.seen
+        changes = [] if first else state_changes(queue, after_id=int(watch.seen.get("change_id") or 0))
+        watch.seen, happened = events.observe(watch.seen, figures, rules, now, changes)
+        if first:
+            watch.seen["change_id"] = QueueChange.objects.filter(queue=queue).aggregate(last=Max("id"))["last"] or 0
         watch.save(update_fields=["seen", "updated_at"])
-        for event in happened:
+        for event, details in happened:
             if hook.wants(event):
-                made += _deliveries_create(hook, queue, event, alert_payload(hook, queue, event, figures, now), now)
+                payload = alert_payload(hook, queue, event, figures, now, details)
+                made += _deliveries_create(hook, queue, event, payload, now)
     for delivery in made:
         logger.info("alert %s for queue %s to hook %s (%s)", delivery.event, queue.slug, hook.name, delivery.channel)
     return made
+
+
+def state_changes(queue: Queue, *, after_id: int) -> list[events.StateChange]:
+    """The queue's state changes audited after entry `after_id`, oldest first."""
+    entries = QueueChange.objects.filter(queue=queue, id__gt=after_id, after__has_key="state").order_by("id")
+    return [
+        events.StateChange(
+            id=entry.id, state=str(entry.after["state"]), by=entry.actor_label, at=entry.created_at.isoformat()
+        )
+        for entry in entries
+        if entry.before.get("state") != entry.after["state"]
+    ]
 
 
 def alert_test_send(hook: AlertHook, *, now: float | None = None) -> list[AlertDelivery]:

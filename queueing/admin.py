@@ -6,7 +6,9 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.widgets import AdminSplitDateTime
 from django.db.models import QuerySet
+from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
@@ -34,10 +36,40 @@ CAP_COUNTS_FROM_NOW = (
 )
 
 
+def labelled(field: Any, label: str, *, in_table: bool) -> Any:
+    """Name a form field's inputs for screen readers where admin shows no <label> for them (axe-core's
+    `label` and `select-name`): a table's cells (the column's heading is not a label) and the date and time
+    halves of a date-time."""
+    if field is None:
+        return field
+    widget = getattr(field.widget, "widget", field.widget)  # inside the related-object links' wrapper
+    if isinstance(widget, AdminSplitDateTime):
+        widget.widgets[0].attrs["aria-label"] = f"{label}: date"
+        widget.widgets[1].attrs["aria-label"] = f"{label}: time"
+    elif in_table:
+        widget.attrs["aria-label"] = label
+    return field
+
+
+class LabelledInlineFormSet(BaseInlineFormSet):
+    """A table's "Delete?" boxes named for screen readers too (the column heading is not a label)."""
+
+    def add_fields(self, form: Any, index: Any) -> None:
+        super().add_fields(form, index)
+        if "DELETE" in form.fields:
+            form.fields["DELETE"].widget.attrs["aria-label"] = "Delete"
+
+
 class PriorityLevelInline(admin.TabularInline):
     model = PriorityLevel
+    formset = LabelledInlineFormSet
     extra = 0
     max_num = 4
+    template = "admin/edit_inline/tabular_labelled.html"  # Django's, with a heading for its first column
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        return labelled(field, str(db_field.verbose_name).capitalize(), in_table=True)
 
     def get_extra(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> int:
         return 0 if obj is not None and obj.pk else len(PriorityLevel.DEFAULT_FRACTIONS)  # the add form: all four
@@ -134,7 +166,7 @@ class QueueAdmin(admin.ModelAdmin):
         field = super().formfield_for_dbfield(db_field, request, **kwargs)
         if db_field.name == "max_tickets_per_address" and field is not None:
             field.help_text = f"{field.help_text} {CAP_COUNTS_FROM_NOW}"
-        return field
+        return labelled(field, str(db_field.verbose_name).capitalize(), in_table=False)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return ("slug", "protecting") if obj else ()

@@ -17,7 +17,7 @@ from django.core.exceptions import ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
-from django.utils import timezone
+from django.utils import dateformat, timezone
 from rest_framework_api_key.models import AbstractAPIKey
 
 # Bounds of a queue's adaptive outflow adjustment interval (health.py judges the site over one interval).
@@ -543,17 +543,29 @@ class QueueChange(models.Model):
 
     def summary(self) -> str:
         """What changed, as people read it: "capacity 3 → 5, state open → paused" (a creation: what it was
-        created with; an entry without values: its action)."""
+        created with; an entry without values: its action; a change inside a group of values, such as a
+        priority level's: "level 2 placement fraction 0.5 → 0.6")."""
         if self.action == "create":
             return "created: " + ", ".join(f"{_words(k)} {_shown(v)}" for k, v in sorted(self.after.items()))
-        keys = list(dict.fromkeys([*self.before, *self.after]))
-        parts = [
-            f"{_words(k)} {_shown(self.before[k])} → {_shown(self.after.get(k))}"
-            if k in self.before
-            else f"{_words(k)} {_shown(self.after[k])}"
-            for k in keys
-        ]
-        return ", ".join(parts) or _words(self.action)
+        group = "level " if self.action == "priority_levels" else ""
+        parts: list[str] = []
+        for key in dict.fromkeys([*self.before, *self.after]):
+            before, after = self.before.get(key), self.after.get(key)
+            if isinstance(before, dict) and isinstance(after, dict):
+                parts += [
+                    f"{group}{_words(key)} {_words(inner)} {_shown(before.get(inner))} → {_shown(after.get(inner))}"
+                    for inner in dict.fromkeys([*before, *after])
+                    if before.get(inner) != after.get(inner)
+                ]
+            elif key in self.before:
+                parts.append(f"{group}{_words(key)} {_shown(before)} → {_shown(after)}")
+            else:
+                parts.append(f"{group}{_words(key)} {_shown(after)}")
+        return ", ".join(parts) or self.action_words
+
+    @property
+    def action_words(self) -> str:
+        return _words(self.action)
 
 
 def _words(name: str) -> str:
@@ -567,8 +579,14 @@ def _shown(value: Any) -> str:
         return "on" if value else "off"
     if isinstance(value, float):
         return f"{value:g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{_words(k)} {_shown(v)}" for k, v in value.items())
     if isinstance(value, str) and len(value) >= 19 and value[4] == "-" and value[10] == "T":
-        return value[:19].replace("T", " ")  # a time (ISO 8601, as the log's JSON keeps it), to the second
+        try:  # a time (ISO 8601, as the log's JSON keeps it): shown as the dashboard shows every time
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return value
+        return dateformat.format(timezone.localtime(moment) if timezone.is_aware(moment) else moment, "Y-m-d H:i:s T")
     return str(value)
 
 

@@ -8,13 +8,11 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from email import message_from_bytes, policy
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import psycopg
@@ -30,42 +28,8 @@ from queueing import store
 from queueing.schedules import BEAT_SCHEDULES
 
 from .factories import join, status
+from .receivers import Receiver
 from .stack import ROOT, celery_worker, product_env
-
-
-class Receiver:
-    """A real HTTP server on a free port that keeps what it is sent and answers as told."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[dict[str, str], bytes]] = []
-        self.answers: list[int] = []  # answered in order; 200 once they run out
-        self.lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                with receiver.lock:
-                    receiver.seen.append(({k.lower(): v for k, v in self.headers.items()}, body))
-                    code = receiver.answers.pop(0) if receiver.answers else 200
-                self.send_response(code)
-                self.end_headers()
-                self.wfile.write(b"not now" if code >= 400 else b"ok")
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/waiting-room"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def bodies(self) -> list[dict[str, Any]]:
-        return [json.loads(body) for _, body in self.seen]
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -155,6 +119,20 @@ def test_a_queue_paused_resumed_and_closed_is_told_once_each_by_a_signed_webhook
     }
     assert paused["figures"]["state"] == "paused" and paused["figures"]["capacity"] == queue.capacity
     assert deliver_due(clock.advance(60)) == []  # delivered ones are never sent again
+
+
+def test_a_pause_undone_before_the_next_look_is_still_told_with_who_did_it(make_queue, receiver, clock, staff_user):
+    """Seen in the browser walk-through: paused and resumed within one check's 5 s, nothing was told (the
+    states compared were the same). State changes are read from the audit log, each one told."""
+    queue = make_queue()
+    hook_for(queue, receiver)
+    told(clock())
+    queueing_services.queue_pause(queue, actor=staff_user)
+    queueing_services.queue_resume(queue, actor=staff_user)
+    made = services.alerts_check(now=clock.advance(5))
+    assert [d.event for d in made] == [names.PAUSED, names.OPENED]
+    assert [d.payload["details"]["by"] for d in made] == ["staffer", "staffer"]
+    assert told(clock.advance(5)) == []
 
 
 def test_an_old_signature_is_refused_as_a_replay():

@@ -28,3 +28,17 @@ def test_deleting_a_queue_keeps_its_audit_log_and_says_who_deleted_it(admin_clie
     )
     assert actions == ["create", "delete"]
     assert QueueChange.objects.get(queue_slug=slug, action="delete").actor_label == "admin"
+
+
+def test_a_change_inside_a_group_of_values_and_a_time_read_as_words():
+    """Issue 19: the dashboard's log showed a priority level's change as two Python dicts, and times
+    without their zone."""
+    levels = QueueChange(
+        action="priority_levels",
+        before={"2": {"name": "VIP", "placement_fraction": 0.5, "group": None}},
+        after={"2": {"name": "VIP", "placement_fraction": 0.6, "group": "Members"}, "3": {"name": "Premium"}},
+    )
+    assert levels.summary() == "level 2 placement fraction 0.5 → 0.6, level 2 group — → Members, level 3 name Premium"
+    assert levels.action_words == "priority levels"
+    ends = QueueChange(action="update", before={"ends_at": None}, after={"ends_at": "2031-03-01T18:00:00Z"})
+    assert ends.summary() == "ends at — → 2031-03-01 18:00:00 UTC"

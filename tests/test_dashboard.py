@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -502,3 +503,20 @@ def test_the_schedule_is_on_the_queue_s_page_with_where_the_queue_is_in_it(peopl
     plain = make_queue()
     assert "No schedule" in people["looker"].get(f"/dashboard/{plain.slug}/").content.decode()
     assert selectors.schedule_phase(later, now=now + timedelta(hours=3)) == "running"
+
+
+def test_every_time_on_a_queue_s_page_is_shown_one_way(people, make_queue, clock):
+    """Issue 19: "one date format". The schedule said "2026-11-26 21:43:00 UTC", the audit log
+    "2026-11-26 21:40:12" and the sessions "21:48:37"; each is now the date, the time and the zone, in
+    the server's time zone, in the page and in its live data alike."""
+    now = datetime.now(UTC)
+    queue = make_queue(ends_at=now + timedelta(hours=2), capacity=5)
+    join(queue.slug, "v0", now=clock.now)
+    shown = re.compile(r"\b\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\b")
+    page = people["operator"].get(f"/dashboard/{queue.slug}/").content.decode()
+    times = re.findall(r"<time[^>]*>([^<]*)</time>", page)
+    audit = re.findall(r"<tr><td>([^<]*)</td><td>tests</td>", page)
+    assert len(times) == 2 and audit, (times, audit)  # the end and the one session; the creation's entry
+    assert all(shown.fullmatch(text) for text in times + audit), (times, audit)
+    [session] = people["operator"].get(f"/dashboard/{queue.slug}/data.json").json()["sessions"]
+    assert shown.fullmatch(session["until_shown"]) and session["until_shown"] in times

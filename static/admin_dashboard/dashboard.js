@@ -226,7 +226,7 @@
       status.textContent = s.status;
       var until = document.createElement("td"), time = document.createElement("time");
       time.setAttribute("datetime", s.until);
-      time.textContent = s.until.slice(11, 19);
+      time.textContent = s.until_shown;  // as the server shows every time (views.SHOWN_TIME_FORMAT)
       until.appendChild(time);
       var cell = document.createElement("td"), form = document.createElement("form");
       form.method = "post";

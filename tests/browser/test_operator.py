@@ -1,0 +1,147 @@
+"""The operator's whole path (issue 19) in headless Chromium against the running stack, with the login
+bin/run prints: create a queue with its priority levels, schedule it, generate codes, set up an alert
+hook to a receiver this test starts, run the sale from the dashboard (pause asks, resume), read the audit
+log and the alerts' delivery log. Every page on the way is checked with axe-core (run in the page)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from axe_playwright_python.sync_playwright import Axe
+from playwright.sync_api import Page, expect
+
+from ..receivers import Receiver
+from .conftest import PHONE
+from .test_dashboard import DESKTOP, staff_login
+
+AXE = Axe()
+
+
+def accessible(page: Page) -> None:
+    """axe-core finds nothing on the page as it stands (WCAG 2 A and AA rules, and best practices)."""
+    page.wait_for_load_state("load")
+    found = AXE.run(page).response["violations"]
+    assert not found, [(v["id"], v["impact"], v["help"], [n["target"] for n in v["nodes"]][:5]) for v in found]
+
+
+def watching(stack: Any, hook: str) -> bool:
+    """Whether the Alerts task has had its first look for the hook (its later looks tell what changed)."""
+    script = f"from alerts.models import AlertWatch; print(AlertWatch.objects.filter(hook__name={hook!r}).count())"
+    return int(stack.manage("shell", "--no-imports", "-c", script).strip().splitlines()[-1]) > 0
+
+
+def deliveries(stack: Any) -> str:
+    """The stack's alert deliveries, as the delivery log has them (for a failure's message)."""
+    script = "from alerts.models import AlertDelivery as D; "
+    script += "print(list(D.objects.values_list('event', 'status', 'last_error')))"
+    return str(stack.manage("shell", "--no-imports", "-c", script).strip().splitlines()[-1])
+
+
+def test_an_operator_sets_up_and_runs_a_sale_with_the_printed_login(stack, contexts, screenshot):
+    receiver = Receiver()
+    try:
+        _walk(stack, contexts(viewport=DESKTOP, accept_downloads=True).new_page(), receiver, screenshot)
+    finally:
+        receiver.stop()
+
+
+def _walk(stack: Any, page: Page, receiver: Receiver, screenshot: Any) -> None:
+    slug = f"walk-{uuid.uuid4().hex[:6]}"
+    staff_login(stack, page, "/admin/")
+    accessible(page)
+
+    # A queue, with its VIPs placed further ahead than the default, its target the demo's page for it.
+    page.goto(f"{stack.url}/admin/queueing/queue/add/")
+    accessible(page)
+    page.fill("#id_name", "Walk-through sale")
+    page.fill("#id_slug", slug)
+    page.fill("#id_target_url", f"/demo/{slug}/protected/")
+    page.fill("#id_capacity", "5")
+    page.fill("#id_priority_levels-2-placement_fraction", "0.6")
+    page.click("input[name=_save]")
+    expect(page.locator(".messagelist")).to_contain_text("was added successfully")
+    accessible(page)
+
+    # Its schedule: it ends tomorrow.
+    page.locator("#result_list a", has_text=slug).click()
+    accessible(page)
+    expect(page.locator("#id_priority_levels-2-placement_fraction")).to_have_value("0.6")
+    tomorrow = datetime.now(UTC) + timedelta(days=1)
+    page.fill("#id_ends_at_0", tomorrow.strftime("%Y-%m-%d"))
+    page.fill("#id_ends_at_1", "18:00:00")
+    page.click("input[name=_save]")
+    expect(page.locator(".messagelist")).to_contain_text("was changed successfully")
+
+    # Five VIP codes, downloaded once.
+    page.locator("#result_list tr", has_text=slug).locator("input.action-select").check()
+    page.select_option("select[name=action]", "generate_codes")
+    page.click("button[name=index]")
+    accessible(page)
+    page.fill("#id_count", "5")
+    with page.expect_download() as download:
+        page.click("input[type=submit][value='Generate and download']")
+    rows = list(csv.DictReader(io.StringIO(Path(download.value.path()).read_text(encoding="utf-8"))))
+    assert len(rows) == 5 and {row["queue"] for row in rows} == {slug} and {row["level"] for row in rows} == {"2"}
+
+    # An alert hook to a receiver of this test's, told when the queue pauses and opens again.
+    page.goto(f"{stack.url}/admin/alerts/alerthook/add/")
+    accessible(page)
+    page.fill("#id_name", f"Pager {slug}")
+    page.select_option("#id_queue", page.locator("#id_queue option", has_text=slug).get_attribute("value"))
+    page.fill("#id_url", receiver.url)
+    page.check("input[name=events][value='queue.paused']")
+    page.check("input[name=events][value='queue.opened']")
+    page.click("input[name=_save]")
+    expect(page.locator(".messagelist")).to_contain_text("was added successfully")
+    deadline = time.monotonic() + 30
+    while not watching(stack, f"Pager {slug}"):
+        assert time.monotonic() < deadline, "the Alerts task never looked at the queue"
+        time.sleep(1)
+
+    # The sale, from the dashboard: its schedule, pause (asked first), the audit entry, resume.
+    page.goto(f"{stack.url}/dashboard/{slug}/")
+    expect(page.locator("#dash-link")).to_have_attribute("data-state", "live")
+    expect(page.locator("body")).to_contain_text("ends")
+    accessible(page)
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#q-pause")
+    expect(page.locator("#q-state")).to_have_text("paused")
+    page.reload()
+    expect(page.locator("#q-audit")).to_contain_text("state open → paused")
+    expect(page.locator("#q-audit")).to_contain_text("codes generated")  # audited without the codes
+    expect(page.locator("#q-audit")).to_contain_text("codes 5, level 2, max uses 1")
+    expect(page.locator("#q-audit")).to_contain_text("level 2 placement fraction 0.5 → 0.6")
+    expect(page.locator("#q-audit")).to_contain_text(f"ends at — → {tomorrow:%Y-%m-%d} 18:00:00 UTC")
+    screenshot(page, "operator-1-paused")
+    page.click("#q-resume")
+    expect(page.locator("#q-state")).to_have_text("open")
+
+    deadline = time.monotonic() + 40
+    while [body["event"] for body in receiver.bodies()] != ["queue.paused", "queue.opened"]:
+        assert time.monotonic() < deadline, (receiver.bodies(), deliveries(stack))
+        time.sleep(0.5)
+    paused = receiver.bodies()[0]
+    assert paused["queue"]["slug"] == slug and paused["details"]["by"] == "staff"  # the figures are as of now
+    page.goto(f"{stack.url}/admin/alerts/alertdelivery/")
+    expect(page.locator("#result_list")).to_contain_text("Delivered")
+    accessible(page)
+    page.locator("#result_list tbody th a").first.click()
+    expect(page.locator("body")).to_contain_text(json.dumps(slug))
+    accessible(page)
+
+
+def test_the_dashboard_is_accessible_on_a_phone(stack, contexts):
+    slug = stack.new_queue(capacity=2)
+    page = contexts(viewport=PHONE).new_page()
+    staff_login(stack, page, "/dashboard/")
+    accessible(page)
+    page.goto(f"{stack.url}/dashboard/{slug}/")
+    expect(page.locator("#dash-link")).to_have_attribute("data-state", "live")
+    accessible(page)
