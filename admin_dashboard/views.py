@@ -120,6 +120,7 @@ def dashboard_queue(request: HttpRequest, slug: str) -> HttpResponse:
         "shuffle": queueing_selectors.queue_shuffle_get(slug=queue.slug),
         "error_threshold_percent": queue.health_error_rate * 100,
         "phase": selectors.schedule_phase(queue),
+        "time_zone": timezone.get_current_timezone_name(),
     }
     return render(request, "admin_dashboard/queue.html", context)
 

@@ -58,10 +58,23 @@
   }
 
   // A line may name a second scale (its own axis on the right), e.g. a percentage beside milliseconds.
-  function chart(el, series, lines) {
+  // The time axis in 24-hour time in the server's time zone, as every other time on the page (one way of
+  // showing a time; the zone is named above the charts).
+  var charts = document.querySelector(".charts[data-time-zone]");
+  var clockFormat = new Intl.DateTimeFormat("en-GB", {
+    timeZone: (charts && charts.getAttribute("data-time-zone")) || "UTC", hour: "2-digit", minute: "2-digit", hourCycle: "h23",
+  });
+
+  function clockTimes(u, splits) {
+    return splits.map(function (t) { return clockFormat.format(new Date(t * 1000)); });
+  }
+
+  // The time axis spans the chosen period (the last 15 min … 24 h) whatever the points: one point alone
+  // drew an axis of years.
+  function chart(el, series, lines, hours) {
     var data = [column(series, "t")];
     var uSeries = [{}];
-    var axes = [{}, { size: 50 }];
+    var axes = [{ values: clockTimes }, { size: 50 }];
     lines.forEach(function (line) {
       data.push(line.values ? line.values(series) : column(series, line.name));
       uSeries.push({ label: line.label, stroke: line.color, width: 2, dash: line.dash, spanGaps: true, scale: line.scale || "y" });
@@ -70,14 +83,16 @@
     // As wide as its box, and never wider than the screen (a phone: no sideways scrolling).
     var room = document.documentElement.clientWidth - 24;
     var width = Math.max(200, Math.min(el.clientWidth || (el.parentNode && el.parentNode.clientWidth) || 600, room));
-    return new window.uPlot({ width: width, height: 200, series: uSeries, axes: axes, legend: { live: false } }, data, el);
+    var end = Date.now() / 1000, start = end - (hours || 1) * 3600;
+    var scales = { x: { time: true, range: function () { return [start, end]; } } };
+    return new window.uPlot({ width: width, height: 200, series: uSeries, axes: axes, scales: scales, legend: { live: false } }, data, el);
   }
 
   function percent(name) {
     return function (s) { return s.map(function (p) { return p[name] === null || p[name] === undefined ? null : p[name] * 100; }); };
   }
 
-  function drawCharts(series) {
+  function drawCharts(series, hours) {
     if (!window.uPlot) return;
     state.charts.forEach(function (c) { c.destroy(); });
     state.charts = [];
@@ -99,7 +114,7 @@
     ];
     specs.forEach(function (spec) {
       var el = document.getElementById(spec[0]);
-      if (el) state.charts.push(chart(el, series, spec[1]));
+      if (el) state.charts.push(chart(el, series, spec[1], hours));
     });
   }
 
@@ -139,7 +154,7 @@
     if (truth) truth.querySelectorAll("[data-truth]").forEach(function (el) {
       el.textContent = show(data.truth[el.getAttribute("data-truth")]);
     });
-    drawCharts(data.series);
+    drawCharts(data.series, data.hours);
     drawScatter(data.truth.points);
   }
 
