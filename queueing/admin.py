@@ -102,6 +102,13 @@ class QueueAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("slug", "name", "target_url", "state")}),
         (
+            "When the line is closed",
+            {
+                "fields": Queue.CLOSED_FIELDS,
+                "description": "What the waiting page says once the queue is closed, by hand or at its end.",
+            },
+        ),
+        (
             "Admission policy",
             {"fields": [f for f in Queue.POLICY_FIELDS if f not in (*Queue.ADAPTIVE_FIELDS, *Queue.STATELESS_FIELDS)]},
         ),
@@ -132,6 +139,7 @@ class QueueAdmin(admin.ModelAdmin):
         folded = {
             "Mode": not (obj and obj.mode == Queue.Mode.STATELESS),
             "Adaptive outflow": not (obj and obj.adaptive_outflow),
+            "When the line is closed": not (obj and (obj.closed_message or obj.closed_link_url)),
         }
         fieldsets: list[tuple[Any, dict[str, Any]]] = []
         for name, options in super().get_fieldsets(request, obj):

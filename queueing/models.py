@@ -70,6 +70,27 @@ class Queue(models.Model):
         '"Protecting your site").',
     )
     state = models.CharField(max_length=10, choices=State.choices, default=State.OPEN)
+    # What visitors read when the line is closed (closed by hand, or at the schedule's end): issue 20.
+    closed_message = models.TextField(
+        max_length=500,
+        blank=True,
+        help_text="What visitors read when the line is closed or the sale has ended, e.g. “Sold out: thank you for "
+        "waiting.” Empty: “It is not taking anyone new right now.”",
+    )
+    closed_link_url = models.CharField(
+        "closed page's link",
+        max_length=500,
+        blank=True,
+        validators=[validate_target_url],
+        help_text="A page to send them on to from there (the shop, a follow-up page), https://… or a /path. "
+        "Empty: no link.",
+    )
+    closed_link_text = models.CharField(
+        "closed page's link text",
+        max_length=100,
+        blank=True,
+        help_text="The link's words, e.g. “See what is still available”. Empty: “Continue”.",
+    )
     mode = models.CharField(
         max_length=10,
         choices=Mode.choices,
@@ -274,6 +295,8 @@ class Queue(models.Model):
         "adaptive_interval_seconds",
         "adaptive_min_requests",
     )
+    # What the waiting page says when the line is closed (a fieldset of their own in admin).
+    CLOSED_FIELDS = ("closed_message", "closed_link_url", "closed_link_text")
     # Stateless mode's settings (part of the policy; a fieldset of their own in admin).
     STATELESS_FIELDS = ("mode", "window_size", "window_interval", "active_windows")
     # The admission policy, as operators edit it (admin, configure_queue, the staff API).
@@ -362,6 +385,9 @@ class Queue(models.Model):
             "max_tickets_per_address": self.max_tickets_per_address,
             "pow_difficulty": self.pow_difficulty,
             "target_url": self.target_url,
+            "closed_message": self.closed_message,
+            "closed_link_url": self.closed_link_url,
+            "closed_link_text": self.closed_link_text,
             "epoch": self.epoch,
             "revision": self.revision,
             "name": self.name,

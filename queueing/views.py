@@ -130,6 +130,12 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
     context: dict[str, Any] = {
         "queue": {"slug": slug, "name": policy.get("name") or slug},
         "state": state,
+        # The operator's words for a closed line (and an ended sale), as mirrored with the policy.
+        "closed": {
+            "message": policy.get("closed_message", ""),
+            "link_url": policy.get("closed_link_url", ""),
+            "link_text": policy.get("closed_link_text", ""),
+        },
         "view": view,
         "reason": RETURN_REASONS.get(request.GET.get("reason", "")),
         "opens_at": datetime.fromtimestamp(opens, tz=UTC) if opens else None,

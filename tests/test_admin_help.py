@@ -79,12 +79,15 @@ def test_the_admin_links_to_the_dashboard_and_each_queue_s_pages(admin_client, m
 def test_the_mode_and_adaptive_settings_are_folded_until_in_use(admin_client, make_queue):
     tracked = make_queue()
     page = admin_client.get(f"/admin/queueing/queue/{tracked.pk}/change/").content.decode()
-    assert page.count('class="module aligned collapse"') == 2  # the mode's and the adaptive outflow's
+    assert page.count('class="module aligned collapse"') == 3  # the closed page's, the mode's, the adaptive's
     adaptive = make_queue(
         adaptive_outflow=True, outflow_per_minute=60, outflow_min_per_minute=10, outflow_max_per_minute=100
     )
     page = admin_client.get(f"/admin/queueing/queue/{adaptive.pk}/change/").content.decode()
-    assert page.count('class="module aligned collapse"') == 1  # the mode's only
+    assert page.count('class="module aligned collapse"') == 2  # the closed page's and the mode's
+    worded = make_queue(closed_message="Sold out.")
+    page = admin_client.get(f"/admin/queueing/queue/{worded.pk}/change/").content.decode()
+    assert page.count('class="module aligned collapse"') == 2  # the mode's and the adaptive's
 
 
 def test_an_operator_generates_codes_and_downloads_them_as_csv(make_queue):

@@ -8,6 +8,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.template import engines
 from django.utils import timezone
 
@@ -95,8 +96,50 @@ def test_a_site_that_sent_the_visitor_back_is_explained(client, make_queue):
     assert b"<script>" not in page(client, queue.slug, reason="<script>").content
 
 
-def test_an_unknown_queue_is_404(client, db):
+def test_an_unknown_queue_is_404(client, db, settings):
     assert client.get("/q/no-such-queue/").status_code == 404
+    settings.DEBUG = False  # as in production: the styled page (issue 20), not Django's technical one
+    answer = client.get("/q/no-such-queue/")
+    assert answer.status_code == 404 and "There is no page here" in answer.content.decode()
+    assert "queueing/base.css" in answer.content.decode() and "favicon.svg" in answer.content.decode()
+
+
+def test_a_closed_line_says_what_its_operator_wrote_with_the_link_they_gave(client, make_queue):
+    """Issue 20: "closed" and a queue's end gave one fixed sentence; the operator's message and link, per
+    queue, mirrored with the policy (no database read on the page), audited like any setting."""
+    plain = make_queue(state="closed")
+    text = page(client, plain.slug).content.decode()
+    assert "It is not taking anyone new right now." in text and 'id="wr-closed-link"' not in text
+    sold_out = make_queue(state="open")
+    services.queue_update(
+        sold_out,
+        changes={
+            "state": "closed",
+            "closed_message": "Sold out: thank you for waiting. <b>not bold</b>",
+            "closed_link_url": "https://shop.example/more",
+            "closed_link_text": "See what is still available",
+        },
+    )
+    text = page(client, sold_out.slug).content.decode()
+    assert "Sold out: thank you for waiting. &lt;b&gt;not bold&lt;/b&gt;" in text
+    assert (
+        '<a class="button" id="wr-closed-link" href="https://shop.example/more">See what is still available</a>' in text
+    )
+    with pytest.raises(ValidationError):
+        services.queue_update(sold_out, changes={"closed_link_url": "javascript:alert(1)"})
+
+
+def test_only_a_visitor_in_line_is_told_they_are_in_a_fair_line_and_who_is_around_them_waits_for_script(
+    client, make_queue
+):
+    """Issue 20: the join page said "you are in a fair line" before joining, and the page without
+    JavaScript showed an empty "Around you" heading."""
+    queue = make_queue(state="paused")
+    text = page(client, queue.slug).content.decode()
+    assert re.search(r'data-show="waiting paused prequeue offline">[^<]*you are in a fair line', text)
+    assert not re.search(r'data-show="[^"]*\bjoin\b[^"]*">[^<]*you are in a fair line', text)
+    assert '<div class="wr-line-wrap" id="wr-line-wrap" data-show="waiting paused" hidden>' in text
+    assert client.get("/static/queueing/favicon.svg").status_code == 200
 
 
 def test_operators_can_override_the_template_per_queue(client, make_queue, tmp_path, settings):

@@ -218,6 +218,13 @@ class HealthReportSerializer(StrictSerializer):
 class QueuePatchSerializer(StrictSerializer):
     name = StrictCharField(required=False, max_length=120)
     target_url = StrictCharField(required=False, max_length=500, help_text="Where admitted visitors are sent.")
+    closed_message = StrictCharField(
+        required=False, allow_blank=True, max_length=500, help_text="What visitors read once the line is closed."
+    )
+    closed_link_url = StrictCharField(
+        required=False, allow_blank=True, max_length=500, help_text="A page to send them on to from there."
+    )
+    closed_link_text = StrictCharField(required=False, allow_blank=True, max_length=100, help_text="That link's words.")
     capacity_source = serializers.ChoiceField(choices=Queue.CapacitySource.choices, required=False)
     session_ttl = StrictIntegerField(required=False, min_value=1)
     claim_ttl = StrictIntegerField(required=False, min_value=1)
@@ -453,6 +460,9 @@ class QueueSerializer(serializers.ModelSerializer):
             "name",
             "target_url",
             "state",
+            "closed_message",
+            "closed_link_url",
+            "closed_link_text",
             "mode",
             "capacity",
             "capacity_source",

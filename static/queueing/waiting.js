@@ -122,7 +122,15 @@
 
   // --- Drawing ----------------------------------------------------------------------------------
 
+  // The pre-queue's draw: once the line has opened (the page leaves the pre-queue), its seed has been
+  // revealed; the page says so without a reload.
+  function shuffleRevealed() {
+    var before = document.querySelector("[data-shuffle=before]"), after = document.querySelector("[data-shuffle=after]");
+    if (before && after && after.hidden) { before.hidden = true; after.hidden = false; }
+  }
+
   function setState(name) {
+    if (root.dataset.state === "prequeue" && name !== "prequeue" && name !== "offline") shuffleRevealed();
     if (root.dataset.state !== name) {
       root.dataset.state = name;
       var messages = {
@@ -172,6 +180,8 @@
   function drawLine(neighbours) {
     var list = $("wr-line");
     if (!list) return;
+    var wrap = $("wr-line-wrap");
+    if (wrap) wrap.hidden = neighbours.length === 0;
     list.textContent = "";
     neighbours.forEach(function (n) {
       var item = document.createElement("li");

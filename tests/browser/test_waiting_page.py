@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -61,6 +62,7 @@ def test_a_visitor_moves_up_is_sent_through_finishes_and_the_next_is_admitted_at
     second.goto(f"{stack.url}/q/{slug}/")
     expect(second.locator("#wr-position")).to_have_text("5")
     expect(first.locator("#wr-line li.you")).to_contain_text("You")
+    expect(first.locator("#wr-line-wrap")).to_be_visible()  # "Around you", once there is someone to show
     screenshot(first, "flow-1-waiting")
 
     stack.configure(slug, state="open")  # the beat's next tick admits the first in line (capacity 1)
@@ -132,6 +134,8 @@ def test_without_javascript_a_visitor_still_gets_through(stack, visitor, screens
     page.get_by_role("button", name="Join the line").click()
     expect_state(page, "paused")
     expect(page.locator("#wr-position")).to_have_text("1")
+    expect(page.locator("#wr-line-wrap")).to_be_hidden()  # issue 20: no empty "Around you" without script
+    expect(page.get_by_text("you are in a fair line")).to_be_visible()
     screenshot(page, "nojs-2-waiting")
     stack.configure(slug, state="open")
     # The page refreshes itself; once admitted it forwards to the site, which keeps the token in a cookie.
@@ -153,6 +157,21 @@ def test_without_javascript_a_full_line_joins_by_itself_once_there_is_room(stack
     # Its own refresh retries the join (within the 5 s it announced, and the time the page takes).
     expect(page.locator("#wr")).to_have_attribute("data-state", "paused", timeout=20_000)
     expect(page.locator("#wr-position")).to_have_text("2")
+
+
+def test_an_open_page_learns_that_the_draw_s_seed_was_revealed_at_the_start(stack, visitor):
+    """Issue 20: the page kept saying "the seed is revealed at the start" after the start until reloaded."""
+    starts = datetime.now(UTC) + timedelta(seconds=8)
+    slug = stack.new_queue(starts_at=starts.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    page = visitor()
+    page.route(f"**/demo/{slug}/**", lambda route: route.fulfill(status=204))  # let in: a 204 keeps the page
+    page.goto(f"{stack.url}/q/{slug}/")
+    expect_state(page, "prequeue")
+    expect(page.locator("[data-shuffle=before]")).to_be_visible()
+    expect(page.locator("[data-shuffle=after]")).to_be_hidden()
+    expect(page.locator("#wr")).not_to_have_attribute("data-state", "prequeue", timeout=30_000)
+    expect(page.locator("[data-shuffle=after]")).to_be_visible()
+    expect(page.locator("[data-shuffle=before]")).to_be_hidden()
 
 
 def test_the_estimate_counts_down_smoothly_between_updates(stack, visitor):
