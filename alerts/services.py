@@ -218,7 +218,7 @@ def deliveries_due(*, now: float | None = None, limit: int = 100) -> list[str]:
     """Deliveries waiting for an attempt (new ones, retries whose time has come, claims that lapsed)."""
     at = _at(time.time() if now is None else now)
     due = AlertDelivery.objects.filter(status=AlertDelivery.Status.PENDING, next_attempt_at__lte=at)
-    return [str(pk) for pk in due.order_by("next_attempt_at").values_list("pk", flat=True)[:limit]]
+    return [str(pk) for pk in due.order_by("next_attempt_at", "created_at").values_list("pk", flat=True)[:limit]]
 
 
 def retry_delay_seconds(attempts: int) -> float:

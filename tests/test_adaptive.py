@@ -623,7 +623,7 @@ def test_the_dashboard_shows_the_outflow_in_force_and_the_sites_health(admin_cli
     assert f'data-field="health_p95_ms">{live["health_p95_ms"]}<' in page
     assert 'data-field="health_error_percent">10.0<' in page
     assert "unhealthy above 1000 ms or 5 % errors" in page
-    assert "outflow_adapted" in page and "adaptive outflow" in page  # the audit log
+    assert "<td>outflow adapted</td>" in page and "adaptive outflow" in page  # the audit log, in words
     index = admin_client.get("/dashboard/").content.decode()
     assert '<span data-field="outflow_per_minute_effective">30.0</span> (adaptive)' in index
 
