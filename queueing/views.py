@@ -144,6 +144,7 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
         "refresh_seconds": refresh,
         "refresh_url": refresh_url,
         "retry_in": refresh if retry is not None and retry.state == state else None,
+        "held_until": _held_until(view, policy),
         "config": {
             "slug": slug,
             "state": state,
@@ -153,6 +154,10 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
             "windowUrl": reverse("queue-window", args=[slug]),
             "mode": policy.get("mode") or Queue.Mode.TRACKED,
             "powWorkerUrl": static("queueing/pow-worker.js"),
+            # An admission's token runs for the session; its turn is held for the claim window from the
+            # same moment (lua/_lib.lua): held until expires_at - sessionTtl + claimTtl.
+            "sessionTtl": int(policy.get("session_ttl") or 0),
+            "claimTtl": int(policy.get("claim_ttl") or 0),
             "pageUrl": request.path,
         },
     }
@@ -161,6 +166,13 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
     if identity.new_cookie:
         visitor_cookie_set(response, identity.new_cookie)
     return response
+
+
+def _held_until(view: selectors.TicketView | None, policy: dict[str, str]) -> int | None:
+    """Until when an admitted visitor's turn is held (the claim window), as a Unix time."""
+    if view is None or view.status != "admitted" or not view.expires_at:
+        return None
+    return int(view.expires_at) - int(policy.get("session_ttl") or 0) + int(policy.get("claim_ttl") or 0)
 
 
 def _refresh(state: str, view: selectors.TicketView | None) -> int | None:

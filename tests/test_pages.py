@@ -13,7 +13,7 @@ from django.template import engines
 from django.utils import timezone
 
 from queueing import services
-from queueing.templatetags.waiting import countdown_text, wait_text
+from queueing.templatetags.waiting import countdown_text, epoch_clock, epoch_iso, wait_text
 
 
 def page(client, slug, **params):
@@ -312,3 +312,21 @@ def test_while_redis_is_unreachable_pages_answer_a_503_that_retries_not_a_500(ma
         page = browser.get(path)
         assert (page.status_code, page["Retry-After"]) == (503, "5"), path
         assert "Back in a moment" in page.content.decode() and 'http-equiv="refresh"' in page.content.decode()
+
+
+def test_a_time_on_a_page_without_javascript_is_a_clock_time_never_a_raw_number(client, make_queue):
+    """Issue 20: the demo protected page said "Your session ends at 1795470647" without JavaScript."""
+    queue = make_queue(slug="demo", capacity=5, burst=5, target_url="/demo/protected/")
+    body = client.post(f"/api/v1/queues/{queue.slug}/join", {}, "application/json").json()
+    assert body["status"] == "admitted", body
+    client.get(f"/demo/protected/?wr_access={body['access_token']}")  # the redirect that keeps it in a cookie
+    text = client.get("/demo/protected/").content.decode()
+    ends = re.search(r'<time id="session-end" datetime="([^"]+)" data-expires-at="(\d+)">([^<]+)</time>', text)
+    assert ends, text[:2000]
+    assert ends.group(1).endswith("+00:00") and re.fullmatch(r"\d\d:\d\d:\d\d UTC", ends.group(3))
+    assert ends.group(2) not in ends.group(3)
+
+
+def test_unix_times_are_worded_as_iso_and_as_a_named_clock_time():
+    assert epoch_iso(1795470647) == "2026-11-23T21:50:47+00:00" and epoch_iso("") == ""
+    assert epoch_clock(1795470647) == "21:50:47 UTC" and epoch_clock(None) == ""

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 
 from django import template
+from django.utils import dateformat, timezone
 
 register = template.Library()
 
@@ -65,3 +67,23 @@ def countdown_text(value: object) -> str:
     if days:
         return f"{days} day{'s' if days > 1 else ''} {hours:02d}:{minutes:02d}:{secs:02d}"
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def _moment(value: object) -> datetime | None:
+    seconds = _seconds(value)
+    return None if seconds is None else datetime.fromtimestamp(seconds, tz=UTC)
+
+
+@register.filter
+def epoch_iso(value: object) -> str:
+    """A Unix time as ISO 8601 (a <time> element's datetime)."""
+    moment = _moment(value)
+    return moment.isoformat() if moment else ""
+
+
+@register.filter
+def epoch_clock(value: object) -> str:
+    """A Unix time as people read it on a page without JavaScript: the clock in the server's time zone,
+    named ("21:48:37 UTC"), never the raw number."""
+    moment = _moment(value)
+    return dateformat.format(timezone.localtime(moment), "H:i:s T") if moment else ""

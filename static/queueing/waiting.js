@@ -50,6 +50,8 @@
     announced: { text: "", at: 0 },
     redirecting: false,
     stopped: false,
+    title: document.title,
+    queueName: (document.getElementById("wr-title") || {}).textContent || "",
   };
 
   function $(id) { return document.getElementById(id); }
@@ -228,7 +230,7 @@
     }
     S.status = info.status;
     if (info.redirect_url && (info.status === "admitted" || info.status === "active")) {
-      goThrough(info.redirect_url);
+      goThrough(info.redirect_url, info.expires_at);
       return;
     }
     if (info.status === "completed" || info.status === "expired") {
@@ -256,7 +258,32 @@
     everySecond();
   }
 
-  function goThrough(url) {
+  // Admitted: call the visitor back wherever they are (a background tab on a phone): the tab's title, a
+  // vibration where the browser allows one, a notification if they allowed them; the admitted card counts
+  // down the time their turn is held (the claim window), in case the hand-over does not happen by itself.
+  function callBack() {
+    document.title = "\u25B6 It's your turn \u00B7 " + S.title;
+    try { if (navigator.vibrate) navigator.vibrate([200, 100, 200]); } catch (e) { /* not allowed here */ }
+    if ("Notification" in window && window.Notification.permission === "granted" && document.hidden) {
+      try {
+        var note = new window.Notification("It's your turn", { body: S.queueName + ": come back to go through.", tag: "wr-" + config.slug });
+        note.onclick = function () { window.focus(); note.close(); };
+      } catch (e) { /* some browsers only notify from a service worker */ }
+    }
+  }
+
+  function heldFor(expiresAt) {
+    if (!expiresAt || !config.sessionTtl) return;
+    var heldUntil = expiresAt - config.sessionTtl + config.claimTtl; // the token runs for the session
+    var tick = function () {
+      var left = Math.max(0, Math.round(heldUntil - Date.now() / 1000));
+      setText("wr-held", left > 0 ? "Your turn is held for " + Math.floor(left / 60) + ":" + String(left % 60).padStart(2, "0") + "." : "Your turn has passed.");
+      if (left > 0) setTimeout(tick, 1000);
+    };
+    tick();
+  }
+
+  function goThrough(url, expiresAt) {
     if (S.redirecting) return;
     S.redirecting = true;
     S.stopped = true;
@@ -264,7 +291,22 @@
     if (link) link.href = url;
     setState("admitted");
     closeSocket();
+    callBack();
+    heldFor(expiresAt);
     window.location.replace(url);
+  }
+
+  // "Tell me when it's my turn": the browser's own notifications, asked for only when the visitor wants.
+  function offerNotifications() {
+    var button = $("wr-notify");
+    if (!button || !("Notification" in window) || window.Notification.permission !== "default") return;
+    button.hidden = false;
+    button.addEventListener("click", function () {
+      window.Notification.requestPermission().then(function (answer) {
+        button.hidden = true;
+        setText("wr-notify-said", answer === "granted" ? "We will notify you when it is your turn." : "");
+      });
+    });
   }
 
   function finished(reason) {
@@ -283,7 +325,7 @@
 
   function onEvent(event) {
     if (S.stopped) return;
-    if (event.type === "admitted") { goThrough(event.redirect_url); return; }
+    if (event.type === "admitted") { goThrough(event.redirect_url, event.expires_at); return; }
     if (event.type === "expired") { finished(event.reason); return; }
     if (event.type === "position") { apply(event); return; }
     if (event.type === "queue_move") { onMove(event); return; }
@@ -549,6 +591,7 @@
   });
   setInterval(everySecond, 1000);
   // A finished ticket waits for the visitor to choose to join again; otherwise join (or get the ticket back).
+  offerNotifications();
   if (config.state !== "expired" && config.state !== "closed") join();
   window.waitingRoom = S; // for the curious (and for tests)
   window.waitingRoomEta = eta;

@@ -174,6 +174,69 @@ def test_an_open_page_learns_that_the_draw_s_seed_was_revealed_at_the_start(stac
     expect(page.locator("[data-shuffle=before]")).to_be_hidden()
 
 
+# The browser's notifications and vibration, recorded (headless Chromium has neither to show), and a tab
+# in the background, as on a phone whose visitor went elsewhere while waiting.
+CALL_BACK_STUBS = """
+  window.__told = { vibrations: [], notifications: [], asked: 0 };
+  navigator.vibrate = (pattern) => { window.__told.vibrations.push(pattern); return true; };
+  class Note {
+    constructor(title, options) { window.__told.notifications.push([title, options && options.body]); }
+    close() {}
+  }
+  Note.permission = "default";
+  Note.requestPermission = () => {
+    window.__told.asked += 1;
+    Note.permission = "granted";
+    return Promise.resolve("granted");
+  };
+  window.Notification = Note;
+  Object.defineProperty(document, "hidden", { get: () => window.__background === true });
+"""
+
+
+def test_a_visitor_in_a_background_tab_is_called_back_at_their_turn_and_sees_it_held(stack, visitor):
+    """Issue 20, item 5: admitted on a phone in a background tab, nothing called the visitor back. The tab's
+    title says it is their turn, the phone vibrates, a notification comes if they asked for one (the
+    page's button), and the admitted card counts down how long their turn is held."""
+    slug = stack.new_queue(capacity=1, state="paused", claim_ttl=120)
+    page = visitor()
+    page.add_init_script(CALL_BACK_STUBS)
+    page.route(f"**/demo/{slug}/**", lambda route: route.fulfill(status=204))  # stay on the page
+    page.goto(f"{stack.url}/q/{slug}/")
+    expect_state(page, "paused")
+    button = page.locator("#wr-notify")
+    expect(button).to_be_visible()
+    button.click()
+    expect(button).to_be_hidden()
+    expect(page.locator("#wr-notify-said")).to_have_text("We will notify you when it is your turn.")
+    title = page.title()
+    page.evaluate("() => { window.__background = true; }")
+    stack.configure(slug, state="open")
+    expect_state(page, "admitted")
+    assert page.title() == f"\u25b6 It's your turn \u00b7 {title}"
+    told = page.evaluate("() => window.__told")
+    assert told["asked"] == 1 and told["vibrations"] == [[200, 100, 200]]
+    assert [note[0] for note in told["notifications"]] == ["It's your turn"]
+    held = page.locator("#wr-held")
+    expect(held).to_have_text(re.compile(r"Your turn is held for [12]:\d\d\."))
+    first = held.inner_text()
+    expect(held).not_to_have_text(first, timeout=3_000)  # it counts down
+
+
+def test_a_visitor_who_did_not_ask_is_not_notified_and_the_button_is_gone_once_answered(stack, visitor):
+    slug = stack.new_queue(capacity=1, state="paused")
+    page = visitor()
+    page.add_init_script(CALL_BACK_STUBS + "Note.permission = 'denied';")
+    page.route(f"**/demo/{slug}/**", lambda route: route.fulfill(status=204))
+    page.goto(f"{stack.url}/q/{slug}/")
+    expect_state(page, "paused")
+    expect(page.locator("#wr-notify")).to_be_hidden()  # the visitor said no before: never asked again
+    page.evaluate("() => { window.__background = true; }")
+    stack.configure(slug, state="open")
+    expect_state(page, "admitted")
+    assert page.evaluate("() => window.__told.notifications") == []
+
+
 def test_the_estimate_counts_down_smoothly_between_updates(stack, visitor):
     slug = stack.new_queue(capacity=100, outflow_per_minute=1, burst=1)
     for _ in range(5):
