@@ -24,6 +24,7 @@ from django.template.loader import select_template
 from django.template.response import TemplateResponse
 from django.templatetags.static import static
 from django.urls import reverse
+from django.utils.translation import gettext_lazy as _
 from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -43,15 +44,15 @@ DEMO_QUEUE = "demo"
 
 # Why a protected site sent the visitor back (require_queue_access adds ?reason=...).
 RETURN_REASONS = {
-    "expired": "Your session has ended.",
-    "revoked": "Your session was ended by the site.",
-    "superseded": "You have a newer session somewhere else.",
-    "full": "The waiting room restarted and your session could not be resumed: the site is full. Please join again.",
-    "bound_elsewhere": (
+    "expired": _("Your session has ended."),
+    "revoked": _("Your session was ended by the site."),
+    "superseded": _("You have a newer session somewhere else."),
+    "full": _("The waiting room restarted and your session could not be resumed: the site is full. Please join again."),
+    "bound_elsewhere": _(
         "That link to the site was already used in another browser: each place in line lets in one browser. "
         "Join the line here to get a place of your own."
     ),
-    "invalid": "That link to the site was not valid.",
+    "invalid": _("That link to the site was not valid."),
 }
 
 

@@ -330,3 +330,14 @@ def test_a_time_on_a_page_without_javascript_is_a_clock_time_never_a_raw_number(
 def test_unix_times_are_worded_as_iso_and_as_a_named_clock_time():
     assert epoch_iso(1795470647) == "2026-11-23T21:50:47+00:00" and epoch_iso("") == ""
     assert epoch_clock(1795470647) == "21:50:47 UTC" and epoch_clock(None) == ""
+
+
+def test_an_opening_time_without_javascript_is_a_date_and_a_clock_time_in_the_server_s_zone(client, make_queue):
+    """Issue 20: the opening time said "21:43 UTC" beside the browser's "9:43:44 PM"; without JavaScript it is
+    the server's zone, named; the page's script rewrites it into the visitor's (data-local)."""
+    later = timezone.now() + timedelta(days=400)
+    queue = make_queue(prequeue_opens_at=later, starts_at=later + timedelta(hours=1))
+    text = page(client, queue.slug).content.decode()
+    shown = re.search(r'<time id="wr-opens-at" datetime="([^"]+)" data-local="date-time">([^<]+)</time>', text)
+    assert shown, text[:3000]
+    assert shown.group(2) == f"{later:%-d %B %Y, %H:%M} UTC"

@@ -5,6 +5,8 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import include, path
 from django.views import defaults
+from django.views.decorators.cache import cache_control
+from django.views.i18n import JavaScriptCatalog
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 from rest_framework_simplejwt.views import TokenObtainPairView, TokenRefreshView
 
@@ -78,5 +80,14 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("readyz", readyz, name="readyz"),
     *([path(settings.WR_METRICS_PATH, metrics.metrics_view, name="metrics")] if settings.WR_METRICS_PATH else []),
+    # The language switcher (POST: a cookie) and the waiting page's JavaScript catalogue.
+    path("i18n/", include("django.conf.urls.i18n")),
+    # Kept by browsers for an hour; pages ask for it with their language in the address (?l=de), so a
+    # switch of language is a new address.
+    path(
+        "jsi18n/",
+        cache_control(public=True, max_age=3600)(JavaScriptCatalog.as_view(packages=["queueing"])),
+        name="javascript-catalog",
+    ),
     path("", include("queueing.urls")),
 ]

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 from django import template
 from django.utils import dateformat, timezone
+from django.utils.translation import gettext, ngettext
 
 register = template.Library()
 
@@ -23,21 +24,24 @@ def _seconds(value: object) -> int | None:
 def wait_text(value: object) -> str:
     seconds = _seconds(value)
     if seconds is None:
-        return "working it out…"
+        return gettext("working it out…")
     if seconds < 60:
-        return "less than a minute"
+        return gettext("less than a minute")
     if seconds < 90:
-        return "about a minute"
+        return gettext("about a minute")
     minutes = round(seconds / 60)
-    if minutes < 10:
-        return f"about {minutes} minutes"
+    if 10 <= minutes < 60:
+        minutes = round(minutes / 5) * 5
     if minutes < 60:
-        return f"about {round(minutes / 5) * 5} minutes"
+        return ngettext("about %(n)s minute", "about %(n)s minutes", minutes) % {"n": minutes}
     if seconds >= 48 * 3600:
-        return f"more than {seconds // 86400} days"
+        days = seconds // 86400
+        return ngettext("more than %(n)s day", "more than %(n)s days", days) % {"n": days}
     hours, rest = divmod(round(minutes / 5) * 5, 60)
-    hour_text = "1 hour" if hours == 1 else f"{hours} hours"
-    return f"about {hour_text}" + (f" {rest} minutes" if rest else "")
+    duration = ngettext("%(n)s hour", "%(n)s hours", hours) % {"n": hours}
+    if rest:
+        duration += " " + ngettext("%(n)s minute", "%(n)s minutes", rest) % {"n": rest}
+    return gettext("about %(duration)s") % {"duration": duration}
 
 
 @register.filter
@@ -53,7 +57,7 @@ def wait_range_text(view: object) -> str:
     unit = 1 if high < 600 else 5
     lo = math.floor(low / 60 / unit) * unit
     hi = max(lo + unit, math.ceil(high / 60 / unit) * unit)
-    return f"({lo}\u2013{hi} minutes)"
+    return gettext("(%(low)s–%(high)s minutes)") % {"low": lo, "high": hi}  # noqa: RUF001  (an en dash, as in waiting.js)
 
 
 @register.filter
@@ -65,7 +69,7 @@ def countdown_text(value: object) -> str:
     hours, rest = divmod(rest, 3600)
     minutes, secs = divmod(rest, 60)
     if days:
-        return f"{days} day{'s' if days > 1 else ''} {hours:02d}:{minutes:02d}:{secs:02d}"
+        return ngettext("%(n)s day", "%(n)s days", days) % {"n": days} + f" {hours:02d}:{minutes:02d}:{secs:02d}"
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 

@@ -54,27 +54,48 @@
     queueName: (document.getElementById("wr-title") || {}).textContent || "",
   };
 
+  // Words in the page's language: Django's JavaScript catalogue (/jsi18n/), else English as written here.
+  var _ = window.gettext || function (text) { return text; };
+  var ngettext = window.ngettext || function (one, other, n) { return n === 1 ? one : other; };
+  var LANG = document.documentElement.lang || "en";
+  function fill(text, values) {
+    return text.replace(/%\((\w+)\)s/g, function (all, name) { return String(values[name]); });
+  }
+
   function $(id) { return document.getElementById(id); }
   function setText(id, text) { var node = $(id); if (node) node.textContent = text; }
 
   // --- The estimated wait -------------------------------------------------------------------------
 
   function formatWait(seconds) {
-    if (seconds === null || seconds === undefined) return "working it out…";
+    if (seconds === null || seconds === undefined) return _("working it out…");
     seconds = Math.max(0, Math.round(seconds));
-    if (seconds < 60) return "less than a minute";
-    if (seconds < 90) return "about a minute";
+    if (seconds < 60) return _("less than a minute");
+    if (seconds < 90) return _("about a minute");
     var minutes = Math.round(seconds / 60);
-    if (minutes < 10) return "about " + minutes + " minutes";
-    if (minutes < 60) return "about " + Math.round(minutes / 5) * 5 + " minutes";
-    if (seconds >= 48 * 3600) return "more than " + Math.floor(seconds / 86400) + " days";
+    if (minutes >= 10 && minutes < 60) minutes = Math.round(minutes / 5) * 5;
+    if (minutes < 60) return fill(ngettext("about %(n)s minute", "about %(n)s minutes", minutes), { n: minutes });
+    if (seconds >= 48 * 3600) {
+      var days = Math.floor(seconds / 86400);
+      return fill(ngettext("more than %(n)s day", "more than %(n)s days", days), { n: days });
+    }
     var total = Math.round(minutes / 5) * 5, hours = Math.floor(total / 60), rest = total % 60;
-    return "about " + (hours === 1 ? "1 hour" : hours + " hours") + (rest ? " " + rest + " minutes" : "");
+    var duration = fill(ngettext("%(n)s hour", "%(n)s hours", hours), { n: hours });
+    if (rest) duration += " " + fill(ngettext("%(n)s minute", "%(n)s minutes", rest), { n: rest });
+    return fill(_("about %(duration)s"), { duration: duration });
   }
 
   // "(4–8 minutes)": the range the queue's own record gives the estimate (about 8 in 10 of its waits
   // fell within it), scaled as the shown figure is (it counts down and glides), in the units people read:
   // whole minutes, fives past ten; nothing under a minute and a half, nothing past two hours.
+  function windowText(w) {
+    return fill(_("in groups of %(size)s every %(seconds)s seconds"), { size: w.window_size, seconds: Math.round(w.window_interval) });
+  }
+
+  function updatedText() {
+    return fill(_("Updated %(time)s."), { time: new Date().toLocaleTimeString(LANG) });
+  }
+
   function formatRange(shown) {
     var range = S.range, told = S.rangeFor;
     if (!range || shown === null || shown === undefined || !told) return "";
@@ -82,7 +103,7 @@
     if (high < 90 || high > 7200) return "";
     var unit = high < 600 ? 1 : 5;
     var lo = Math.floor(low / 60 / unit) * unit, hi = Math.max(lo + unit, Math.ceil(high / 60 / unit) * unit);
-    return "(" + lo + "–" + hi + " minutes)";
+    return fill(_("(%(low)s–%(high)s minutes)"), { low: lo, high: hi });
   }
 
   // 4:05, 1:02:03, or with days: 3 days 04:05:06
@@ -90,7 +111,7 @@
     seconds = Math.max(0, Math.round(seconds));
     var d = Math.floor(seconds / 86400), h = Math.floor((seconds % 86400) / 3600);
     var m = Math.floor((seconds % 3600) / 60), s = seconds % 60, two = function (n) { return String(n).padStart(2, "0"); };
-    if (d) return d + (d === 1 ? " day " : " days ") + two(h) + ":" + two(m) + ":" + two(s);
+    if (d) return fill(ngettext("%(n)s day", "%(n)s days", d), { n: d }) + " " + two(h) + ":" + two(m) + ":" + two(s);
     return (h ? h + ":" + two(m) : String(m)) + ":" + two(s);
   }
 
@@ -136,16 +157,16 @@
     if (root.dataset.state !== name) {
       root.dataset.state = name;
       var messages = {
-        waiting: "You are in line.",
-        paused: "The line is paused. You keep your place.",
-        prequeue: "You have your ticket. The line opens soon.",
-        admitted: "It's your turn. Taking you to the site.",
-        expired: "Your place has expired.",
-        closed: "This line is closed.",
-        full: "The line is full. Trying again shortly.",
-        offline: "Reconnecting to the waiting room.",
-        pow: "Checking your browser before you join.",
-        notyet: "This line has not opened yet.",
+        waiting: _("You are in line."),
+        paused: _("The line is paused. You keep your place."),
+        prequeue: _("You have your ticket. The line opens soon."),
+        admitted: _("It's your turn. Taking you to the site."),
+        expired: _("Your place has expired."),
+        closed: _("This line is closed."),
+        full: _("The line is full. Trying again shortly."),
+        offline: _("Reconnecting to the waiting room."),
+        pow: _("Checking your browser before you join."),
+        notyet: _("This line has not opened yet."),
       };
       if (messages[name]) announce(messages[name], true);
     }
@@ -163,7 +184,7 @@
     var ahead = Math.max(0, S.position - 1);
     setText("wr-position", String(S.position));
     setText("wr-ahead", String(ahead));
-    setText("wr-ahead-label", ahead === 1 ? "person" : "people");
+    setText("wr-ahead-label", ngettext("person", "people", ahead));
     var key = "wr:first:" + S.ticketId, first = null;
     try {
       first = Number(localStorage.getItem(key)) || null;
@@ -174,7 +195,8 @@
     if (bar) bar.style.width = done + "%";
     if (progress) progress.setAttribute("aria-valuenow", String(done));
     var range = formatRange(eta.shown);
-    announce("You are number " + S.position + " in line. Estimated wait " + formatWait(eta.shown) + (range ? " " + range : "") + ".");
+    var wait = formatWait(eta.shown) + (range ? " " + range : "");
+    announce(fill(_("You are number %(position)s in line. Estimated wait %(wait)s."), { position: S.position, wait: wait }));
     if (S.stateless) return; // a stateless queue knows numbers, not people: no picture of the line
     if (S.lastNeighbours === null || Math.abs(S.lastNeighbours - S.position) >= 3) fetchNeighbours();
   }
@@ -191,7 +213,7 @@
       var number = document.createElement("b");
       number.textContent = "#" + n.position;
       var name = document.createElement("span");
-      name.textContent = n.you ? "You" : (n.display_name || "Guest");
+      name.textContent = n.you ? _("You") : (n.display_name || _("Guest"));
       item.appendChild(number);
       item.appendChild(name);
       list.appendChild(item);
@@ -225,7 +247,7 @@
       if (info.number !== undefined) setText("wr-number", String(info.number));
       if (info.window) {
         S.window = info.window;
-        setText("wr-window-desc", "in groups of " + info.window.window_size + " every " + Math.round(info.window.window_interval) + " seconds");
+        setText("wr-window-desc", windowText(info.window));
       }
     }
     S.status = info.status;
@@ -243,7 +265,7 @@
     if (S.drawn) {
       S.position = null;
       setText("wr-prequeue-count", String(info.queue_length));
-      setText("wr-prequeue-label", info.queue_length === 1 ? "person has" : "people have");
+      setText("wr-prequeue-label", ngettext("person has", "people have", info.queue_length));
     } else if (info.position !== null && info.position !== undefined) S.position = info.position;
     eta.update(info.estimated_wait_seconds);
     S.range = info.estimated_wait_range || null;
@@ -253,7 +275,7 @@
     if (S.queueState === "closed") setState("closed");
     else if (S.opensAt !== null) setState("prequeue");
     else setState(S.queueState === "paused" ? "paused" : "waiting");
-    setText("wr-updated", "Updated " + new Date().toLocaleTimeString() + ".");
+    setText("wr-updated", updatedText());
     drawPosition();
     everySecond();
   }
@@ -262,11 +284,12 @@
   // vibration where the browser allows one, a notification if they allowed them; the admitted card counts
   // down the time their turn is held (the claim window), in case the hand-over does not happen by itself.
   function callBack() {
-    document.title = "\u25B6 It's your turn \u00B7 " + S.title;
+    document.title = "\u25B6 " + _("It's your turn") + " \u00B7 " + S.title;
     try { if (navigator.vibrate) navigator.vibrate([200, 100, 200]); } catch (e) { /* not allowed here */ }
     if ("Notification" in window && window.Notification.permission === "granted" && document.hidden) {
       try {
-        var note = new window.Notification("It's your turn", { body: S.queueName + ": come back to go through.", tag: "wr-" + config.slug });
+        var body = fill(_("%(queue)s: come back to go through."), { queue: S.queueName });
+        var note = new window.Notification(_("It's your turn"), { body: body, tag: "wr-" + config.slug, lang: LANG });
         note.onclick = function () { window.focus(); note.close(); };
       } catch (e) { /* some browsers only notify from a service worker */ }
     }
@@ -277,7 +300,8 @@
     var heldUntil = expiresAt - config.sessionTtl + config.claimTtl; // the token runs for the session
     var tick = function () {
       var left = Math.max(0, Math.round(heldUntil - Date.now() / 1000));
-      setText("wr-held", left > 0 ? "Your turn is held for " + Math.floor(left / 60) + ":" + String(left % 60).padStart(2, "0") + "." : "Your turn has passed.");
+      var time = Math.floor(left / 60) + ":" + String(left % 60).padStart(2, "0");
+      setText("wr-held", left > 0 ? fill(_("Your turn is held for %(time)s."), { time: time }) : _("Your turn has passed."));
       if (left > 0) setTimeout(tick, 1000);
     };
     tick();
@@ -304,7 +328,7 @@
     button.addEventListener("click", function () {
       window.Notification.requestPermission().then(function (answer) {
         button.hidden = true;
-        setText("wr-notify-said", answer === "granted" ? "We will notify you when it is your turn." : "");
+        setText("wr-notify-said", answer === "granted" ? _("We will notify you when it is your turn.") : "");
       });
     });
   }
@@ -314,12 +338,12 @@
     closeSocket();
     clearTimeout(S.pollTimer);
     var why = {
-      abandoned: "You were away from this page for too long.",
-      completed: "Your visit is complete.",
-      revoked: "Your place was withdrawn.",
-      left: "You left the line.",
+      abandoned: _("You were away from this page for too long."),
+      completed: _("Your visit is complete."),
+      revoked: _("Your place was withdrawn."),
+      left: _("You left the line."),
     };
-    setText("wr-expired-why", why[reason] || "Your ticket is no longer valid.");
+    setText("wr-expired-why", why[reason] || _("Your ticket is no longer valid."));
     setState("expired");
   }
 
@@ -382,8 +406,8 @@
     if (S.queueState === "closed") setState("closed");
     else if (w.opens_in_seconds) setState("prequeue");
     else setState(S.queueState === "paused" ? "paused" : "waiting");
-    setText("wr-window-desc", "in groups of " + w.window_size + " every " + Math.round(w.window_interval) + " seconds");
-    setText("wr-updated", "Updated " + new Date().toLocaleTimeString() + ".");
+    setText("wr-window-desc", windowText(w));
+    setText("wr-updated", updatedText());
     everySecond();
   }
 
@@ -410,7 +434,9 @@
     if (event.epoch !== undefined && S.epoch !== null && event.epoch !== S.epoch) { askStatus(); return; }
     if (event.seq > S.seq + 1) askStatus();
     if (event.admitted_per_minute > 0) S.rate = event.admitted_per_minute / 60;
-    if (event.viewers) setText("wr-viewers", event.viewers + (event.viewers === 1 ? " person" : " people") + " watching this line.");
+    if (event.viewers) {
+      setText("wr-viewers", fill(ngettext("%(n)s person watching this line.", "%(n)s people watching this line.", event.viewers), { n: event.viewers }));
+    }
     if (event.state && event.state !== S.queueState) poll();
   }
 
@@ -486,7 +512,7 @@
     setState(state);
     var left = Math.max(1, Math.round(seconds));
     var count = function () {
-      if (counterId) setText(counterId, state === "full" ? "Trying again in " + left + " s." : String(left));
+      if (counterId) setText(counterId, state === "full" ? fill(_("Trying again in %(seconds)s s."), { seconds: left }) : String(left));
       if (left-- <= 0) { then(); return; }
       setTimeout(count, 1000);
     };
@@ -591,6 +617,19 @@
   });
   setInterval(everySecond, 1000);
   // A finished ticket waits for the visitor to choose to join again; otherwise join (or get the ticket back).
+  // Times the server wrote in its own zone ("31 December 2098, 12:00 UTC"), shown in the visitor's zone
+  // and the page language's format.
+  function localTimes() {
+    var styles = { "date-time": { dateStyle: "long", timeStyle: "short" }, time: { timeStyle: "medium" } };
+    document.querySelectorAll("time[data-local]").forEach(function (el) {
+      var when = new Date(el.getAttribute("datetime"));
+      var style = styles[el.getAttribute("data-local")];
+      if (isNaN(when.getTime()) || !style || !window.Intl) return;
+      try { el.textContent = new Intl.DateTimeFormat(LANG, style).format(when); } catch (e) { /* as written */ }
+    });
+  }
+
+  localTimes();
   offerNotifications();
   if (config.state !== "expired" && config.state !== "closed") join();
   window.waitingRoom = S; // for the curious (and for tests)

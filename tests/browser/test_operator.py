@@ -14,12 +14,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import Page, expect
 
 from ..receivers import Receiver
 from .conftest import PHONE
 from .test_dashboard import DESKTOP, staff_login
+
+pytestmark = pytest.mark.browser
 
 AXE = Axe()
 

@@ -334,7 +334,13 @@ def test_every_state_renders(stack, visitor, screenshot):
     page = visitor()
     page.goto(url.format(notyet))
     expect_state(page, "notyet")
-    expect(page.locator("#wr-opens-at")).to_contain_text("31 December 2098")
+    # In the visitor's time zone and language's format (issue 20): here en-US, as Intl words it.
+    local = page.evaluate(
+        "() => new Intl.DateTimeFormat('en', {dateStyle: 'long', timeStyle: 'short'})"
+        ".format(new Date('2098-12-31T12:00:00Z'))"
+    )
+    expect(page.locator("#wr-opens-at")).to_have_text(local)
+    assert "2098" in local
     screenshot(page, "state-notyet")
 
     admitted = stack.new_queue(capacity=5, burst=5)

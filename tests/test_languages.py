@@ -1,0 +1,99 @@
+"""Languages (issue 20, item 1): the waiting page in the visitor's language, negotiated from Accept-Language
+or chosen with the page's switcher, with complete catalogs for German, French and Spanish (Arabic for the
+right-to-left layout), the same words from the server and from the page's script."""
+
+from __future__ import annotations
+
+import gettext
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCALE = ROOT / "locale"
+JOIN = {"en": "Join the line", "de": "In die Schlange stellen", "fr": "Rejoindre la file", "es": "Unirse a la fila"}
+
+
+def page(client, slug, **headers):
+    return client.get(f"/q/{slug}/", **headers).content.decode()
+
+
+@pytest.mark.parametrize("language", ["de", "fr", "es"])
+def test_the_waiting_page_speaks_the_language_the_browser_asks_for(client, make_queue, language):
+    queue = make_queue(state="paused")
+    text = page(client, queue.slug, HTTP_ACCEPT_LANGUAGE=f"{language}-XX,{language};q=0.9,en;q=0.5")
+    assert f'<html lang="{language}" dir="ltr">' in text
+    assert f'value="join">{JOIN[language]}</button>' in text
+    assert "Join the line" not in text and "Your place in line" not in text
+    assert f'src="/jsi18n/?l={language}"' in text  # the script's words, at an address per language
+
+
+def test_without_a_language_asked_for_the_page_is_english(client, make_queue):
+    text = page(client, make_queue(state="paused").slug)
+    assert '<html lang="en" dir="ltr">' in text and f'value="join">{JOIN["en"]}</button>' in text
+
+
+def test_the_switcher_keeps_the_chosen_language_over_the_browser_s(client, make_queue):
+    queue = make_queue(state="paused")
+    text = page(client, queue.slug, HTTP_ACCEPT_LANGUAGE="de")
+    switcher = re.search(r'<form class="wr-languages" action="([^"]+)" method="post"', text)
+    assert switcher and 'value="es" lang="es">Español</button>' in text
+    answer = client.post(switcher.group(1), {"language": "es", "next": f"/q/{queue.slug}/"})
+    assert answer.status_code == 302 and answer["Location"] == f"/q/{queue.slug}/"
+    assert f'value="join">{JOIN["es"]}</button>' in page(client, queue.slug, HTTP_ACCEPT_LANGUAGE="de")
+
+
+def test_a_right_to_left_language_turns_the_page_around(client, make_queue):
+    text = page(client, make_queue(state="paused").slug, HTTP_ACCEPT_LANGUAGE="ar")
+    assert '<html lang="ar" dir="rtl">' in text
+
+
+def test_the_script_s_catalogue_is_the_language_s_and_kept_by_browsers(client, db):
+    answer = client.get("/jsi18n/?l=fr", HTTP_ACCEPT_LANGUAGE="fr")
+    assert answer.status_code == 200 and "javascript" in answer["Content-Type"]
+    assert (
+        "Vous \\u00eates dans la file." in answer.content.decode()
+        or "Vous êtes dans la file." in answer.content.decode()
+    )
+    assert "max-age=3600" in answer["Cache-Control"] and "public" in answer["Cache-Control"]
+
+
+def test_waits_are_worded_in_the_visitor_s_language(settings):
+    from django.utils import translation
+
+    from queueing.templatetags.waiting import countdown_text, wait_text
+
+    with translation.override("de"):
+        assert wait_text(30) == "weniger als eine Minute"
+        assert wait_text(300) == "etwa 5 Minuten"
+        assert wait_text(4500) == "etwa 1 Stunde 15 Minuten"
+        assert countdown_text(2 * 86400 + 5) == "2 Tage 00:00:05"
+    with translation.override("fr"):
+        assert wait_text(300) == "environ 5 minutes" and wait_text(3 * 86400) == "plus de 3 jours"
+    with translation.override("es"):
+        assert wait_text(60) == "alrededor de un minuto"
+
+
+def catalog(path: Path) -> dict[object, str]:
+    with path.open("rb") as compiled:
+        return dict(gettext.GNUTranslations(compiled)._catalog)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("language", ["de", "fr", "es", "ar"])
+@pytest.mark.parametrize("domain", ["django", "djangojs"])
+def test_every_catalog_is_complete_and_its_compiled_copy_is_up_to_date(tmp_path, language, domain):
+    """Every visitor-facing message has a translation (nothing untranslated or fuzzy), and the .mo files
+    the server reads are what the .po files say (compiled here with msgfmt, compared message by message)."""
+    msgfmt = shutil.which("msgfmt")
+    assert msgfmt, "msgfmt (Debian package gettext) is needed; bin/test installs it"
+    source = LOCALE / language / "LC_MESSAGES" / f"{domain}.po"
+    fresh = tmp_path / "fresh.mo"
+    done = subprocess.run(
+        [msgfmt, "--check", "--statistics", "-o", str(fresh), str(source)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "untranslated" not in done.stderr and "fuzzy" not in done.stderr, done.stderr
+    assert catalog(source.with_suffix(".mo")) == catalog(fresh)
