@@ -97,3 +97,15 @@ def test_every_catalog_is_complete_and_its_compiled_copy_is_up_to_date(tmp_path,
     assert done.returncode == 0, done.stderr
     assert "untranslated" not in done.stderr and "fuzzy" not in done.stderr, done.stderr
     assert catalog(source.with_suffix(".mo")) == catalog(fresh)
+
+
+def test_the_error_pages_a_visitor_can_meet_are_in_their_language(client, make_queue, settings):
+    settings.DEBUG = False
+    missing = client.get("/q/no-such-queue/", HTTP_ACCEPT_LANGUAGE="de").content.decode()
+    assert "Hier gibt es keine Seite" in missing and '<html lang="de"' in missing
+    queue = make_queue(state="paused")
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there: the page's 503
+    away = client.get(f"/q/{queue.slug}/", HTTP_ACCEPT_LANGUAGE="fr")
+    text = away.content.decode()
+    assert away.status_code == 503 and "De retour dans un instant" in text
+    assert re.search(r"r\u00e9essaie d\u2019elle-m\u00eame dans \d+ secondes", text)
