@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
 
 CHROMIUM = os.environ.get("WR_CHROMIUM", "/usr/bin/chromium")
@@ -74,3 +75,13 @@ def wait_until(page: Page, expression: str, timeout: float = 15_000) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {expression}")
         page.wait_for_timeout(100)
+
+
+AXE = Axe()
+
+
+def accessible(page: Page) -> None:
+    """axe-core finds nothing on the page as it stands (WCAG 2 A and AA rules, and best practices)."""
+    page.wait_for_load_state("load")
+    found = AXE.run(page).response["violations"]
+    assert not found, [(v["id"], v["impact"], v["help"], [n["target"] for n in v["nodes"]][:5]) for v in found]

@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from .conftest import PHONE
-from .test_operator import accessible
+from .conftest import PHONE, accessible
 
 pytestmark = pytest.mark.browser
 

@@ -15,23 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import Page, expect
 
 from ..receivers import Receiver
-from .conftest import PHONE
+from .conftest import PHONE, accessible
 from .test_dashboard import DESKTOP, staff_login
 
 pytestmark = pytest.mark.browser
-
-AXE = Axe()
-
-
-def accessible(page: Page) -> None:
-    """axe-core finds nothing on the page as it stands (WCAG 2 A and AA rules, and best practices)."""
-    page.wait_for_load_state("load")
-    found = AXE.run(page).response["violations"]
-    assert not found, [(v["id"], v["impact"], v["help"], [n["target"] for n in v["nodes"]][:5]) for v in found]
 
 
 def watching(stack: Any, hook: str) -> bool:

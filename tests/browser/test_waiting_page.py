@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, Route, expect
 
-from .conftest import wait_until
+from .conftest import accessible, wait_until
 
 pytestmark = pytest.mark.browser
 
@@ -313,6 +313,7 @@ def test_every_state_renders(stack, visitor, screenshot):
     expect(page.locator("#wr-eta")).to_contain_text("minute")
     page.wait_for_timeout(800)
     screenshot(page, "state-waiting")
+    accessible(page)  # issue 20: axe-core clean in every state
 
     paused = stack.new_queue(state="paused")
     page = visitor()
@@ -320,6 +321,7 @@ def test_every_state_renders(stack, visitor, screenshot):
     expect_state(page, "paused")
     expect(page.locator(".wr-note")).to_contain_text("The line is paused")
     screenshot(page, "state-paused")
+    accessible(page)  # issue 20: axe-core clean in every state
 
     prequeue = stack.new_queue(starts_at="2099-01-01T00:00:00Z")
     page = visitor()
@@ -335,6 +337,7 @@ def test_every_state_renders(stack, visitor, screenshot):
     expect(page.locator(".wr-drawn")).to_contain_text("1 person has a ticket so far")
     expect(page.locator(".wr-drawn")).to_contain_text("drawn at random")
     screenshot(page, "state-prequeue")
+    accessible(page)  # issue 20: axe-core clean in every state
     expect(page.locator("#wr-shuffle")).to_contain_text("SHA-256")  # the shuffle's commitment is shown
 
     notyet = stack.new_queue(prequeue_opens_at="2098-12-31T12:00:00Z", starts_at="2099-01-01T00:00:00Z")
@@ -349,6 +352,7 @@ def test_every_state_renders(stack, visitor, screenshot):
     expect(page.locator("#wr-opens-at")).to_have_text(local)
     assert "2098" in local
     screenshot(page, "state-notyet")
+    accessible(page)  # issue 20: axe-core clean in every state
 
     admitted = stack.new_queue(capacity=5, burst=5)
     page = visitor()
@@ -358,6 +362,7 @@ def test_every_state_renders(stack, visitor, screenshot):
     expect_state(page, "admitted")
     expect(page.get_by_role("heading", name="It's your turn")).to_be_visible()
     screenshot(page, "state-admitted")
+    accessible(page)  # issue 20: axe-core clean in every state
 
     expired = stack.new_queue(state="paused")
     key = stack.manage("create_api_key", expired).strip()
@@ -374,6 +379,7 @@ def test_every_state_renders(stack, visitor, screenshot):
     expect_state(page, "expired")
     expect(page.locator("#wr-expired-why")).to_have_text("Your place was withdrawn.")
     screenshot(page, "state-expired")
+    accessible(page)  # issue 20: axe-core clean in every state
     page.get_by_role("button", name="Join again").click()
     expect_state(page, "paused")  # a new ticket
 
@@ -382,6 +388,7 @@ def test_every_state_renders(stack, visitor, screenshot):
     page.goto(url.format(closed))
     expect_state(page, "closed")
     screenshot(page, "state-closed")
+    accessible(page)  # issue 20: axe-core clean in every state
 
     full = stack.new_queue(state="paused", max_waiting=1)
     api_join(stack, full)
@@ -390,6 +397,7 @@ def test_every_state_renders(stack, visitor, screenshot):
     expect_state(page, "full")
     expect(page.locator("#wr-full-retry")).to_contain_text("Trying again in")
     screenshot(page, "state-full")
+    accessible(page)  # issue 20: axe-core clean in every state
 
     limited = stack.new_queue(state="paused")
     page = visitor()
@@ -409,6 +417,7 @@ def test_every_state_renders(stack, visitor, screenshot):
     expect_state(page, "limited")
     expect(page.locator("#wr-limited-in")).to_have_text(re.compile(r"^[1-3]$"))
     screenshot(page, "state-limited")
+    accessible(page)  # issue 20: axe-core clean in every state
     # It retries by itself once the Retry-After has passed, and joins.
     expect(page.locator("#wr")).to_have_attribute("data-state", "paused", timeout=10_000)
     assert len(joins) == 2 and 2.5 <= joins[1] - joins[0] <= 6
@@ -424,6 +433,7 @@ def test_every_state_renders(stack, visitor, screenshot):
     )
     expect_state(page, "offline")
     screenshot(page, "state-offline")
+    accessible(page)  # issue 20: axe-core clean in every state
 
 
 def test_the_page_fits_a_phone_screen(stack, visitor):
