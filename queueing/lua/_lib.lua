@@ -773,6 +773,35 @@ end
 -- Priority joiners placed ahead (join.lua: a level's joiner goes in at its placement fraction from the
 -- back): st.pri holds each level's recent arrival rate (an EMA, a second's worth per RATE_TAU_S) as
 -- 'r1 r2 r3 ts'; a queue nobody joined with a code has none and pays nothing for this.
+-- Where a visitor of level `pri` goes in a line of `n` (seed 003; join.lua's header tells the rule): the
+-- score `seq` for level 0, or when the level's placement fraction is 0 or the line is empty; else ahead of
+-- the last `fraction` of the line, but never ahead of an earlier joiner of its level or higher (tL in st)
+-- or of any ticket of an earlier epoch (epoch_floor). join.lua places joiners; promote.lua, code holders.
+local function priority_place(p, st, pri, n, seq)
+  local fraction = p.fractions[pri] or 0
+  if pri <= 0 or fraction <= 0 or n <= 0 then return seq end
+  local tail = nil
+  if p.epoch_floor > 0 then tail = p.epoch_floor end
+  for level = pri, 3 do
+    local t = tonumber(st['t' .. level])
+    if t ~= nil and (tail == nil or t > tail) then tail = t end
+  end
+  local index = math.floor(n * (1 - fraction))
+  if index >= n then return seq end
+  local _, around = line_range(math.max(0, index - 1), index)  -- the places before and at index
+  local at_score = around[#around]
+  if tail ~= nil and at_score <= tail then
+    return tail  -- right behind the last earlier joiner of this level or higher
+  end
+  local low = at_score - 1
+  if index > 0 then low = around[1] end
+  if tail ~= nil and tail > low then low = tail end
+  local mid = (low + at_score) / 2
+  if mid > low and mid < at_score then return mid end
+  if low < at_score then return low end  -- ties sort by sequence: right behind the predecessor
+  return at_score  -- no room at all: one place further back
+end
+
 local function priority_rates(st, now)
   if not st.pri then return nil end
   local r1, r2, r3, ts = string.match(st.pri, '^(%S+) (%S+) (%S+) (%S+)$')

@@ -99,39 +99,10 @@ if p.pow_difficulty > 0 and not redis.call('SET', KEYS[13], '1', 'NX', 'PX', pow
   return {'pow_reused', {}, figures(p, st), moves_reply()}  -- spent: one challenge, one join
 end
 
-local fraction = p.fractions[pri] or 0
 local seq = redis.call('HINCRBY', K_ST, 'seq', 1)
 local tid = ticket_id(seq, vk)
 
-local score = seq
-if pri > 0 and fraction > 0 and n > 0 then
-  local tail = nil
-  if p.epoch_floor > 0 then tail = p.epoch_floor end
-  for level = pri, 3 do
-    local t = tonumber(st['t' .. level])
-    if t ~= nil and (tail == nil or t > tail) then tail = t end
-  end
-  local index = math.floor(n * (1 - fraction))
-  if index < n then
-    local _, around = line_range(math.max(0, index - 1), index)  -- the places before and at index
-    local at_score = around[#around]
-    if tail ~= nil and at_score <= tail then
-      score = tail  -- right behind the last earlier joiner of this level or higher
-    else
-      local low = at_score - 1
-      if index > 0 then low = around[1] end
-      if tail ~= nil and tail > low then low = tail end
-      local mid = (low + at_score) / 2
-      if mid > low and mid < at_score then
-        score = mid
-      elseif low < at_score then
-        score = low  -- ties sort by sequence: right behind the predecessor
-      else
-        score = at_score  -- no room at all: one place further back
-      end
-    end
-  end
-end
+local score = priority_place(p, st, pri, n, seq)
 if pri > 0 then redis.call('HSET', K_ST, 't' .. pri, fmt(score)) end
 if score ~= seq then priority_note(st, pri, now) end  -- placed ahead of others (estimate_wait)
 

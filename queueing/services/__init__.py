@@ -44,6 +44,15 @@ from .cleanup import (
     queues_snapshot_broadcast,
     wait_samples_drop,
 )
+from .codes import (
+    PRIORITY_CODES_MAX,
+    Promotion,
+    priority_code_release,
+    priority_code_reserve,
+    priority_codes_generate,
+    priority_for_user,
+    ticket_promote,
+)
 from .config import (
     OUTFLOW_POLICY_FIELDS,
     api_key_create,
@@ -62,6 +71,7 @@ from .errors import (
     JOIN_REFUSALS,
     InvalidPriorityCode,
     NoPriorityLanes,
+    NotInLine,
     NotInStatelessMode,
     ProofOfWorkRequired,
     ProofOfWorkReused,
@@ -74,15 +84,10 @@ from .errors import (
     WrongMode,
 )
 from .joins import (
-    PRIORITY_CODES_MAX,
     JoinResult,
     join_plan,
     pow_challenge_issue,
     pow_difficulty_get,
-    priority_code_release,
-    priority_code_reserve,
-    priority_codes_generate,
-    priority_for_user,
     queue_join,
     queue_join_stateless,
     stateless_join_plan,
@@ -120,8 +125,10 @@ __all__ = [
     "InvalidPriorityCode",
     "JoinResult",
     "NoPriorityLanes",
+    "NotInLine",
     "NotInStatelessMode",
     "OutflowStep",
+    "Promotion",
     "ProofOfWorkRequired",
     "ProofOfWorkReused",
     "QueueClosed",
@@ -182,6 +189,7 @@ __all__ = [
     "site_health_report",
     "stateless_join_plan",
     "ticket_leave",
+    "ticket_promote",
     "wait_samples_drop",
     "with_policy",
     "worker_alive_mark",

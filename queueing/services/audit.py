@@ -45,4 +45,3 @@ def queue_change_record(
         before=before,
         after=after,
     )
-

@@ -103,7 +103,6 @@ def finished_tickets_note(*, queue_pk: int, slug: str, now: float | None = None)
     return noted
 
 
-
 def wait_samples_drop(slug: str, *, through: store.WaitSample, read: int) -> int:
     """Drop the wait samples up to and including `through`, once they are stored elsewhere (the dashboard)."""
     return store.wait_samples_drop(slug, through=through, read=read)

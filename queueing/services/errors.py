@@ -41,6 +41,10 @@ class TicketNotFound(Exception):
     pass
 
 
+class NotInLine(Exception):
+    """The ticket is admitted, in a session or finished: what was asked moves only visitors in line."""
+
+
 class NotInStatelessMode(Exception):
     """What was asked needs per-visitor state, which a stateless queue does not keep."""
 

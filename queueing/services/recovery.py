@@ -200,4 +200,3 @@ def _shuffled_places(queue: Queue) -> dict[int, float]:
     """The line scores the pre-queue shuffle gave its tickets (their places), if a shuffle was revealed."""
     record = queue.shuffles.filter(revealed_at__isnull=False).order_by("-starts_at").first()
     return shuffle.shuffled_places([int(seq) for seq in record.order]) if record else {}
-

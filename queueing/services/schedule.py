@@ -65,4 +65,3 @@ def queue_prequeue_shuffle(queue: Queue, *, now: float | None = None) -> QueueSh
     # Everyone's place changed: the jump in the event sequence makes every page ask for its new one.
     realtime.send([realtime.snapshot(queue.slug, selectors.queue_stats_get(slug=queue.slug, now=now))])
     return record
-

@@ -1,7 +1,7 @@
 """Tracked mode (SPEC 3): a visitor's own transitions, one wrapper per script, each with the parser of
 the reply its script returns (the script's header lists it).
 
-join.lua, status.lua, leave.lua, neighbours.lua, session_start.lua, complete.lua, revoke.lua.
+join.lua, status.lua, leave.lua, promote.lua, neighbours.lua, session_start.lua, complete.lua, revoke.lua.
 Times cross this boundary as integer milliseconds since the epoch, always supplied by the caller.
 """
 
@@ -267,6 +267,28 @@ class ChangeReply(Reply):
 
 def leave(slug: str, *, visitor_key: str, seq: int, now_ms: int) -> ChangeReply:
     return ChangeReply.parse(run("leave", queue_keys(slug).script_keys(), (visitor_key, seq, now_ms)))
+
+
+@dataclass(frozen=True)
+class PromoteReply(Reply):
+    """promote.lua: {outcome, ticket, moves, rank before (or, when 'gone' finished it, 1 if that freed a
+    slot)}. outcome: promoted | kept | not_waiting | gone | no_config."""
+
+    outcome: str
+    ticket: TicketState | None
+    moves: Moves
+    before: int
+
+    CONVERT = {"ticket": maybe(TicketState.parse), "moves": Moves.parse}
+
+    @property
+    def freed(self) -> bool:
+        return self.outcome == "gone" and self.before == 1
+
+
+def promote(slug: str, *, visitor_key: str, seq: int, level: int, now_ms: int) -> PromoteReply:
+    """A waiting visitor's priority code raises its level and moves it ahead (lua/promote.lua)."""
+    return PromoteReply.parse(run("promote", queue_keys(slug).script_keys(), (visitor_key, seq, now_ms, level)))
 
 
 def revoke(slug: str, *, ticket_id: str, now_ms: int) -> ChangeReply:
