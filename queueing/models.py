@@ -388,6 +388,7 @@ class Queue(models.Model):
             "closed_message": self.closed_message,
             "closed_link_url": self.closed_link_url,
             "closed_link_text": self.closed_link_text,
+            "codes": "1" if self.takes_codes() else "0",
             "epoch": self.epoch,
             "revision": self.revision,
             "name": self.name,
@@ -413,6 +414,14 @@ class Queue(models.Model):
     @property
     def is_stateless(self) -> bool:
         return self.mode == self.Mode.STATELESS
+
+    def takes_codes(self) -> bool:
+        """Whether the waiting page offers its code box: a tracked queue that has priority codes (a queue
+        read with `with_codes_known` knows without a query)."""
+        if self.is_stateless:
+            return False
+        known = getattr(self, "has_codes", None)
+        return bool(self.priority_codes.exists() if known is None else known)
 
 
 class PriorityLevel(models.Model):

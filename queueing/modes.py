@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -42,6 +42,17 @@ class Visit:
     priority_code: str = ""
     display_name: str = ""
     proof: pow.Solved | None = None
+
+
+@dataclass(frozen=True)
+class Promoted:
+    """A code entered while waiting: whether it moved the visitor (else its level was that high already),
+    its place before (1-based), the ticket signed again with its new level and place, and its state now."""
+
+    promoted: bool
+    position_before: int
+    ticket: str
+    view: TicketView
 
 
 @dataclass(frozen=True)
@@ -98,6 +109,11 @@ class QueueMode(ABC, Generic[C]):
     @abstractmethod
     def join(self, visit: Visit) -> Joined:
         """A ticket for the visitor (services.JOIN_REFUSALS; services.WrongMode: see `join` below)."""
+
+    @abstractmethod
+    def promote(self, claims: C, *, code: str, address: str = "") -> Promoted:
+        """A priority code the visitor entered while waiting (services.ticket_promote's refusals;
+        services.NoPriorityLanes where the queue has none)."""
 
     @abstractmethod
     def holder(self, claims: C) -> str:
@@ -182,6 +198,22 @@ class Tracked(QueueMode[tokens.TicketClaims]):
                 return view
         return None
 
+    def promote(self, claims: tokens.TicketClaims, *, code: str, address: str = "") -> Promoted:
+        promotion = services.ticket_promote(
+            slug=claims.slug, visitor_key=claims.visitor_key, seq=claims.seq, code=code, address=address
+        )
+        # Signed again with its level and place, so a restore after lost state puts it where it is now.
+        moved = replace(claims, priority=promotion.ticket.priority, placement=promotion.ticket.score)
+        ticket = tokens.ticket_issue(
+            slug=moved.slug,
+            ticket_id=moved.ticket_id,
+            seq=moved.seq,
+            priority=moved.priority,
+            epoch=moved.epoch,
+            placement=moved.placement,
+        )
+        return Promoted(promotion.promoted, promotion.before + 1, ticket, self.status(moved))
+
     def holder(self, claims: tokens.TicketClaims) -> str:
         return claims.visitor_key
 
@@ -230,6 +262,9 @@ class Stateless(QueueMode[tokens.PositionClaims]):
         claims = tokens.PositionClaims(slug, window.next_number, window.epoch, int(time.time()))
         ticket = tokens.position_issue(slug=slug, number=claims.number, epoch=claims.epoch)
         return Joined(True, ticket, selectors.position_view(slug, claims, window), position_cookie=True)
+
+    def promote(self, claims: tokens.PositionClaims, *, code: str, address: str = "") -> Promoted:
+        raise services.NoPriorityLanes(code)
 
     def holder(self, claims: tokens.PositionClaims) -> str:
         return claims.ticket_id

@@ -259,6 +259,13 @@ def visitor_ticket_decode(raw: str, *, slug: str) -> VisitorClaims:
         raise InvalidTicket("The ticket is not valid for this queue.") from exc
 
 
+def held_claims(slug: str, *, ticket_id: str, priority: int, epoch: int) -> TicketClaims | None:
+    """What a ticket with this id carries, for a face that found it by its visitor rather than by a signed
+    ticket (the waiting page without JavaScript); None for an id that is not a ticket's."""
+    parsed = store.parse_ticket_id(ticket_id)
+    return None if parsed is None else TicketClaims(slug, ticket_id, parsed[0], parsed[1], priority, epoch)
+
+
 def _int(value: Any) -> int:
     """An integer claim (a digit string too, as JWT subjects are strings); ValueError otherwise."""
     if isinstance(value, bool) or not isinstance(value, int | str):

@@ -30,11 +30,14 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from . import modes, selectors, services, tokens
 from .api.answers import join_answer
+from .api.codes import code_answer
+from .api.serializers import PRIORITY_CODE_MAX
 from .middleware import QueueAccess, access_cookie_name, queue_access_serve, waiting_page_url
 from .models import Queue
 from .visitors import (
     InvalidVisitorId,
     VisitorIdentity,
+    client_address,
     position_cookie_name,
     visitor_cookie_set,
     visitor_identity,
@@ -105,6 +108,8 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
     policy = _policy(slug)
     identity = _identity(request)
     if request.method == "POST":
+        if request.POST.get("action") == "code":
+            return _code_from_form(request, slug, identity)
         return _join_from_form(request, slug, identity)
     held_ticket = request.COOKIES.get(position_cookie_name(slug), "")
     view = modes.named(policy.get("mode")).held(slug, identity=identity, held_ticket=held_ticket)
@@ -128,9 +133,12 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
         refresh_url = request.path  # the plain page: it shows the join button, or the visitor's place
     if retry is not None and retry.state == state:
         refresh, refresh_url = retry.wait, f"{request.path}?rejoin={_retry_token(slug, identity, retry)}"
+    takes_codes = policy.get("codes") == "1" and (policy.get("mode") or Queue.Mode.TRACKED) == Queue.Mode.TRACKED
     context: dict[str, Any] = {
         "queue": {"slug": slug, "name": policy.get("name") or slug},
         "state": state,
+        "takes_codes": takes_codes,
+        "code_said": _code_said(request.GET.get("code", ""), request.GET.get("before", ""), view),
         # The operator's words for a closed line (and an ended sale), as mirrored with the policy.
         "closed": {
             "message": policy.get("closed_message", ""),
@@ -153,6 +161,7 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
             "statusUrl": reverse("queue-status", args=[slug]),
             "neighboursUrl": reverse("queue-neighbours", args=[slug]),
             "windowUrl": reverse("queue-window", args=[slug]),
+            "codeUrl": reverse("queue-code", args=[slug]),
             "mode": policy.get("mode") or Queue.Mode.TRACKED,
             "powWorkerUrl": static("queueing/pow-worker.js"),
             # An admission's token runs for the session; its turn is held for the claim window from the
@@ -230,7 +239,9 @@ def _refused(request: HttpRequest, slug: str, identity: VisitorIdentity, retry: 
 def _join_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity) -> HttpResponse:
     """The join button without JavaScript (or its retry): the API's join, then the page (post/redirect/get).
     A refused join shows the refusal's page, which retries by itself where waiting can help."""
-    answer = join_answer(request, slug, {}, user=request.user, identity=identity)
+    entered = request.POST.get("code", "").strip()[:PRIORITY_CODE_MAX] if request.method == "POST" else ""
+    body = {"priority_code": entered} if entered else {}
+    answer = join_answer(request, slug, body, user=request.user, identity=identity)
     target, code = request.path, answer.error_code
     wait = int(answer.body.get("error", {}).get("retry_after_seconds") or 0) if code else 0
     if code == "queue_not_found":
@@ -247,11 +258,61 @@ def _join_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity) 
         target += "?state=pow"  # the gate's puzzle needs JavaScript
     elif code == "queue_closed":
         target += "?state=closed"
+    elif code == "invalid_priority_code":
+        target += "?code=bad"  # the join page again, saying so: joining without the code is one click
+    elif entered and not code:
+        target += "?code=joined"
     response = HttpResponseRedirect(target, status=303)
     answer.cookies_set(response)
     if identity.new_cookie:
         visitor_cookie_set(response, identity.new_cookie)
     return response
+
+
+# What the page says after a code was entered without JavaScript (?code=...; waiting.js says the same).
+CODE_SAID = {
+    "joined": _("Your code worked: you joined the line with priority."),
+    "kept": _("You already have the place this code gives, so it did not move you and was not used up."),
+    "bad": _(
+        "That code did not work: it is unknown, used up or expired. Codes are case-sensitive; check it and try again."
+    ),
+    "limited": _("Too many codes were tried from here. Please wait a few minutes and try again."),
+    "late": _("Codes only move people waiting in line, and you are no longer waiting."),
+    "empty": _("Type your code first."),
+}
+
+
+def _code_said(outcome: str, before: str, view: selectors.TicketView | None) -> str:
+    if outcome == "moved" and before.isdigit() and view is not None and view.position:
+        return _("Your code worked: you moved up from place %(before)s to place %(now)s.") % {
+            "before": int(before),
+            "now": view.position,
+        }
+    return str(CODE_SAID.get(outcome, ""))
+
+
+def _code_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity) -> HttpResponse:
+    """A code entered without JavaScript: the API's answer for the visitor's own ticket, then the page saying
+    what came of it (post/redirect/get). Without a ticket, the join takes the code."""
+    entered = request.POST.get("code", "").strip()[:PRIORITY_CODE_MAX]
+    if not entered:
+        return HttpResponseRedirect(f"{request.path}?code=empty", status=303)
+    view = modes.TRACKED.held(slug, identity=identity, held_ticket="")
+    claims = None
+    if view is not None and not view.is_finished:
+        claims = tokens.held_claims(slug, ticket_id=view.ticket_id, priority=view.priority, epoch=view.epoch)
+    if claims is None:
+        return _join_from_form(request, slug, identity)
+    answer = code_answer(claims, {"code": entered}, address=client_address(request.META))
+    outcome = {
+        "invalid_priority_code": "bad",
+        "invalid_request": "bad",
+        "rate_limited": "limited",
+        "not_in_line": "late",
+        "ticket_not_found": "late",
+    }.get(answer.error_code, "moved" if answer.body.get("promoted") else "kept")
+    before = f"&before={answer.body['position_before']}" if outcome == "moved" else ""
+    return HttpResponseRedirect(f"{request.path}?code={outcome}{before}", status=303)
 
 
 def home(request: HttpRequest) -> HttpResponse:

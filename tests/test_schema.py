@@ -13,12 +13,15 @@ from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.test import Client
 
+from queueing import services
+
 JSON = "application/json"
 
 OPERATIONS = {
     ("/api/v1/queues/{slug}/join", "post"): "queue_join",
     ("/api/v1/queues/{slug}/status", "get"): "ticket_status",
     ("/api/v1/queues/{slug}/leave", "post"): "ticket_leave",
+    ("/api/v1/queues/{slug}/code", "post"): "ticket_code",
     ("/api/v1/queues/{slug}/sessions/verify", "post"): "session_verify",
     ("/api/v1/queues/{slug}/sessions/complete", "post"): "session_complete",
     ("/api/v1/queues/{slug}/sessions/revoke", "post"): "session_revoke",
@@ -118,6 +121,7 @@ ERROR_STATUSES = {
     "api_key_list": {401, 403, 404, 406, 429, 503},
     "api_key_create": {400, 401, 403, 404, 406, 413, 415, 429, 503},
     "api_key_revoke": {401, 403, 404, 406, 429, 503},
+    "ticket_code": {400, 401, 404, 406, 409, 413, 415, 429, 503},
 }
 # simplejwt's serializers ignore fields they do not know (settings.SIMPLE_JWT would have to name strict ones).
 # A body each operation accepts, so that only what a test changes can be refused.
@@ -133,6 +137,7 @@ GOOD_BODIES: dict[str, dict[str, Any]] = {
     "priority_codes_generate": {"count": 1, "level": 2},
     "priority_levels_update": {"levels": [{"level": 1, "name": "Elevated"}]},
     "api_key_create": {"name": "a test's key"},
+    "ticket_code": {"code": "NO-SUCH-CODE"},
 }
 PRODUCTION_RATE_LIMITS = {
     scope: {"algorithm": "token_bucket", "capacity": 100, "refill_per_second": 1}
@@ -232,7 +237,7 @@ def test_every_json_body_that_is_malformed_too_large_or_not_json_is_a_documented
         ("a=b", "text/plain", 415, "unsupported_media_type"),
     ]
     bodies = [(path, method, op) for path, method, op in _operations(_schema()) if "requestBody" in op]
-    assert len(bodies) == 13
+    assert len(bodies) == 14
     for path, method, op in bodies:
         for raw, content_type, status, code in refusals:
             response = caller(path, method, op, raw=raw, content_type=content_type)
@@ -294,6 +299,8 @@ def test_every_example_body_in_the_docs_works_as_given(caller, db):
 
     queue = Queue.objects.get()  # the caller's
     PriorityCode.objects.create(queue=queue, code="SPRING-VIP-7Q2X", level=2)
+    services.queue_pause(queue)  # who joins now waits: the code's example moves a waiting visitor up
+    waiting = Client().post(f"/api/v1/queues/{queue.slug}/join", "{}", JSON, HTTP_X_VISITOR_ID=str(uuid.uuid4()))
     tried = 0
     for path, method, op in _operations(schema):
         content = op.get("requestBody", {}).get("content", {}).get(JSON, {})
@@ -304,7 +311,8 @@ def test_every_example_body_in_the_docs_works_as_given(caller, db):
             if "<" in json.dumps(example["value"]):
                 assert example["value"], name  # a placeholder says what goes there
                 continue
-            response = caller(path, method, op, body=example["value"])
+            extra = {"HTTP_AUTHORIZATION": f"Bearer {waiting.json()['ticket']}"} if path.endswith("/code") else {}
+            response = caller(path, method, op, body=example["value"], **extra)
             assert response.status_code < 300, (op["operationId"], name, response.content)
             tried += 1
-    assert tried >= 6  # join (3), capacity, health, queue update (2)
+    assert tried >= 7  # join (3), capacity, health, queue update (2), a code

@@ -119,7 +119,7 @@ def ticket_claims(authorization: str, slug: str) -> tokens.VisitorClaims:
     return claims
 
 
-def _poll_headers(view: selectors.TicketView) -> dict[str, str]:
+def poll_headers(view: selectors.TicketView) -> dict[str, str]:
     if not view.is_waiting:
         return {}
     return {"Retry-After": str(math.ceil(view.poll_after_seconds))}
@@ -222,7 +222,7 @@ def _joined(request: HttpRequest, slug: str, joined: modes.Joined, *, cross_site
     return Answer(
         201 if joined.created else 200,
         body,
-        _poll_headers(joined.view),
+        poll_headers(joined.view),
         # A cross-site request never carries the visitor's cookies (SameSite): it must not replace them.
         None if cross_site else joined.visitor_cookie,
         (slug, joined.ticket) if joined.position_cookie and not cross_site else None,
@@ -405,7 +405,7 @@ def _status_ok(view: selectors.TicketView, slug: str, *, on_loop: bool = False) 
         instruments.loop_batch.inc(instruments.poll_counter(slug))
     else:
         instruments.poll_counter(slug).inc()
-    return Answer(200, view.payload(), _poll_headers(view))
+    return Answer(200, view.payload(), poll_headers(view))
 
 
 def _status_refused(claims: tokens.VisitorClaims, exc: Exception) -> Answer:

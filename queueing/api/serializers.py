@@ -158,6 +158,37 @@ def join_request_validate(data: Any) -> dict[str, str]:
     }
 
 
+class CodeRequestSerializer(StrictSerializer):
+    code = StrictCharField(max_length=PRIORITY_CODE_MAX, help_text="The invite or priority code (case counts).")
+
+
+def code_request_validate(data: Any) -> str:
+    """The code a waiting visitor entered, or an ApiError as StrictSerializer would raise it (the waiting
+    page's form answers through this outside DRF)."""
+    if not isinstance(data, dict):
+        raise ApiError(
+            "invalid_request",
+            "The body must be a JSON object.",
+            fields={"non_field_errors": ["The body must be a JSON object."]},
+        )
+    unknown = sorted(set(data) - {"code"})
+    if unknown:
+        raise ApiError("unknown_fields", f"Unknown field(s): {', '.join(unknown)}.", fields=unknown)
+    code = data.get("code")
+    problem = None
+    if code is None or code == "":
+        problem = "This field is required."
+    elif not isinstance(code, str):
+        problem = "Not a valid string."
+    elif len(code) > PRIORITY_CODE_MAX:
+        problem = f"Ensure this field has no more than {PRIORITY_CODE_MAX} characters."
+    else:
+        problem = _text_problem(code)
+    if problem:
+        raise ApiError("invalid_request", "The request has invalid fields.", fields={"code": [problem]})
+    return str(code)
+
+
 class AccessTokenSerializer(StrictSerializer):
     access_token = StrictCharField(max_length=4096)
 
@@ -423,6 +454,13 @@ class JoinResponseSerializer(TicketResponseSerializer):
 
 class StatusResponseSerializer(TicketResponseSerializer):
     ahead = serializers.IntegerField(allow_null=True, help_text="Visitors ahead; null unless waiting.")
+
+
+class CodeResponseSerializer(StatusResponseSerializer):
+    ticket = serializers.CharField(help_text="The ticket signed again with its new level: hold this one from now.")
+    promoted = serializers.BooleanField(help_text="False when the ticket had the code's level (or higher) already.")
+    priority = serializers.IntegerField(help_text="The ticket's priority level now.")
+    position_before = serializers.IntegerField(help_text="The place in line before the code (1 = next).")
 
 
 class NeighbourSerializer(serializers.Serializer):

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from django.conf import settings
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 from django.db.models.functions import Greatest
 
 from .. import clock, health, instruments, logcontext, realtime, selectors, store
-from ..models import Queue
+from ..models import PriorityCode, Queue
 from .audit import queue_change_record
 from .config import queue_update
 from .recovery import needs_sync, queue_config_sync, with_policy
@@ -214,7 +214,10 @@ def queues_tick(*, instance: str | None = None, now: float | None = None) -> int
     """Tick every queue that is not closed; returns how many visitors were admitted (tracked queues) or
     windows moved (stateless ones)."""
     admitted = 0
-    for queue in Queue.objects.exclude(state=Queue.State.CLOSED).prefetch_related("priority_levels"):
+    queues = Queue.objects.exclude(state=Queue.State.CLOSED).prefetch_related("priority_levels")
+    # Whether each offers a code box (Queue.takes_codes), in the same query rather than one a queue a tick.
+    queues = queues.annotate(has_codes=Exists(PriorityCode.objects.filter(queue=OuterRef("pk"))))
+    for queue in queues:
         with logcontext.about(queue=queue.slug):
             admitted += _queue_tick_any(queue, instance=instance, now=now)
     return admitted

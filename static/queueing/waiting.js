@@ -451,7 +451,7 @@
     var headers = { "Accept": "application/json" };
     if (body !== undefined) headers["Content-Type"] = "application/json";
     if (method !== "GET") headers["X-CSRFToken"] = csrfToken();
-    else if (S.ticket) headers["Authorization"] = "Bearer " + S.ticket;
+    if (S.ticket && url !== config.joinUrl) headers["Authorization"] = "Bearer " + S.ticket; // a join is by identity
     return fetch(url, {
       method: method,
       headers: headers,
@@ -468,6 +468,7 @@
     S.stopped = false;
     request("POST", config.joinUrl, proof || {}).then(function (r) {
       if (r.status === 200 || r.status === 201) {
+        if (proof && proof.priority_code) codeSaid(_("Your code worked: you joined the line with priority."));
         S.ticket = r.data.ticket;
         S.ticketId = r.data.ticket_id;
         S.wsUrl = r.data.ws_url;
@@ -485,8 +486,60 @@
       if (code === "proof_of_work_required") { solveThenJoin(r.data.error); return; }
       if (code === "queue_not_open") { retryLater("notyet", null, Math.min(r.retryAfter || 30, 300), join); return; }
       if (code === "proof_of_work_reused" || code === "invalid_proof_of_work") { join(); return; } // a new challenge
+      if (code === "invalid_priority_code") { // a code entered with the join: say so, and offer the join again
+        setState("join");
+        codeSaid(codeRefusal(r));
+        return;
+      }
       retryLater("offline", null, r.retryAfter || 5, join);
     }).catch(function () { retryLater("offline", null, 5, join); });
+  }
+
+  // --- An invite or priority code (POST …/code): moves a waiting visitor up, never back -------------
+
+  function codeSaid(text) {
+    var node = $("wr-code-said");
+    if (!node) return;
+    node.textContent = text;
+    node.hidden = !text;
+    if (text) announce(text, true);
+  }
+
+  function codeRefusal(r) {
+    var code = r.data && r.data.error ? r.data.error.code : "";
+    if (code === "invalid_priority_code" || code === "invalid_request") {
+      return _("That code did not work: it is unknown, used up or expired. Codes are case-sensitive; check it and try again.");
+    }
+    if (code === "rate_limited") return _("Too many codes were tried from here. Please wait a few minutes and try again.");
+    if (code === "not_in_line" || code === "ticket_not_found") {
+      return _("Codes only move people waiting in line, and you are no longer waiting.");
+    }
+    return _("Your code could not be checked just now. Please try again in a moment.");
+  }
+
+  function enterCode(event) {
+    event.preventDefault();
+    var input = $("wr-code"), button = $("wr-code-use");
+    var code = input.value.trim();
+    if (!code) { codeSaid(_("Type your code first.")); input.focus(); return; }
+    if (!S.ticket) { join({ priority_code: code }); return; }
+    button.disabled = true;
+    request("POST", config.codeUrl, { code: code }).then(function (r) {
+      button.disabled = false;
+      if (r.status !== 200) { codeSaid(codeRefusal(r)); return; }
+      S.ticket = r.data.ticket; // signed again with the new level
+      input.value = "";
+      if (!r.data.promoted) {
+        codeSaid(_("You already have the place this code gives, so it did not move you and was not used up."));
+      } else {
+        codeSaid(fill(_("Your code worked: you moved up from place %(before)s to place %(now)s."),
+          { before: r.data.position_before, now: r.data.position }));
+      }
+      apply(r.data);
+    }).catch(function () {
+      button.disabled = false;
+      codeSaid(_("Your code could not be checked just now. Please try again in a moment."));
+    });
   }
 
   // The queue's proof-of-work gate: solve the challenge in a Web Worker, showing progress, then join.
@@ -613,8 +666,14 @@
 
   ["wr-join-form", "wr-rejoin-form"].forEach(function (id) {
     var form = $(id);
-    if (form) form.addEventListener("submit", function (e) { e.preventDefault(); join(); });
+    if (!form) return;
+    form.addEventListener("submit", function (e) {
+      e.preventDefault();
+      var code = form.querySelector("input[name=code]");
+      join(code && code.value.trim() ? { priority_code: code.value.trim() } : undefined);
+    });
   });
+  if ($("wr-code-form")) $("wr-code-form").addEventListener("submit", enterCode);
   setInterval(everySecond, 1000);
   // A finished ticket waits for the visitor to choose to join again; otherwise join (or get the ticket back).
   // Times the server wrote in its own zone ("31 December 2098, 12:00 UTC"), shown in the visitor's zone

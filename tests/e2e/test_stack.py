@@ -9,6 +9,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -298,3 +299,51 @@ def test_the_run_s_output_is_what_a_person_needs_and_the_login_can_be_had_again(
         timeout=120,
     )
     assert works.stdout.strip().endswith("True"), works.stdout + works.stderr
+
+
+def test_a_code_entered_while_waiting_moves_at_most_its_uses_under_parallel_entries(stack):
+    """Issue 20, item 2: twelve waiting visitors (each from an address of its own) enter a three-use code at
+    once, through the web server's several processes: three move up, nine are told it is used up; and one
+    visitor entering a code six times at once moves once and spends one use."""
+    slug = stack.new_queue(state="paused")
+    stack.manage(
+        "shell",
+        "--no-imports",
+        "-c",
+        f"from queueing.models import PriorityCode, Queue; q = Queue.objects.get(slug='{slug}'); "
+        "PriorityCode.objects.create(queue=q, code='RACE-3', level=2, max_uses=3); "
+        "PriorityCode.objects.create(queue=q, code='RACE-ANY', level=1)",
+    )
+    clients = [
+        httpx.Client(base_url=stack.url, timeout=15, transport=httpx.HTTPTransport(local_address=f"127.0.0.{10 + i}"))
+        for i in range(13)
+    ]
+    try:
+        tickets = [join(client, slug).json()["ticket"] for client in clients]
+
+        def enter(i: int, code: str):
+            headers = {"Authorization": f"Bearer {tickets[i]}"}
+            return clients[i].post(f"/api/v1/queues/{slug}/code", json={"code": code}, headers=headers)
+
+        with ThreadPoolExecutor(max_workers=12) as pool:
+            answers = list(pool.map(lambda i: enter(i, "RACE-3"), range(12)))
+        assert sorted(r.status_code for r in answers) == [200] * 3 + [400] * 9
+        assert all(r.json()["promoted"] for r in answers if r.status_code == 200)
+        assert {r.json()["error"]["code"] for r in answers if r.status_code == 400} == {"invalid_priority_code"}
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            again = list(pool.map(lambda _: enter(12, "RACE-ANY"), range(6)))
+        assert [r.status_code for r in again] == [200] * 6
+        assert sorted(r.json()["promoted"] for r in again) == [False] * 5 + [True]
+        assert {r.json()["position"] for r in again} == {12}  # ahead of the last tenth of thirteen
+    finally:
+        for client in clients:
+            client.close()
+    uses = stack.manage(
+        "shell",
+        "--no-imports",
+        "-c",
+        "from queueing.models import PriorityCode; "
+        f"print(sorted(PriorityCode.objects.filter(queue__slug='{slug}').values_list('code', 'uses')))",
+    )
+    assert uses.strip() == "[('RACE-3', 3), ('RACE-ANY', 1)]"
+    assert stack.waiting(slug) == 13

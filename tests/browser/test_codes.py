@@ -1,0 +1,91 @@
+"""Codes on the waiting page (issue 20, item 2) in headless Chromium against the running stack: a visitor
+enters a code while waiting and is told plainly whether it worked, moves up on the spot, and the visitors it
+passed see their places change without a reload; in the visitor's language; axe-core clean."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from .conftest import accessible
+
+pytestmark = pytest.mark.browser
+
+
+def join_from_elsewhere(stack: Any, slug: str, count: int) -> None:
+    with stack.client() as client:
+        for _ in range(count):
+            response = client.post(f"/api/v1/queues/{slug}/join", json={}, headers={"X-Visitor-Id": str(uuid.uuid4())})
+            assert response.status_code == 201, response.text
+
+
+def code_for(stack: Any, slug: str, code: str, level: int) -> None:
+    """A priority code, made as admin makes one; the beat's next tick tells the page the queue has codes."""
+    stack.manage(
+        "shell",
+        "--no-imports",
+        "-c",
+        f"from queueing.models import PriorityCode, Queue; "
+        f"PriorityCode.objects.create(queue=Queue.objects.get(slug='{slug}'), code='{code}', level={level})",
+    )
+    deadline = time.monotonic() + 15
+    while stack.redis.hget(f"{stack.prefix}:{{{slug}}}:cfg", "codes") != "1":
+        assert time.monotonic() < deadline, "the tick did not mirror the queue's codes"
+        time.sleep(0.2)
+
+
+def waiting_at(page: Page, position: int) -> None:
+    expect(page.locator("#wr")).to_have_attribute("data-state", "paused")
+    expect(page.locator("#wr-position")).to_have_text(str(position))
+
+
+def test_a_code_entered_while_waiting_moves_the_visitor_up_and_the_others_see_it_live(stack, visitor, screenshot):
+    slug = stack.new_queue(capacity=1, state="paused")
+    code_for(stack, slug, "Gold-2026", 2)
+    join_from_elsewhere(stack, slug, 4)
+    passed = visitor()  # fifth in line: the code holder will pass them
+    passed.goto(f"{stack.url}/q/{slug}/")
+    waiting_at(passed, 5)
+    join_from_elsewhere(stack, slug, 1)
+    holder = visitor(locale="de-DE")
+    holder.goto(f"{stack.url}/q/{slug}/")
+    waiting_at(holder, 7)
+    expect(holder.get_by_label("Haben Sie einen Einladungs- oder Prioritätscode?")).to_be_visible()
+    first_ticket = holder.evaluate("() => window.waitingRoom.ticket")
+
+    holder.get_by_label("Haben Sie einen Einladungs- oder Prioritätscode?").fill("gold-2026")  # case counts
+    holder.get_by_role("button", name="Code verwenden").click()
+    expect(holder.locator("#wr-code-said")).to_contain_text("Dieser Code hat nicht funktioniert")
+    waiting_at(holder, 7)
+    accessible(holder)
+
+    holder.get_by_label("Haben Sie einen Einladungs- oder Prioritätscode?").fill("Gold-2026")
+    holder.get_by_role("button", name="Code verwenden").click()
+    expect(holder.locator("#wr-code-said")).to_have_text(
+        "Ihr Code hat funktioniert: Sie sind von Platz 7 auf Platz 4 vorgerückt."
+    )
+    waiting_at(holder, 4)  # ahead of the last half of the seven in line
+    expect(holder.get_by_label("Haben Sie einen Einladungs- oder Prioritätscode?")).to_have_value("")
+    assert holder.evaluate("() => window.waitingRoom.ticket") != first_ticket  # signed again with its level
+    waiting_at(passed, 6)  # passed by one, told by the socket, no reload
+    screenshot(holder, "code-worked-de")
+    accessible(holder)
+
+    holder.get_by_label("Haben Sie einen Einladungs- oder Prioritätscode?").fill("Gold-2026")
+    holder.get_by_role("button", name="Code verwenden").click()
+    expect(holder.locator("#wr-code-said")).to_contain_text("Sie haben den Platz, den dieser Code gibt, bereits")
+    holder.reload()
+    waiting_at(holder, 4)  # the place is the ticket's, not the page's
+
+
+def test_a_queue_without_codes_shows_no_code_box(stack, visitor):
+    slug = stack.new_queue(capacity=1, state="paused")
+    join_from_elsewhere(stack, slug, 1)
+    page = visitor()
+    page.goto(f"{stack.url}/q/{slug}/")
+    waiting_at(page, 2)
+    expect(page.locator("#wr-code-form")).to_have_count(0)
