@@ -76,22 +76,6 @@ def test_a_code_moves_a_waiting_visitor_to_where_its_level_joins_and_tells_the_o
     assert uses("GOLD-2") == 1
 
 
-def test_the_moves_are_published_as_one_event(line, clock, settings):
-    queue, tickets = line
-    sent: list = []
-    from queueing import realtime
-
-    original = realtime.send
-    try:
-        realtime.send = lambda messages: sent.extend(messages)  # type: ignore[assignment]
-        promote(queue.slug, tickets[30], "GOLD-2", now=clock())
-    finally:
-        realtime.send = original  # type: ignore[assignment]
-    moves = [event for _, event in sent if event["type"] == "queue_move"]
-    assert len(moves) == 1
-    assert moves[0]["ops"] == [["-", 30, 1], ["+", 20, 1]]
-
-
 def test_one_already_ahead_of_the_levels_place_keeps_it_and_takes_the_level(line, clock):
     queue, tickets = line
     promotion = promote(queue.slug, tickets[3], "GOLD-2", now=clock())

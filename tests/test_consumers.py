@@ -159,6 +159,24 @@ async def test_queue_moves_carry_a_growing_sequence_and_the_places_that_moved(qu
     await communicator.disconnect()
 
 
+async def test_a_code_entered_while_waiting_is_told_to_the_others_as_one_move(queue):
+    """Issue 20, item 2: the visitor left its place and was placed ahead: one event, both steps."""
+    from queueing.models import PriorityCode
+
+    await sync_to_async(PriorityCode.objects.create)(queue=queue, code="GOLD-2", level=2)
+    tickets = [await waiting_visitor(queue.slug, f"v{i}") for i in range(8)]
+    communicator, _, _ = await open_socket(queue.slug, tickets[5])
+    await asyncio.sleep(0.3)
+    holder = await sync_to_async(decode_ticket)(tickets[7], slug=queue.slug)
+    await sync_to_async(services.ticket_promote)(
+        slug=queue.slug, visitor_key=holder.visitor_key, seq=holder.seq, code="GOLD-2"
+    )
+    move = await next_event(communicator, "queue_move")
+    assert move["ops"] == [["-", 7, 1], ["+", 4, 1]]  # ahead of the last half of eight
+    await no_event(communicator, "queue_move", within=0.5)
+    await communicator.disconnect()
+
+
 async def test_revoking_a_waiting_visitor_tells_it_so(queue):
     ticket = await waiting_visitor(queue.slug, "v")
     communicator, _, _ = await open_socket(queue.slug, ticket)
