@@ -666,3 +666,26 @@ class QueueShuffle(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue.slug} start {self.starts_at:%Y-%m-%d %H:%M:%S}"
+
+
+class TurnNotice(models.Model):
+    """A waiting visitor's e-mail address, to tell them when their turn is near and when it comes (issue 20,
+    "Notify me"). Kept only while the ticket waits: deleted once the turn is told, the ticket ends without
+    one, or the ticket's lifetime is over (services.turn_notices_send). One per ticket."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="turn_notices")
+    ticket_id = models.CharField(max_length=100)
+    epoch = models.PositiveIntegerField()
+    email = models.EmailField()
+    language = models.CharField(max_length=10, default="en")
+    # The link that takes the visitor back to their place in any browser (it carries their identity, signed).
+    link = models.URLField(max_length=1000)
+    near_sent_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ("created_at",)
+        constraints = [models.UniqueConstraint(fields=["queue", "ticket_id"], name="one_notice_per_ticket")]
+
+    def __str__(self) -> str:
+        return f"{self.queue.slug} {self.ticket_id[:10]}"

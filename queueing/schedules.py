@@ -33,6 +33,8 @@ BEAT_SCHEDULES: list[dict[str, Any]] = [
         "expire_seconds": 600,
     },
     {"name": "Alerts", "task": "alerts.tasks.alerts_check", "every_seconds": 5, "expire_seconds": 10},
+    # Visitors who left an e-mail address: their turn near or come (and their heartbeat while away).
+    {"name": "Turn notices", "task": "queueing.tasks.turn_notices", "every_seconds": 5, "expire_seconds": 10},
     {
         "name": "Alert deliveries prune",
         "task": "alerts.tasks.alerts_prune",

@@ -34,3 +34,8 @@ def signing_keys_prune() -> int:
 @shared_task(ignore_result=True)
 def realtime_snapshots() -> int:
     return services.queues_snapshot_broadcast()
+
+
+@shared_task(ignore_result=True)
+def turn_notices() -> int:
+    return services.turn_notices_send()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.core import signing
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.shortcuts import render
@@ -31,6 +32,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from . import modes, selectors, services, tokens
 from .api.answers import join_answer
 from .api.codes import code_answer
+from .api.notices import notify_answer
 from .api.serializers import PRIORITY_CODE_MAX
 from .middleware import QueueAccess, access_cookie_name, queue_access_serve, waiting_page_url
 from .models import Queue
@@ -39,6 +41,7 @@ from .visitors import (
     VisitorIdentity,
     client_address,
     position_cookie_name,
+    resume_read,
     visitor_cookie_set,
     visitor_identity,
 )
@@ -110,7 +113,11 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
     if request.method == "POST":
         if request.POST.get("action") == "code":
             return _code_from_form(request, slug, identity)
+        if request.POST.get("action") == "notify":
+            return _notify_from_form(request, slug, identity)
         return _join_from_form(request, slug, identity)
+    if "resume" in request.GET:  # a turn notice's link: this browser becomes the visitor who asked for it
+        return _resume(request, slug)
     held_ticket = request.COOKIES.get(position_cookie_name(slug), "")
     view = modes.named(policy.get("mode")).held(slug, identity=identity, held_ticket=held_ticket)
     without_ticket = view is None or view.is_finished
@@ -138,7 +145,9 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
         "queue": {"slug": slug, "name": policy.get("name") or slug},
         "state": state,
         "takes_codes": takes_codes,
+        "notify_by_email": settings.WR_NOTIFY_BY_EMAIL and policy.get("mode") != Queue.Mode.STATELESS,
         "code_said": _code_said(request.GET.get("code", ""), request.GET.get("before", ""), view),
+        "notify_said": NOTIFY_SAID.get(request.GET.get("notify", ""), ""),
         # The operator's words for a closed line (and an ended sale), as mirrored with the policy.
         "closed": {
             "message": policy.get("closed_message", ""),
@@ -162,6 +171,7 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
             "neighboursUrl": reverse("queue-neighbours", args=[slug]),
             "windowUrl": reverse("queue-window", args=[slug]),
             "codeUrl": reverse("queue-code", args=[slug]),
+            "notifyUrl": reverse("queue-notify", args=[slug]),
             "mode": policy.get("mode") or Queue.Mode.TRACKED,
             "powWorkerUrl": static("queueing/pow-worker.js"),
             # An admission's token runs for the session; its turn is held for the claim window from the
@@ -175,6 +185,16 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
     response = TemplateResponse(request, template, context)
     if identity.new_cookie:
         visitor_cookie_set(response, identity.new_cookie)
+    return response
+
+
+def _resume(request: HttpRequest, slug: str) -> HttpResponse:
+    """A turn notice's link (?resume=...): the visitor's identity from the link, then their page without it
+    (so the address bar, history and any copy of it no longer carry it). A stale or forged one: the page."""
+    cookie_id = resume_read(request.GET["resume"], slug, max_age=settings.WR_TICKET_LIFETIME)
+    response = HttpResponseRedirect(request.path, status=303)
+    if cookie_id:
+        visitor_cookie_set(response, cookie_id)
     return response
 
 
@@ -297,10 +317,7 @@ def _code_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity) 
     entered = request.POST.get("code", "").strip()[:PRIORITY_CODE_MAX]
     if not entered:
         return HttpResponseRedirect(f"{request.path}?code=empty", status=303)
-    view = modes.TRACKED.held(slug, identity=identity, held_ticket="")
-    claims = None
-    if view is not None and not view.is_finished:
-        claims = tokens.held_claims(slug, ticket_id=view.ticket_id, priority=view.priority, epoch=view.epoch)
+    claims = _held_claims(slug, identity)
     if claims is None:
         return _join_from_form(request, slug, identity)
     answer = code_answer(claims, {"code": entered}, address=client_address(request.META))
@@ -313,6 +330,34 @@ def _code_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity) 
     }.get(answer.error_code, "moved" if answer.body.get("promoted") else "kept")
     before = f"&before={answer.body['position_before']}" if outcome == "moved" else ""
     return HttpResponseRedirect(f"{request.path}?code={outcome}{before}", status=303)
+
+
+# What the page says after an address was left without JavaScript (?notify=...; waiting.js says the same).
+NOTIFY_SAID = {
+    "kept": _("We will e-mail you when your turn is near, and again when it comes. You may leave this page."),
+    "bad": _("That does not look like an e-mail address. Please check it and try again."),
+    "limited": _("Too many addresses were left from here. Please wait a few minutes and try again."),
+    "late": _("Only people waiting in line can be e-mailed, and you are no longer waiting."),
+}
+
+
+def _notify_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity) -> HttpResponse:
+    """An address left without JavaScript, for the visitor's own ticket, then the page saying so."""
+    claims = _held_claims(slug, identity)
+    if claims is None:
+        return HttpResponseRedirect(f"{request.path}?notify=late", status=303)
+    answer = notify_answer(request, claims, {"email": request.POST.get("email", "")})
+    outcome = {"invalid_request": "bad", "rate_limited": "limited", "not_in_line": "late", "ticket_not_found": "late"}
+    return HttpResponseRedirect(f"{request.path}?notify={outcome.get(answer.error_code, 'kept')}", status=303)
+
+
+def _held_claims(slug: str, identity: VisitorIdentity) -> tokens.TicketClaims | None:
+    """The claims of the ticket this visitor holds while it is live (a page without JavaScript has no
+    signed ticket, only the visitor's cookie), or None."""
+    view = modes.TRACKED.held(slug, identity=identity, held_ticket="")
+    if view is None or view.is_finished:
+        return None
+    return tokens.held_claims(slug, ticket_id=view.ticket_id, priority=view.priority, epoch=view.epoch)
 
 
 def home(request: HttpRequest) -> HttpResponse:

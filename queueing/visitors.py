@@ -12,10 +12,12 @@ import re
 import secrets
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
+from django.core import signing
 from django.http import HttpRequest
 
 from .tokens import former_visitor_keys, visitor_key
@@ -104,6 +106,30 @@ def visitor_identity(request: HttpRequest, user: Any = None) -> VisitorIdentity:
         return _identity(f"header:{header}")
     fresh = random_visitor_id()
     return VisitorIdentity(visitor_key(f"cookie:{fresh}"), None, fresh)
+
+
+RESUME_SALT = "waitingroom.resume"
+
+
+def visitor_cookie_id(request: HttpRequest) -> str | None:
+    """The visitor cookie's id, if the request carries a good one."""
+    value = request.get_signed_cookie(settings.WR_VISITOR_COOKIE, default=None, salt=COOKIE_SALT)
+    return str(value) if value else None
+
+
+def resume_token(slug: str, cookie_id: str) -> str:
+    """A link's token that makes another browser this visitor, for this queue (a turn notice's e-mail): it
+    carries the cookie's id, signed, so it is worth what the cookie is worth. resume_read reads it."""
+    return signing.dumps([slug, cookie_id], salt=RESUME_SALT, compress=True)
+
+
+def resume_read(token: str, slug: str, *, max_age: timedelta) -> str | None:
+    """The visitor cookie's id a resume token carries for this queue, or None (forged, stale, another queue's)."""
+    try:
+        token_slug, cookie_id = signing.loads(token, salt=RESUME_SALT, max_age=max_age)
+    except (signing.BadSignature, ValueError, TypeError):
+        return None
+    return str(cookie_id) if token_slug == slug and isinstance(cookie_id, str) and cookie_id else None
 
 
 def random_visitor_id() -> str:

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import itertools
+import os
 import socket
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
@@ -17,6 +19,7 @@ from queueing.store.connection import cluster_client
 from waitingroom_site.devcluster import LocalCluster
 
 from .factories import Clock
+from .receivers import Mailbox, smtp_server
 from .stack import Stack, run_stack
 
 _slugs = itertools.count(1)
@@ -151,3 +154,35 @@ def api_key_for() -> Callable[[Queue], str]:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The real product in subprocesses, as bin/run starts it (see tests/stack.py)."""
     yield from run_stack(tmp_path_factory)
+
+
+@pytest.fixture
+def mailbox(settings: Any) -> Iterator[Mailbox]:
+    """A real SMTP server (aiosmtpd) on a free port, and the product's e-mail settings pointing at it."""
+    with smtp_server() as (box, port):
+        settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+        settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", port
+        yield box
+
+
+POSTGRES = os.environ.get("WR_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
+    """The product's two databases: its default SQLite file, and a PostgreSQL database of this test's own."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'db.sqlite3'}"
+        return
+    name = f"wr_test_{uuid.uuid4().hex[:10]}"
+    try:
+        admin = psycopg.connect(POSTGRES, autocommit=True, connect_timeout=5)
+    except psycopg.Error as exc:  # as tests/e2e/test_cluster_nodes.py: only where a PostgreSQL answers
+        pytest.skip(f"no PostgreSQL answers at {POSTGRES} (set WR_TEST_POSTGRES_URL): {exc!r}")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield POSTGRES.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with psycopg.connect(POSTGRES, autocommit=True, connect_timeout=5) as admin:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')

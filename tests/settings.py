@@ -51,3 +51,5 @@ WR_DEMO = True
 # The live state on the tests' own Redis Cluster only where a test asks for it (conftest.live_state, which
 # also names it to the processes a test spawns).
 REDIS_CLUSTER_NODES = os.environ.get("WR_TEST_CLUSTER_NODES", "")
+# Turn notices by e-mail are offered (tests that send them point EMAIL_* at their own SMTP server).
+WR_NOTIFY_BY_EMAIL = True

@@ -28,6 +28,8 @@ from django.conf import settings
 
 from waitingroom_site import devredis
 
+from .receivers import Mailbox, smtp_server
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -61,6 +63,7 @@ class Stack:
     process: subprocess.Popen[bytes]
     redis: redis.Redis = field(repr=False)
     metrics_port: int = 0  # the supervisor's WR_METRICS_PORT: every process's own metrics
+    mailbox: Mailbox | None = field(default=None, repr=False)  # what the product e-mailed (its SMTP server)
 
     def manage(self, *args: str) -> str:
         result = subprocess.run(
@@ -145,6 +148,11 @@ def product_env(var: Path, prefix: str) -> dict[str, str]:
 
 
 def run_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with smtp_server() as (mailbox, smtp_port):
+        yield from _run_stack(tmp_path_factory, mailbox, smtp_port)
+
+
+def _run_stack(tmp_path_factory: pytest.TempPathFactory, mailbox: Mailbox, smtp_port: int) -> Iterator[Stack]:
     var = tmp_path_factory.mktemp("stack")
     port, ws_port, metrics_port = free_port(), free_port(), free_port()
     prefix = f"wre{uuid.uuid4().hex[:8]}"
@@ -153,6 +161,10 @@ def run_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         ALLOWED_HOSTS="127.0.0.1,localhost",
         WR_METRICS_PORT=str(metrics_port),
         LOG_LEVEL=os.environ.get("WR_E2E_LOG_LEVEL", "INFO"),
+        # E-mail (turn notices) to a real SMTP server the tests read.
+        EMAIL_HOST="127.0.0.1",
+        EMAIL_PORT=str(smtp_port),
+        WR_NOTIFY_BY_EMAIL="1",
         # The limiters run, with room for tests that join and poll from one address faster than people.
         WR_RATE_LIMITS=json.dumps(
             {
@@ -165,7 +177,7 @@ def run_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     process = start_runstack(var, env, log, port=port, ws_port=ws_port)
     url = f"http://127.0.0.1:{port}"
     client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
-    stack = Stack(url, f"ws://127.0.0.1:{ws_port}", env, prefix, log, process, client, metrics_port)
+    stack = Stack(url, f"ws://127.0.0.1:{ws_port}", env, prefix, log, process, client, metrics_port, mailbox)
     try:
         _wait_for(lambda: _healthy(url), 90, "the web server", log)
         _wait_for(lambda: "ready." in log.read_text(), 90, "the Celery worker", log)

@@ -4,20 +4,15 @@ real SMTP server started here; once per change, however many checks run at once.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from email import message_from_bytes, policy
 from typing import Any
 
-import psycopg
 import pytest
-from aiosmtpd.controller import Controller
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
@@ -37,30 +32,6 @@ def receiver() -> Iterator[Receiver]:
     server = Receiver()
     yield server
     server.stop()
-
-
-class Mailbox:
-    def __init__(self) -> None:
-        self.messages: list[Any] = []
-
-    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
-        self.messages.append((envelope.rcpt_tos, message_from_bytes(envelope.content, policy=policy.default)))
-        return "250 Message accepted for delivery"
-
-
-@pytest.fixture
-def mailbox(settings: Any) -> Iterator[Mailbox]:
-    """A real SMTP server (aiosmtpd) on a free port, and the product's e-mail settings pointing at it."""
-    box = Mailbox()
-    with socket.socket() as probe:  # aiosmtpd needs a port it can name (it connects to itself once started)
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    controller = Controller(box, hostname="127.0.0.1", port=port)
-    controller.start()
-    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", port
-    yield box
-    controller.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -311,8 +282,6 @@ def test_a_hook_for_every_queue_watches_each_and_a_disabled_hook_nothing(make_qu
     assert AlertWatch.objects.filter(hook__name="Off").count() == 0
 
 
-POSTGRES = os.environ.get("WR_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-
 # Run by each of the racing processes: wait for the common start, check, then attempt what is due.
 RACER = """
 import json, os, time, django
@@ -335,26 +304,6 @@ AlertHook.objects.create(name="Ops", queue=queue, url="%s")
 assert services.alerts_check() == []
 queueing.queue_pause(queue)
 """
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
-    """The product's two databases: its default SQLite file, and a PostgreSQL database of this test's own."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'db.sqlite3'}"
-        return
-    name = f"wr_alerts_{uuid.uuid4().hex[:10]}"
-    try:
-        admin = psycopg.connect(POSTGRES, autocommit=True, connect_timeout=5)
-    except psycopg.Error as exc:  # as tests/e2e/test_cluster_nodes.py: only where a PostgreSQL answers
-        pytest.skip(f"no PostgreSQL answers at {POSTGRES} (set WR_TEST_POSTGRES_URL): {exc!r}")
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield POSTGRES.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with psycopg.connect(POSTGRES, autocommit=True, connect_timeout=5) as admin:
-            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
 def test_checks_and_attempts_racing_in_separate_processes_tell_each_change_once(database_url, receiver, tmp_path):

@@ -22,6 +22,7 @@ OPERATIONS = {
     ("/api/v1/queues/{slug}/status", "get"): "ticket_status",
     ("/api/v1/queues/{slug}/leave", "post"): "ticket_leave",
     ("/api/v1/queues/{slug}/code", "post"): "ticket_code",
+    ("/api/v1/queues/{slug}/notify", "post"): "ticket_notify",
     ("/api/v1/queues/{slug}/sessions/verify", "post"): "session_verify",
     ("/api/v1/queues/{slug}/sessions/complete", "post"): "session_complete",
     ("/api/v1/queues/{slug}/sessions/revoke", "post"): "session_revoke",
@@ -122,6 +123,7 @@ ERROR_STATUSES = {
     "api_key_create": {400, 401, 403, 404, 406, 413, 415, 429, 503},
     "api_key_revoke": {401, 403, 404, 406, 429, 503},
     "ticket_code": {400, 401, 404, 406, 409, 413, 415, 429, 503},
+    "ticket_notify": {400, 401, 404, 406, 409, 413, 415, 429, 503},
 }
 # simplejwt's serializers ignore fields they do not know (settings.SIMPLE_JWT would have to name strict ones).
 # A body each operation accepts, so that only what a test changes can be refused.
@@ -138,6 +140,7 @@ GOOD_BODIES: dict[str, dict[str, Any]] = {
     "priority_levels_update": {"levels": [{"level": 1, "name": "Elevated"}]},
     "api_key_create": {"name": "a test's key"},
     "ticket_code": {"code": "NO-SUCH-CODE"},
+    "ticket_notify": {"email": "ada@example.com"},
 }
 PRODUCTION_RATE_LIMITS = {
     scope: {"algorithm": "token_bucket", "capacity": 100, "refill_per_second": 1}
@@ -237,7 +240,7 @@ def test_every_json_body_that_is_malformed_too_large_or_not_json_is_a_documented
         ("a=b", "text/plain", 415, "unsupported_media_type"),
     ]
     bodies = [(path, method, op) for path, method, op in _operations(_schema()) if "requestBody" in op]
-    assert len(bodies) == 14
+    assert len(bodies) == 15
     for path, method, op in bodies:
         for raw, content_type, status, code in refusals:
             response = caller(path, method, op, raw=raw, content_type=content_type)
@@ -311,8 +314,9 @@ def test_every_example_body_in_the_docs_works_as_given(caller, db):
             if "<" in json.dumps(example["value"]):
                 assert example["value"], name  # a placeholder says what goes there
                 continue
-            extra = {"HTTP_AUTHORIZATION": f"Bearer {waiting.json()['ticket']}"} if path.endswith("/code") else {}
+            waits = path.endswith(("/code", "/notify"))  # what only a visitor in line may do
+            extra = {"HTTP_AUTHORIZATION": f"Bearer {waiting.json()['ticket']}"} if waits else {}
             response = caller(path, method, op, body=example["value"], **extra)
             assert response.status_code < 300, (op["operationId"], name, response.content)
             tried += 1
-    assert tried >= 7  # join (3), capacity, health, queue update (2), a code
+    assert tried >= 8  # join (3), capacity, health, queue update (2), a code, an address

@@ -421,7 +421,14 @@ WR_DASHBOARD_RETENTION_HOURS = envint("WR_DASHBOARD_RETENTION_HOURS", 24 * 14)
 WR_PUBLIC_URL = os.environ.get("WR_PUBLIC_URL", "")
 WR_ALERT_RETRY_SECONDS = float(os.environ.get("WR_ALERT_RETRY_SECONDS", "5"))
 WR_ALERT_FROM_EMAIL = os.environ.get("WR_ALERT_FROM_EMAIL", "waiting-room@localhost")
-# E-mail for alerts: an SMTP server of yours (none is set: e-mail alerts fail and are logged as failed).
+# Turn notices (README "Notify me"): a visitor who left an e-mail address is told their turn is near once this
+# few are ahead or the estimate is this short, and again when it comes; from this address.
+# The waiting page offers it where e-mail is set up: EMAIL_HOST given (or WR_NOTIFY_BY_EMAIL=1).
+WR_NOTIFY_BY_EMAIL = envbool("WR_NOTIFY_BY_EMAIL", bool(os.environ.get("EMAIL_HOST")))
+WR_NOTIFY_NEAR_PLACES = envint("WR_NOTIFY_NEAR_PLACES", 10)
+WR_NOTIFY_NEAR_SECONDS = envint("WR_NOTIFY_NEAR_SECONDS", 180)
+WR_NOTIFY_FROM_EMAIL = os.environ.get("WR_NOTIFY_FROM_EMAIL", WR_ALERT_FROM_EMAIL)
+# E-mail for alerts and turn notices: an SMTP server of yours (none set: e-mail alerts fail, logged as failed).
 EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
 EMAIL_PORT = envint("EMAIL_PORT", 25)
 EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")

@@ -162,31 +162,49 @@ class CodeRequestSerializer(StrictSerializer):
     code = StrictCharField(max_length=PRIORITY_CODE_MAX, help_text="The invite or priority code (case counts).")
 
 
-def code_request_validate(data: Any) -> str:
-    """The code a waiting visitor entered, or an ApiError as StrictSerializer would raise it (the waiting
-    page's form answers through this outside DRF)."""
+def _one_text_field(data: Any, name: str, limit: int) -> str:
+    """A body of one required text field, or an ApiError as StrictSerializer would raise it (the waiting
+    page's forms answer through these outside DRF)."""
     if not isinstance(data, dict):
         raise ApiError(
             "invalid_request",
             "The body must be a JSON object.",
             fields={"non_field_errors": ["The body must be a JSON object."]},
         )
-    unknown = sorted(set(data) - {"code"})
+    unknown = sorted(set(data) - {name})
     if unknown:
         raise ApiError("unknown_fields", f"Unknown field(s): {', '.join(unknown)}.", fields=unknown)
-    code = data.get("code")
-    problem = None
-    if code is None or code == "":
-        problem = "This field is required."
-    elif not isinstance(code, str):
+    value = data.get(name)
+    if value is None or value == "":
+        problem: str | None = "This field is required."
+    elif not isinstance(value, str):
         problem = "Not a valid string."
-    elif len(code) > PRIORITY_CODE_MAX:
-        problem = f"Ensure this field has no more than {PRIORITY_CODE_MAX} characters."
+    elif len(value) > limit:
+        problem = f"Ensure this field has no more than {limit} characters."
     else:
-        problem = _text_problem(code)
+        problem = _text_problem(value)
     if problem:
-        raise ApiError("invalid_request", "The request has invalid fields.", fields={"code": [problem]})
-    return str(code)
+        raise ApiError("invalid_request", "The request has invalid fields.", fields={name: [problem]})
+    return str(value)
+
+
+def code_request_validate(data: Any) -> str:
+    """The code a waiting visitor entered."""
+    return _one_text_field(data, "code", PRIORITY_CODE_MAX)
+
+
+EMAIL_MAX = 254
+
+
+class NotifyRequestSerializer(StrictSerializer):
+    email = StrictCharField(
+        max_length=EMAIL_MAX, help_text="Where to tell the visitor that their turn is near, and come."
+    )
+
+
+def notify_request_validate(data: Any) -> str:
+    """The address a waiting visitor left for its turn notices (checked as an address by the service)."""
+    return _one_text_field(data, "email", EMAIL_MAX)
 
 
 class AccessTokenSerializer(StrictSerializer):
@@ -454,6 +472,12 @@ class JoinResponseSerializer(TicketResponseSerializer):
 
 class StatusResponseSerializer(TicketResponseSerializer):
     ahead = serializers.IntegerField(allow_null=True, help_text="Visitors ahead; null unless waiting.")
+
+
+class NotifyResponseSerializer(serializers.Serializer):
+    email = serializers.CharField(help_text="The address kept (until the turn is told or the ticket ends).")
+    near_places = serializers.IntegerField(help_text="Told the turn is near once this few are ahead...")
+    near_seconds = serializers.IntegerField(help_text="...or the estimate is this short.")
 
 
 class CodeResponseSerializer(StatusResponseSerializer):

@@ -1,13 +1,14 @@
 from django.urls import path
 
 from .. import converters  # noqa: F401  (registers the "queue" path converter)
-from . import codes, management, views
+from . import codes, management, notices, views
 
 urlpatterns = [
     path("queues/<queue:slug>/join", views.JoinView.as_view(), name="queue-join"),
     path("queues/<queue:slug>/status", views.StatusView.as_view(), name="queue-status"),
     path("queues/<queue:slug>/leave", views.LeaveView.as_view(), name="queue-leave"),
     path("queues/<queue:slug>/code", codes.CodeView.as_view(), name="queue-code"),
+    path("queues/<queue:slug>/notify", notices.NotifyView.as_view(), name="queue-notify"),
     path("queues/<queue:slug>/challenge", views.ChallengeView.as_view(), name="queue-challenge"),
     path("queues/<queue:slug>/shuffle", views.ShuffleView.as_view(), name="queue-shuffle"),
     path("queues/<queue:slug>/window", views.WindowView.as_view(), name="queue-window"),

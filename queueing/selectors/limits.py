@@ -4,7 +4,8 @@ settings.WR_RATE_LIMITS does not name them (an entry there replaces the default;
 * `window_miss` (per client address): `/window` reads of a queue with no live window that this process
   does not already know about (a tracked or unknown queue: each would cost a query or two);
 * `shuffle` (per client address): the pre-queue shuffle's public record (megabytes once revealed);
-* `priority_code` (per client address): joins that carry a priority code, so codes cannot be guessed.
+* `priority_code` (per client address): joins that carry a priority code, so codes cannot be guessed;
+* `notify` (per client address): e-mail addresses left for turn notices, so nobody mails strangers in bulk.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ DEFAULT_LIMITS: dict[str, dict[str, Any]] = {
     "window_miss": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 60, "max_requests": 60},
     "shuffle": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 60, "max_requests": 60},
     "priority_code": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 600, "max_requests": 20},
+    "notify": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 600, "max_requests": 10},
 }
 
 

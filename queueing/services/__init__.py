@@ -94,6 +94,7 @@ from .joins import (
     ticket_leave,
 )
 from .liveness import beat_alive_mark, beat_lease_hold, worker_alive_mark
+from .notices import turn_notice_request, turn_notices_send
 from .recovery import (
     needs_sync,
     queue_config_sync,
@@ -190,6 +191,8 @@ __all__ = [
     "stateless_join_plan",
     "ticket_leave",
     "ticket_promote",
+    "turn_notice_request",
+    "turn_notices_send",
     "wait_samples_drop",
     "with_policy",
     "worker_alive_mark",

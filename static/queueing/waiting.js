@@ -542,6 +542,41 @@
     });
   }
 
+  // --- "E-mail me" (POST …/notify): the turn's nearness and the turn itself, by e-mail ---------------
+
+  function emailSaid(text) {
+    var node = $("wr-email-said");
+    if (!node) return;
+    node.textContent = text;
+    node.hidden = !text;
+    if (text) announce(text, true);
+  }
+
+  function leaveEmail(event) {
+    event.preventDefault();
+    var input = $("wr-email"), button = $("wr-email-use");
+    if (!S.ticket) return;
+    button.disabled = true;
+    request("POST", config.notifyUrl, { email: input.value.trim() }).then(function (r) {
+      button.disabled = false;
+      var code = r.data && r.data.error ? r.data.error.code : "";
+      if (r.status === 201) {
+        emailSaid(_("We will e-mail you when your turn is near, and again when it comes. You may leave this page."));
+      } else if (code === "invalid_request") {
+        emailSaid(_("That does not look like an e-mail address. Please check it and try again."));
+      } else if (code === "rate_limited") {
+        emailSaid(_("Too many addresses were left from here. Please wait a few minutes and try again."));
+      } else if (code === "not_in_line" || code === "ticket_not_found") {
+        emailSaid(_("Only people waiting in line can be e-mailed, and you are no longer waiting."));
+      } else {
+        emailSaid(_("Your address could not be kept just now. Please try again in a moment."));
+      }
+    }).catch(function () {
+      button.disabled = false;
+      emailSaid(_("Your address could not be kept just now. Please try again in a moment."));
+    });
+  }
+
   // The queue's proof-of-work gate: solve the challenge in a Web Worker, showing progress, then join.
   function solveThenJoin(challenge) {
     setState("pow");
@@ -674,6 +709,7 @@
     });
   });
   if ($("wr-code-form")) $("wr-code-form").addEventListener("submit", enterCode);
+  if ($("wr-email-form")) $("wr-email-form").addEventListener("submit", leaveEmail);
   setInterval(everySecond, 1000);
   // A finished ticket waits for the visitor to choose to join again; otherwise join (or get the ticket back).
   // Times the server wrote in its own zone ("31 December 2098, 12:00 UTC"), shown in the visitor's zone

@@ -4,6 +4,7 @@ passed see their places change without a reload; in the visitor's language; axe-
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Any
@@ -89,3 +90,39 @@ def test_a_queue_without_codes_shows_no_code_box(stack, visitor):
     page.goto(f"{stack.url}/q/{slug}/")
     waiting_at(page, 2)
     expect(page.locator("#wr-code-form")).to_have_count(0)
+
+
+def test_an_e_mail_left_on_the_page_tells_the_turn_and_its_link_takes_another_browser_through(stack, visitor):
+    """Issue 20, item 3: the visitor leaves an address and closes the page; the worker and beat e-mail them
+    (a real SMTP server) when the turn is near and when it comes; the link opens their place in another
+    browser (a phone's mail app), which is sent through."""
+    slug = stack.new_queue(capacity=100, outflow_per_minute=60, burst=1, state="paused")
+    join_from_elsewhere(stack, slug, 12)
+    page = visitor()
+    page.goto(f"{stack.url}/q/{slug}/")
+    waiting_at(page, 13)
+    page.get_by_label(re.compile("E-mail me when my turn is near")).fill("ada@example.com")
+    page.get_by_role("button", name="E-mail me").click()
+    expect(page.locator("#wr-email-said")).to_have_text(
+        "We will e-mail you when your turn is near, and again when it comes. You may leave this page."
+    )
+    accessible(page)
+    page.close()  # gone: the notice keeps the place while away
+
+    assert stack.mailbox is not None
+    stack.configure(slug, state="open")  # one a second: the twelve ahead, then this visitor
+    deadline = time.monotonic() + 60
+    mine: list[Any] = []
+    while len(mine) < 2:
+        assert time.monotonic() < deadline, [m["Subject"] for _, m in stack.mailbox.messages]
+        time.sleep(0.5)
+        mine = [m for to, m in stack.mailbox.messages if to == ["ada@example.com"] and slug in m["X-WaitingRoom-Queue"]]
+    near, turn = mine
+    assert near["Subject"].endswith(": your turn is near") and turn["Subject"].endswith(": it's your turn")
+    found = re.search(r"(http://\S+/q/\S+)", turn.get_content())
+    assert found and "resume=" in found.group(1)
+    phone = visitor()
+    phone.route(f"**/demo/{slug}/**", lambda route: route.fulfill(status=204))  # let in: a 204 keeps the page
+    phone.goto(found.group(1))
+    expect(phone.locator("#wr")).to_have_attribute("data-state", "admitted")
+    assert "resume=" not in phone.url

@@ -1,0 +1,168 @@
+"""Turn notices (issue 20, "Notify me"): a waiting visitor leaves an e-mail address and is told, in their
+language, when their turn is near (the link back to their place) and when it comes (the same link, which
+takes them through); the address is deleted once the turn is told, or the ticket ends, or its lifetime is over.
+
+`turn_notices_send` runs every few seconds (the "Turn notices" periodic task). It reads each noticed ticket's
+state with a status read, which is also its heartbeat: a visitor who asked to be e-mailed keeps their place
+while away from the page (presence and parking, SPEC 3.4), as the page's own polls would. Each e-mail is
+claimed by one conditional UPDATE or DELETE before it is sent, so two runs at once send it once; an e-mail
+the SMTP server refused is given back and tried on the next run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.mail import EmailMessage, get_connection
+from django.core.validators import validate_email
+from django.db import transaction
+from django.utils import translation
+from django.utils.translation import gettext as _
+
+from .. import selectors, tokens
+from ..models import Queue, TurnNotice
+from ..selectors import TicketGone, TicketView
+from ..templatetags.waiting import epoch_clock, wait_text
+from .errors import NotInLine, QueueNotFound
+from .recovery import with_policy
+
+logger = logging.getLogger(__name__)
+
+EMAIL_MAX = 254
+SMTP_TIMEOUT_SECONDS = 10
+
+
+def turn_notice_request(
+    *, claims: tokens.TicketClaims, email: str, language: str, link: str, address: str = ""
+) -> TurnNotice:
+    """Keep `email` to tell this waiting ticket's visitor when their turn is near and when it comes (one
+    address per ticket: asking again replaces it, and the turn's nearness is told again).
+
+    ValidationError for an address that is not one; NotInLine when the ticket is no longer waiting
+    (TicketGone when its queue does not know it); ratelimit.Limited past the address's `notify` limit."""
+    if address:
+        selectors.limit_check("notify", address)
+    email = email.strip()
+    if len(email) > EMAIL_MAX:
+        raise ValidationError("Enter a valid email address.", code="invalid")
+    validate_email(email)
+    view = _read(claims)
+    if view.status != "waiting":
+        raise NotInLine(claims.slug)
+    queue = Queue.objects.filter(slug=claims.slug).only("pk").first()
+    if queue is None:
+        raise QueueNotFound(claims.slug)
+    notice, _created = TurnNotice.objects.update_or_create(
+        queue=queue,
+        ticket_id=claims.ticket_id,
+        defaults={"email": email, "language": language, "link": link, "epoch": claims.epoch, "near_sent_at": None},
+    )
+    return notice
+
+
+def _read(claims: tokens.TicketClaims, now: float | None = None) -> TicketView:
+    """The ticket's state (its heartbeat too), the queue's policy synced once if Redis lost it."""
+    return with_policy(claims.slug, lambda: selectors.polled(selectors.ticket_status_plan(claims=claims, now=now)))
+
+
+def _near(view: TicketView) -> bool:
+    if view.drawn_at_start or view.position is None:
+        return False  # a pre-queue's places are drawn at the start: nobody is near before then
+    if view.position <= settings.WR_NOTIFY_NEAR_PLACES:
+        return True
+    seconds = view.estimated_wait_seconds
+    return seconds is not None and seconds <= settings.WR_NOTIFY_NEAR_SECONDS
+
+
+def turn_notices_send(*, now: float | None = None) -> int:
+    """Tell every noticed visitor whose turn is near or has come; forget those whose ticket ended. Returns
+    how many e-mails were sent."""
+    moment = time.time() if now is None else now
+    lifetime = settings.WR_TICKET_LIFETIME.total_seconds()
+    TurnNotice.objects.filter(created_at__lt=datetime.fromtimestamp(moment - lifetime, tz=UTC)).delete()
+    sent = 0
+    for notice in TurnNotice.objects.select_related("queue"):
+        claims = tokens.held_claims(notice.queue.slug, ticket_id=notice.ticket_id, priority=0, epoch=notice.epoch)
+        try:
+            if claims is None:
+                raise TicketGone(notice.queue.slug)
+            view = _read(claims, now)
+        except (TicketGone, QueueNotFound):
+            notice.delete()
+            continue
+        if view.status in ("admitted", "active"):
+            sent += _turn_tell(notice, view)
+        elif view.is_finished:
+            notice.delete()  # it ended without a turn (left, expired, revoked): nothing to tell, nothing kept
+        elif notice.near_sent_at is None and _near(view):
+            sent += _near_tell(notice, view)
+    return sent
+
+
+def _near_tell(notice: TurnNotice, view: TicketView) -> int:
+    claimed = TurnNotice.objects.filter(pk=notice.pk, near_sent_at__isnull=True).update(near_sent_at=_now())
+    if not claimed:
+        return 0  # another run tells it
+    with translation.override(notice.language):
+        subject = _("%(queue)s: your turn is near") % {"queue": notice.queue.name}
+        body = _(
+            "You are number %(position)s in line for %(queue)s. Estimated wait: %(wait)s.\n\n"
+            "Come back to your place now, so that you are there when your turn comes:\n%(link)s\n\n"
+            "When it comes we will e-mail you again; your turn is then held for you for %(held)s."
+        ) % {
+            "position": view.position,
+            "queue": notice.queue.name,
+            "wait": wait_text(view.estimated_wait_seconds),
+            "link": notice.link,
+            "held": wait_text(notice.queue.claim_ttl),
+        }
+    if _send(notice, subject, body):
+        return 1
+    TurnNotice.objects.filter(pk=notice.pk).update(near_sent_at=None)  # tried again on the next run
+    return 0
+
+
+def _turn_tell(notice: TurnNotice, view: TicketView) -> int:
+    with transaction.atomic():
+        claimed, _kinds = TurnNotice.objects.filter(pk=notice.pk).delete()
+    if not claimed:
+        return 0
+    held_until = int(view.expires_at or 0) - notice.queue.session_ttl + notice.queue.claim_ttl
+    with translation.override(notice.language):
+        subject = _("%(queue)s: it's your turn") % {"queue": notice.queue.name}
+        body = _(
+            "It's your turn in line for %(queue)s.\n\nGo through now:\n%(link)s\n\n"
+            "Your turn is held until %(until)s; after that it passes to the next in line."
+        ) % {"queue": notice.queue.name, "link": notice.link, "until": epoch_clock(held_until)}
+    if _send(notice, subject, body):
+        return 1
+    notice.pk = None  # refused: kept again (a new row) and tried on the next run
+    notice.save()
+    return 0
+
+
+def _send(notice: TurnNotice, subject: str, body: str) -> bool:
+    with translation.override(notice.language):
+        footer = _("You asked for this e-mail on the waiting page. Your address is deleted once your turn has come.")
+    message = EmailMessage(
+        subject=subject,
+        body=f"{body}\n\n-- \n{footer}\n",
+        from_email=settings.WR_NOTIFY_FROM_EMAIL,
+        to=[notice.email],
+        headers={"X-WaitingRoom-Queue": notice.queue.slug},
+        connection=get_connection(timeout=SMTP_TIMEOUT_SECONDS),
+    )
+    try:
+        message.send()
+    except (OSError, ValueError) as exc:  # smtplib's errors are OSErrors
+        logger.warning("turn notice for %s not sent: %s: %s", notice.queue.slug, exc.__class__.__name__, exc)
+        return False
+    return True
+
+
+def _now() -> datetime:
+    return datetime.now(tz=UTC)

@@ -1,0 +1,271 @@
+"""Turn notices (issue 20, item 3, "Notify me"): a waiting visitor's e-mail address, told through a real SMTP
+server when the turn is near and when it comes, in the visitor's language, with a link back to the place
+that works in another browser; the address deleted after; nothing lost when the SMTP server is away; the
+notice keeps the visitor present; racing runs in separate processes send each e-mail once."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from django.test import Client
+
+from queueing import services, store
+from queueing.models import TurnNotice
+
+from .factories import decode_ticket, join, status
+from .stack import ROOT, product_env
+
+
+@pytest.fixture(autouse=True)
+def _email_on(settings):
+    settings.WR_NOTIFY_BY_EMAIL = True
+    settings.WR_NOTIFY_NEAR_PLACES = 3
+    settings.WR_NOTIFY_NEAR_SECONDS = 0  # by places alone here: the estimate is tested elsewhere
+
+
+def page_visitor(slug: str, **headers) -> Client:
+    """A browser without JavaScript that has joined the line on the waiting page."""
+    client = Client(**headers)
+    client.get(f"/q/{slug}/")
+    client.post(f"/q/{slug}/", {"action": "join"})
+    return client
+
+
+def leave_address(client: Client, slug: str, email: str):
+    return client.post(f"/q/{slug}/", {"action": "notify", "email": email}, follow=True)
+
+
+def said(response) -> str:
+    match = re.search(r'<p class="wr-notice" id="wr-email-said"( hidden)?>([^<]*)</p>', response.content.decode())
+    assert match
+    return "" if match.group(1) else match.group(2)
+
+
+def link_in(message) -> str:
+    match = re.search(r"(http://testserver/q/[^\s]+)", message.get_content())
+    assert match, message.get_content()
+    return match.group(1)
+
+
+@pytest.fixture
+def line(make_queue, clock):
+    queue = make_queue(state="paused", capacity=1, burst=1, claim_ttl=120)
+    ahead = [join(queue.slug, f"a{i}", now=clock()) for i in range(5)]
+    return queue, ahead
+
+
+def test_near_then_turn_by_e_mail_with_a_link_that_takes_another_browser_to_the_place(line, mailbox, clock):
+    queue, ahead = line
+    client = page_visitor(queue.slug)
+    response = leave_address(client, queue.slug, "ada@example.com")
+    assert said(response) == (
+        "We will e-mail you when your turn is near, and again when it comes. You may leave this page."
+    )
+    assert services.turn_notices_send(now=clock()) == 0 and mailbox.messages == []  # sixth: not near yet
+    for ticket in ahead[:3]:
+        store.revoke(queue.slug, ticket_id=ticket.ticket_id, now_ms=int(clock() * 1000))
+    assert services.turn_notices_send(now=clock()) == 1
+    assert services.turn_notices_send(now=clock()) == 0  # told once
+    ((to, near),) = mailbox.messages
+    assert to == ["ada@example.com"] and near["Subject"] == f"{queue.name}: your turn is near"
+    assert "You are number 3 in line" in near.get_content()
+    link = link_in(near)
+
+    other_browser = Client()
+    landed = other_browser.get(link.replace("http://testserver", ""), follow=True)
+    assert landed.redirect_chain[-1][0] == f"/q/{queue.slug}/"  # the link's token is gone from the address
+    assert re.search(r'<span id="wr-position">3</span>', landed.content.decode())
+
+    services.queue_resume(queue)
+    services.queue_admit(slug=queue.slug, now=clock.advance(1))
+    for ticket in ahead[3:]:
+        services.session_revoke(slug=queue.slug, ticket_id=ticket.ticket_id)
+        services.queue_admit(slug=queue.slug, now=clock.advance(1))
+    assert services.turn_notices_send(now=clock()) == 1
+    turn = mailbox.messages[1][1]
+    assert turn["Subject"] == f"{queue.name}: it's your turn"
+    assert "Go through now" in turn.get_content() and link_in(turn) == link
+    assert TurnNotice.objects.count() == 0  # the address is gone once the turn is told
+    assert services.turn_notices_send(now=clock()) == 0
+    went = Client().get(link.replace("http://testserver", ""), follow=True)
+    assert 'data-state="admitted"' in went.content.decode()  # the link takes them through, in any browser
+
+
+def test_the_e_mail_speaks_the_visitors_language(line, mailbox, clock):
+    queue, ahead = line
+    client = page_visitor(queue.slug, HTTP_ACCEPT_LANGUAGE="de")
+    assert said(leave_address(client, queue.slug, "ada@example.com")).startswith("Wir schreiben Ihnen")
+    for ticket in ahead[:3]:
+        store.revoke(queue.slug, ticket_id=ticket.ticket_id, now_ms=int(clock() * 1000))
+    services.turn_notices_send(now=clock())
+    ((_, near),) = mailbox.messages
+    assert near["Subject"] == f"{queue.name}: Sie sind bald an der Reihe"
+    assert "Sie sind Nummer 3 in der Schlange" in near.get_content()
+
+
+def test_a_ticket_that_ends_without_a_turn_leaves_no_address_behind(line, mailbox, clock):
+    queue, _ = line
+    client = page_visitor(queue.slug)
+    leave_address(client, queue.slug, "ada@example.com")
+    assert TurnNotice.objects.count() == 1
+    ticket_id = TurnNotice.objects.get().ticket_id
+    store.revoke(queue.slug, ticket_id=ticket_id, now_ms=int(clock() * 1000))
+    assert services.turn_notices_send(now=clock()) == 0
+    assert TurnNotice.objects.count() == 0 and mailbox.messages == []
+
+
+def test_bad_addresses_and_visitors_not_in_line_are_told_so(line, make_queue, mailbox, clock):
+    queue, _ = line
+    client = page_visitor(queue.slug)
+    for bad in ("not an address", "a@b", "x" * 250 + "@example.com", ""):
+        assert said(leave_address(client, queue.slug, bad)).startswith("That does not look like an e-mail address")
+    admitted = make_queue(capacity=5)
+    inside = page_visitor(admitted.slug)
+    assert said(leave_address(inside, admitted.slug, "ada@example.com")).startswith("Only people waiting in line")
+    assert TurnNotice.objects.count() == 0
+
+
+def test_the_api_keeps_an_address_for_a_ticket_and_refuses_in_the_error_shape(line, api, clock, settings):
+    queue, _ = line
+    joined = api.post(f"/api/v1/queues/{queue.slug}/join", format="json", HTTP_X_VISITOR_ID=str(uuid.uuid4())).json()
+    bearer = {"HTTP_AUTHORIZATION": f"Bearer {joined['ticket']}"}
+    url = f"/api/v1/queues/{queue.slug}/notify"
+    response = api.post(url, {"email": "ada@example.com"}, format="json", **bearer)
+    assert response.status_code == 201 and response.json() == {
+        "email": "ada@example.com",
+        "near_places": 3,
+        "near_seconds": 0,
+    }
+    assert TurnNotice.objects.get().link == f"http://testserver/q/{queue.slug}/"  # no page cookie: the plain page
+    bad = api.post(url, {"email": "nope"}, format="json", **bearer)
+    assert bad.status_code == 400 and bad.json()["error"]["fields"] == {"email": ["Enter a valid email address."]}
+    assert api.post(url, {"email": "a@example.com", "x": 1}, format="json", **bearer).json()["error"]["code"] == (
+        "unknown_fields"
+    )
+    assert api.post(url, {"email": "a@example.com"}, format="json").status_code == 401
+    settings.WR_NOTIFY_BY_EMAIL = False
+    off = api.post(url, {"email": "ada@example.com"}, format="json", **bearer)
+    assert off.status_code == 404 and off.json()["error"]["code"] == "not_found"
+
+
+def test_leaving_addresses_is_limited_per_address(line, api, settings):
+    queue, _ = line
+    settings.WR_RATE_LIMITS = {
+        "notify": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 600, "max_requests": 2}
+    }
+    joined = api.post(f"/api/v1/queues/{queue.slug}/join", format="json", HTTP_X_VISITOR_ID=str(uuid.uuid4())).json()
+    bearer = {"HTTP_AUTHORIZATION": f"Bearer {joined['ticket']}"}
+    codes = [
+        api.post(
+            f"/api/v1/queues/{queue.slug}/notify", {"email": f"v{i}@example.com"}, format="json", **bearer
+        ).status_code
+        for i in range(3)
+    ]
+    assert codes == [201, 201, 429]
+    assert TurnNotice.objects.get().email == "v1@example.com"  # one address per ticket: the last kept
+
+
+def test_an_e_mail_the_smtp_server_refused_is_sent_on_a_later_run(line, mailbox, clock, settings):
+    queue, ahead = line
+    client = page_visitor(queue.slug)
+    leave_address(client, queue.slug, "ada@example.com")
+    for ticket in ahead[:3]:
+        store.revoke(queue.slug, ticket_id=ticket.ticket_id, now_ms=int(clock() * 1000))
+    port = settings.EMAIL_PORT
+    settings.EMAIL_PORT = 1  # nothing listens there
+    assert services.turn_notices_send(now=clock()) == 0
+    assert TurnNotice.objects.get().near_sent_at is None  # given back
+    settings.EMAIL_PORT = port
+    assert services.turn_notices_send(now=clock()) == 1 and len(mailbox.messages) == 1
+
+
+def test_a_visitor_who_left_an_address_keeps_the_place_while_away(make_queue, mailbox, clock):
+    queue = make_queue(state="paused", capacity=1, presence_timeout=10, abandon_timeout=30)
+    away = join(queue.slug, "away", now=clock())
+    silent = join(queue.slug, "silent", now=clock())
+    services.turn_notice_request(
+        claims=decode_ticket(_token(queue.slug, away), slug=queue.slug),
+        email="ada@example.com",
+        language="en",
+        link="http://testserver/q/x/",
+    )
+    for _ in range(12):  # a minute without a single poll of their own
+        services.turn_notices_send(now=clock.advance(5))
+    services.queue_cleanup(slug=queue.slug, now=clock())
+    assert status(queue.slug, silent, now=clock()).reason == "abandoned"
+    assert status(queue.slug, away, now=clock()).status == store.TicketStatus.WAITING
+
+
+def _token(slug: str, ticket) -> str:
+    from .factories import ticket_token
+
+    return ticket_token(slug, ticket)
+
+
+# Each racing process: wait for the common start, then one run of the notices.
+RACER = """
+import json, os, time, django
+django.setup()
+from queueing import services
+time.sleep(max(0.0, float(os.environ["START_AT"]) - time.time()))
+print(json.dumps(services.turn_notices_send()))
+"""
+
+SETUP = """
+import django
+django.setup()
+from queueing import services, tokens
+changes = {"name": "Racing", "target_url": "https://shop.example/", "state": "paused"}
+queue, _ = services.queue_configure(slug="racing", changes=changes)
+for i in range(3):
+    ticket = services.queue_join(slug="racing", visitor_key=tokens.visitor_key(f"cookie:racer-{i}")).ticket
+    claims = tokens.held_claims("racing", ticket_id=ticket.ticket_id, priority=0, epoch=queue.epoch)
+    services.turn_notice_request(claims=claims, email=f"v{i}@example.com", language="en", link="http://x/q/racing/")
+"""
+
+
+def test_runs_racing_in_separate_processes_send_each_e_mail_once(database_url, mailbox, tmp_path, settings):
+    prefix = f"wrn{uuid.uuid4().hex[:6]}"
+    env = {
+        **product_env(tmp_path, prefix),
+        "DATABASE_URL": database_url,
+        "EMAIL_HOST": "127.0.0.1",
+        "EMAIL_PORT": str(settings.EMAIL_PORT),
+        "WR_NOTIFY_NEAR_PLACES": "3",
+    }
+    try:
+        for command in (["manage.py", "migrate", "-v", "0"], ["-c", SETUP]):
+            done = subprocess.run(
+                [sys.executable, *command], env=env, cwd=ROOT, capture_output=True, text=True, timeout=180
+            )
+            assert done.returncode == 0, done.stderr[-3000:]
+        env["START_AT"] = str(time.time() + 6)  # after every racer has started Django
+        racers = [
+            subprocess.Popen(
+                [sys.executable, "-c", RACER],
+                env=env,
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(4)
+        ]
+        sent = []
+        for racer in racers:
+            out, err = racer.communicate(timeout=120)
+            assert racer.returncode == 0, err[-3000:]
+            sent.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        client = store.client()
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+    assert sum(sent) == 3
+    assert sorted(to[0] for to, _ in mailbox.messages) == ["v0@example.com", "v1@example.com", "v2@example.com"]
