@@ -352,3 +352,25 @@ def test_priority_joiners_placed_ahead_lengthen_the_wait_of_those_behind(make_qu
     assert newcomer.est_wait_s > told(ahead, r_out=1, tokens=4) + 5  # without them: 48
     vip = join(slug, "vip", now=t0 + 10, priority=2)  # later ones of its level go behind it: none cut in
     assert vip.est_wait_s == math.ceil((vip.rank or 0) + 1 - 4 + 0.5)
+
+
+def test_a_line_stalled_on_an_unclaimed_admission_is_told_how_long_the_claim_may_hold_it(make_queue, clock):
+    """Issue 20, item 4: one slot, sessions of 10 s, and the visitor let in before this one never came: the
+    slot is held until their claim lapses (120 s), yet the next in line was told "less than a minute" (11 s)
+    at every poll while the line stood still. An admission unclaimed for 10 s is taken to lapse at its
+    deadline; the other slots come back at the site's pace."""
+    queue = make_queue(capacity=1, outflow_per_minute=600, burst=10, session_ttl=3600, claim_ttl=120)
+    slug, t0 = queue.slug, clock.now
+    for i in range(3):  # teach the queue how long a slot is held: 10 s
+        ticket = status(slug, join(slug, f"s{i}", now=t0 + 10 * i), now=t0 + 10 * i)
+        services.session_complete(slug=slug, claims=access_claims(slug, ticket), now=t0 + 10 * i + 10)
+    t1 = t0 + 40
+    no_show = join(slug, "no-show", now=t1)
+    assert no_show.status is store.TicketStatus.ADMITTED  # and never claimed
+    nxt = join(slug, "next", now=t1)
+    behind = join(slug, "behind", now=t1)
+    assert status(slug, nxt, now=t1 + 5).est_wait_s == math.ceil(10 + 0.5)  # a fresh admission: claimed soon
+    for waited in (30, 60, 100):
+        told_now = status(slug, nxt, now=t1 + waited).est_wait_s
+        assert told_now == math.ceil(120 - waited + 0.5), waited  # the claim's deadline
+        assert status(slug, behind, now=t1 + waited).est_wait_s == math.ceil(120 - waited + 10 + 0.5)

@@ -897,6 +897,32 @@ end
 -- sessions last is not known, and neither is the wait of a visitor who needs more slots than are free:
 -- -1, unknown (the queue keeps its record across sales). A site that reports its own count: the
 -- observed admission rate stands in for r_cap. A scheduled start adds the time until it.
+-- Near the head the slots that come back first are looked at one by one (issue 20: a line stalled on an
+-- admission nobody claimed was told "less than a minute" at every poll until the claim lapsed, two minutes
+-- on). An admission unclaimed for CLAIM_LATE_S is taken to lapse at its deadline (its visitor would have
+-- claimed by now: the page hands over at once); the other slots come back at the site's pace, r_cap for
+-- all the slots less the late ones. Returns k -> seconds until k slots have come back (no late admission:
+-- nil, the pace alone). Only for a visitor within HEAD_SLOTS of a slot: one ranged read of the claims.
+local CLAIM_LATE_S, HEAD_SLOTS = 10, 32
+local function slots_back(p, now, r_cap)
+  local cutoff = now + (p.claim_ttl - CLAIM_LATE_S) * 1000
+  local rows = redis.call('ZRANGEBYSCORE', K_CLAIMS, '-inf', cutoff, 'WITHSCORES', 'LIMIT', 0, HEAD_SLOTS)
+  if #rows == 0 then return nil end
+  local late = {}
+  for i = 2, #rows, 2 do late[#late + 1] = math.max(0, (tonumber(rows[i]) - now) / 1000) end
+  local late_n = #late
+  if late_n == HEAD_SLOTS then late_n = redis.call('ZCOUNT', K_CLAIMS, '-inf', cutoff) end
+  local r_other = r_cap * math.max(0, p.capacity - late_n) / p.capacity
+  return function(k)  -- back by t: r_other t, and each late admission at its deadline
+    for i, d in ipairs(late) do
+      if r_other > 0 and r_other * d + (i - 1) >= k then return (k - (i - 1)) / r_other end
+      if r_other * d + i >= k then return d end
+    end
+    if r_other > 0 then return (k - #late) / r_other end
+    return late[#late] + (k - #late) / r_cap  -- every slot was a late admission: then the site's pace
+  end
+end
+
 local function estimate_wait(p, st, ahead, now, used, level, own_s)
   if p.state ~= 'open' then return -1 end
   local until_start = math.max(0, p.starts_at_ms - now) / 1000
@@ -914,11 +940,13 @@ local function estimate_wait(p, st, ahead, now, used, level, own_s)
     local age_s = math.max(0, now - num(st, 'ema_ts', 0)) / 1000
     r_cap = num(st, 'ema_rate', 0) * math.exp(-age_s / RATE_TAU_S)
   end
+  local back = nil
+  if r_cap ~= nil and r_cap > 0 and present + 1 - free <= HEAD_SLOTS then back = slots_back(p, now, r_cap) end
   local function drained(n)  -- seconds until n admissions are allowed; nil: unknown
     local t = (n - tokens) / r_out
     if n > free then  -- this visitor needs a slot that is not free yet: when do slots come back?
       if r_cap == nil or r_cap <= 0 then return nil end  -- no slot has come back yet: nobody can know
-      t = math.max(t, (n - free) / r_cap)
+      t = math.max(t, back and back(n - free) or (n - free) / r_cap)
     end
     return math.max(0, t)
   end
