@@ -26,6 +26,7 @@ from .models import (
     QueueAPIKey,
     QueueChange,
     QueueShuffle,
+    QueueText,
     SigningKey,
 )
 from .targets import target_problem
@@ -75,6 +76,21 @@ class PriorityLevelInline(admin.TabularInline):
         return 0 if obj is not None and obj.pk else len(PriorityLevel.DEFAULT_FRACTIONS)  # the add form: all four
 
 
+class QueueTextInline(admin.TabularInline):
+    """The queue's words in the other languages the waiting page speaks (empty: the queue's own)."""
+
+    model = QueueText
+    formset = LabelledInlineFormSet
+    extra = 0
+    template = "admin/edit_inline/tabular_labelled.html"
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if field is not None and db_field.name in ("intro", "closed_message"):
+            field.widget.attrs.update(rows=2, cols=30)
+        return labelled(field, str(db_field.verbose_name).capitalize(), in_table=True)
+
+
 DEFAULT_LEVELS = [
     {"level": level, "name": PriorityLevel.Level(level).label, "placement_fraction": fraction}
     for level, fraction in PriorityLevel.DEFAULT_FRACTIONS.items()
@@ -98,9 +114,9 @@ class QueueAdmin(admin.ModelAdmin):
     list_filter = ("state",)
     search_fields = ("slug", "name")
     actions = ("pause_queues", "resume_queues", "generate_codes")
-    inlines = (PriorityLevelInline,)
+    inlines = (PriorityLevelInline, QueueTextInline)
     fieldsets = (
-        (None, {"fields": ("slug", "name", "target_url", "state")}),
+        (None, {"fields": ("slug", "name", "intro", "target_url", "state")}),
         (
             "When the line is closed",
             {

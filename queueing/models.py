@@ -6,6 +6,7 @@ services write a queue and then mirror its policy to Redis (`services.queue_conf
 
 from __future__ import annotations
 
+import json
 import secrets
 from datetime import datetime
 from typing import Any
@@ -70,7 +71,14 @@ class Queue(models.Model):
         '"Protecting your site").',
     )
     state = models.CharField(max_length=10, choices=State.choices, default=State.OPEN)
-    # What visitors read when the line is closed (closed by hand, or at the schedule's end): issue 20.
+    # What visitors read under the queue's name, and when the line is closed (by hand, or at the schedule's
+    # end): issue 20. Each may be given per language too (QueueText).
+    intro = models.TextField(
+        max_length=500,
+        blank=True,
+        help_text="A few words of yours under the queue's name on the waiting page, e.g. “Tickets for the spring "
+        "tour. One order per person.” Empty: only the waiting room's own words.",
+    )
     closed_message = models.TextField(
         max_length=500,
         blank=True,
@@ -297,6 +305,9 @@ class Queue(models.Model):
     )
     # What the waiting page says when the line is closed (a fieldset of their own in admin).
     CLOSED_FIELDS = ("closed_message", "closed_link_url", "closed_link_text")
+    # Words of the operator's own that the waiting page shows, and those a QueueText may give per language.
+    TEXT_FIELDS = ("intro", *CLOSED_FIELDS)
+    TRANSLATED_FIELDS = ("name", "intro", "closed_message", "closed_link_text")
     # Stateless mode's settings (part of the policy; a fieldset of their own in admin).
     STATELESS_FIELDS = ("mode", "window_size", "window_interval", "active_windows")
     # The admission policy, as operators edit it (admin, configure_queue, the staff API).
@@ -388,6 +399,16 @@ class Queue(models.Model):
             "closed_message": self.closed_message,
             "closed_link_url": self.closed_link_url,
             "closed_link_text": self.closed_link_text,
+            "intro": self.intro,
+            # Per language (QueueText): {"de": {"name": ..., "intro": ...}, ...}, only the words given.
+            "texts": json.dumps(
+                {
+                    text.language: {f: getattr(text, f) for f in self.TRANSLATED_FIELDS if getattr(text, f)}
+                    for text in self.texts.all()
+                },
+                separators=(",", ":"),
+                sort_keys=True,
+            ),
             "codes": "1" if self.takes_codes() else "0",
             "epoch": self.epoch,
             "revision": self.revision,
@@ -582,7 +603,7 @@ class QueueChange(models.Model):
         priority level's: "level 2 placement fraction 0.5 → 0.6")."""
         if self.action == "create":
             return "created: " + ", ".join(f"{_words(k)} {_shown(v)}" for k, v in sorted(self.after.items()))
-        group = "level " if self.action == "priority_levels" else ""
+        group = {"priority_levels": "level ", "texts": "text "}.get(self.action, "")
         parts: list[str] = []
         for key in dict.fromkeys([*self.before, *self.after]):
             before, after = self.before.get(key), self.after.get(key)
@@ -689,3 +710,24 @@ class TurnNotice(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue.slug} {self.ticket_id[:10]}"
+
+
+class QueueText(models.Model):
+    """A queue's own words in one language (issue 20): its name, intro and closed-page texts as visitors who
+    read that language see them. A word left empty falls back to the queue's own."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="texts")
+    language = models.CharField(max_length=10, choices=settings.LANGUAGES)
+    name = models.CharField(max_length=120, blank=True)
+    intro = models.TextField(max_length=500, blank=True)
+    closed_message = models.TextField("closed message", max_length=500, blank=True)
+    closed_link_text = models.CharField("closed page's link text", max_length=100, blank=True)
+
+    class Meta:
+        ordering = ("queue", "language")
+        constraints = [models.UniqueConstraint(fields=("queue", "language"), name="one_text_per_language")]
+        verbose_name = "text in another language"
+        verbose_name_plural = "texts in other languages"
+
+    def __str__(self) -> str:
+        return f"{self.queue.slug} ({self.language})"

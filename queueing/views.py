@@ -11,6 +11,7 @@ page's refresh: it carries a signed, short-lived `rejoin` token for this visitor
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from django.template.loader import select_template
 from django.template.response import TemplateResponse
 from django.templatetags.static import static
 from django.urls import reverse
+from django.utils.translation import get_language
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -141,8 +143,9 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
     if retry is not None and retry.state == state:
         refresh, refresh_url = retry.wait, f"{request.path}?rejoin={_retry_token(slug, identity, retry)}"
     takes_codes = policy.get("codes") == "1" and (policy.get("mode") or Queue.Mode.TRACKED) == Queue.Mode.TRACKED
+    texts = _texts(policy)
     context: dict[str, Any] = {
-        "queue": {"slug": slug, "name": policy.get("name") or slug},
+        "queue": {"slug": slug, "name": texts["name"] or slug, "intro": texts["intro"]},
         "state": state,
         "takes_codes": takes_codes,
         "notify_by_email": settings.WR_NOTIFY_BY_EMAIL and policy.get("mode") != Queue.Mode.STATELESS,
@@ -150,9 +153,9 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
         "notify_said": NOTIFY_SAID.get(request.GET.get("notify", ""), ""),
         # The operator's words for a closed line (and an ended sale), as mirrored with the policy.
         "closed": {
-            "message": policy.get("closed_message", ""),
+            "message": texts["closed_message"],
             "link_url": policy.get("closed_link_url", ""),
-            "link_text": policy.get("closed_link_text", ""),
+            "link_text": texts["closed_link_text"],
         },
         "view": view,
         "reason": RETURN_REASONS.get(request.GET.get("reason", "")),
@@ -196,6 +199,17 @@ def _resume(request: HttpRequest, slug: str) -> HttpResponse:
     if cookie_id:
         visitor_cookie_set(response, cookie_id)
     return response
+
+
+def _texts(policy: dict[str, str]) -> dict[str, str]:
+    """The queue's own words in the visitor's language where the operator gave them (QueueText), else as
+    written on the queue (mirrored with the policy: no SQL on a page load)."""
+    try:
+        given = json.loads(policy.get("texts") or "{}").get(get_language() or "", {})
+    except (ValueError, AttributeError):
+        given = {}
+    fields = ("name", "intro", "closed_message", "closed_link_text")
+    return {f: str(given.get(f) or policy.get(f) or "") for f in fields}
 
 
 def _held_until(view: selectors.TicketView | None, policy: dict[str, str]) -> int | None:

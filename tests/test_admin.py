@@ -53,6 +53,9 @@ FORM = {
     # The add form's priority levels (issue 19): none sent, so the queue gets the four defaults.
     "priority_levels-TOTAL_FORMS": "0",
     "priority_levels-INITIAL_FORMS": "0",
+    # The queue's words in other languages (issue 20): none.
+    "texts-TOTAL_FORMS": "0",
+    "texts-INITIAL_FORMS": "0",
 }
 
 

@@ -109,3 +109,47 @@ def test_the_error_pages_a_visitor_can_meet_are_in_their_language(client, make_q
     text = away.content.decode()
     assert away.status_code == 503 and "De retour dans un instant" in text
     assert re.search(r"r\u00e9essaie d\u2019elle-m\u00eame dans \d+ secondes", text)
+
+
+def test_the_operators_own_words_are_shown_in_the_visitors_language_where_given(admin_client, make_queue):
+    """Issue 20: the queue's name, intro and closed page were the operator's words in one language. A queue
+    may give them per language (admin's "texts in other languages"): audited, mirrored with the policy, shown
+    to visitors who read that language; a word not given falls back to the queue's own."""
+    from django.test import Client
+
+    from queueing import services
+    from queueing.models import QueueChange
+
+    from .test_admin import FORM
+
+    queue = make_queue(state="paused", name="Spring tour", intro="One order per person.")
+    services.queue_configure(slug=queue.slug, changes={"closed_message": "Sold out."}, actor_label="tests")
+    data = {k: v for k, v in FORM.items() if k != "slug"}
+    data |= {
+        "name": "Spring tour",
+        "intro": "One order per person.",
+        "closed_message": "Sold out.",
+        "state": "paused",
+        "priority_levels-TOTAL_FORMS": "0",
+        "priority_levels-INITIAL_FORMS": "0",
+        "texts-TOTAL_FORMS": "1",
+        "texts-INITIAL_FORMS": "0",
+        "texts-0-language": "de",
+        "texts-0-name": "Frühjahrstour",
+        "texts-0-intro": "Eine Bestellung pro Person.",
+        "texts-0-closed_message": "Ausverkauft.",
+        "texts-0-closed_link_text": "",
+    }
+    saved = admin_client.post(f"/admin/queueing/queue/{queue.pk}/change/", data)
+    assert saved.status_code == 302, saved.content.decode()[:3000]
+    entry = QueueChange.objects.get(queue=queue, action="texts")
+    assert entry.summary().startswith("text de name Frühjahrstour, intro Eine Bestellung pro Person.")
+
+    german = page(Client(), queue.slug, HTTP_ACCEPT_LANGUAGE="de")
+    assert '<h1 id="wr-title">Frühjahrstour</h1>' in german and "Eine Bestellung pro Person." in german
+    assert "<title>Frühjahrstour · " in german
+    french = page(Client(), queue.slug, HTTP_ACCEPT_LANGUAGE="fr")
+    assert '<h1 id="wr-title">Spring tour</h1>' in french and "One order per person." in french  # not given
+    services.queue_configure(slug=queue.slug, changes={"state": "closed"}, actor_label="tests")
+    assert "Ausverkauft." in page(Client(), queue.slug, HTTP_ACCEPT_LANGUAGE="de")
+    assert "Sold out." in page(Client(), queue.slug, HTTP_ACCEPT_LANGUAGE="es")

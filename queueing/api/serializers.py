@@ -267,6 +267,9 @@ class HealthReportSerializer(StrictSerializer):
 class QueuePatchSerializer(StrictSerializer):
     name = StrictCharField(required=False, max_length=120)
     target_url = StrictCharField(required=False, max_length=500, help_text="Where admitted visitors are sent.")
+    intro = StrictCharField(
+        required=False, allow_blank=True, max_length=500, help_text="Words of yours under the queue's name."
+    )
     closed_message = StrictCharField(
         required=False, allow_blank=True, max_length=500, help_text="What visitors read once the line is closed."
     )
@@ -522,6 +525,7 @@ class QueueSerializer(serializers.ModelSerializer):
             "name",
             "target_url",
             "state",
+            "intro",
             "closed_message",
             "closed_link_url",
             "closed_link_text",

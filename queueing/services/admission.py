@@ -214,7 +214,7 @@ def queues_tick(*, instance: str | None = None, now: float | None = None) -> int
     """Tick every queue that is not closed; returns how many visitors were admitted (tracked queues) or
     windows moved (stateless ones)."""
     admitted = 0
-    queues = Queue.objects.exclude(state=Queue.State.CLOSED).prefetch_related("priority_levels")
+    queues = Queue.objects.exclude(state=Queue.State.CLOSED).prefetch_related("priority_levels", "texts")
     # Whether each offers a code box (Queue.takes_codes), in the same query rather than one a queue a tick.
     queues = queues.annotate(has_codes=Exists(PriorityCode.objects.filter(queue=OuterRef("pk"))))
     for queue in queues:

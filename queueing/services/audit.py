@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 
 from ..models import Queue, QueueChange
 
-EDITABLE_FIELDS = ("name", "target_url", "state", *Queue.CLOSED_FIELDS, *Queue.POLICY_FIELDS)
+EDITABLE_FIELDS = ("name", "target_url", "state", *Queue.TEXT_FIELDS, *Queue.POLICY_FIELDS)
 
 
 def queue_values(queue: Queue) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from django.db import transaction
 from django.db.models import F
 
 from .. import caching, clock, store
-from ..models import PriorityLevel, Queue, QueueAPIKey
+from ..models import PriorityLevel, Queue, QueueAPIKey, QueueText
 from .audit import EDITABLE_FIELDS, audit_change, queue_change_record, queue_values
 from .recovery import queue_config_sync, queue_live_state_ensure
 from .schedule import shuffle_commit_ensure
@@ -39,22 +39,36 @@ def _priority_levels(queue: Queue) -> dict[str, dict[str, Any]]:
 
 
 def queue_priority_levels_edit(queue: Queue, *, save: Callable[[], None], actor: Any = None) -> None:
-    """Run `save` (admin's inline formsets), then audit the levels it changed and mirror their placement
-    fractions into Redis. Levels decide where joiners are placed, so they are audited like the queue."""
-    before = _priority_levels(queue)
+    """Run `save` (admin's inline formsets), then audit the levels and the texts in other languages it
+    changed and mirror them into Redis. Levels decide where joiners are placed, so they are audited like the
+    queue; so are the words visitors read."""
+    before = {"priority_levels": _priority_levels(queue), "texts": _texts(queue)}
     save()
-    after = _priority_levels(queue)
-    changed = sorted(level for level in before.keys() | after.keys() if before.get(level) != after.get(level))
-    if changed:
-        queue_change_record(
-            queue,
-            action="priority_levels",
-            before={level: before[level] for level in changed if level in before},
-            after={level: after[level] for level in changed if level in after},
-            actor=actor,
-        )
+    after = {"priority_levels": _priority_levels(queue), "texts": _texts(queue)}
+    revised = False
+    for action, was in before.items():
+        now = after[action]
+        changed = sorted(key for key in was.keys() | now.keys() if was.get(key) != now.get(key))
+        if changed:
+            queue_change_record(
+                queue,
+                action=action,
+                before={key: was[key] for key in changed if key in was},
+                after={key: now[key] for key in changed if key in now},
+                actor=actor,
+            )
+            revised = True
+    if revised:
         Queue.objects.filter(pk=queue.pk).update(revision=F("revision") + 1)
-    queue_config_sync(Queue.objects.prefetch_related("priority_levels").get(pk=queue.pk))
+    queue_config_sync(Queue.objects.prefetch_related("priority_levels", "texts").get(pk=queue.pk))
+
+
+def _texts(queue: Queue) -> dict[str, dict[str, str]]:
+    """The queue's words per language (QueueText), as the audit log keeps them."""
+    return {
+        text.language: {field: getattr(text, field) for field in Queue.TRANSLATED_FIELDS}
+        for text in QueueText.objects.filter(queue=queue)
+    }
 
 
 def queue_configure(
@@ -92,7 +106,7 @@ def queue_configure(
         # whole (nothing saved or audited; the caller answers 503), never "retry" for a change that was
         # made. Should the commit itself fail afterwards, the next tick re-mirrors the database's policy
         # within a second.
-        queue_config_sync(Queue.objects.prefetch_related("priority_levels").get(pk=queue.pk))
+        queue_config_sync(Queue.objects.prefetch_related("priority_levels", "texts").get(pk=queue.pk))
         if not created and any(before[f] != getattr(queue, f) for f in OUTFLOW_POLICY_FIELDS):
             outflow_adaptation_reset(queue, actor=actor, actor_label=actor_label)
     caching.forget(caching.window_refused_key(slug))  # a new queue, or one that now runs stateless

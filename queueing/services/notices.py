@@ -24,7 +24,7 @@ from django.utils import translation
 from django.utils.translation import gettext as _
 
 from .. import selectors, tokens
-from ..models import Queue, TurnNotice
+from ..models import Queue, QueueText, TurnNotice
 from ..selectors import TicketGone, TicketView
 from ..templatetags.waiting import epoch_clock, wait_text
 from .errors import NotInLine, QueueNotFound
@@ -108,14 +108,14 @@ def _near_tell(notice: TurnNotice, view: TicketView) -> int:
     if not claimed:
         return 0  # another run tells it
     with translation.override(notice.language):
-        subject = _("%(queue)s: your turn is near") % {"queue": notice.queue.name}
+        subject = _("%(queue)s: your turn is near") % {"queue": _queue_name(notice)}
         body = _(
             "You are number %(position)s in line for %(queue)s. Estimated wait: %(wait)s.\n\n"
             "Come back to your place now, so that you are there when your turn comes:\n%(link)s\n\n"
             "When it comes we will e-mail you again; your turn is then held for you for %(held)s."
         ) % {
             "position": view.position,
-            "queue": notice.queue.name,
+            "queue": _queue_name(notice),
             "wait": wait_text(view.estimated_wait_seconds),
             "link": notice.link,
             "held": wait_text(notice.queue.claim_ttl),
@@ -133,11 +133,11 @@ def _turn_tell(notice: TurnNotice, view: TicketView) -> int:
         return 0
     held_until = int(view.expires_at or 0) - notice.queue.session_ttl + notice.queue.claim_ttl
     with translation.override(notice.language):
-        subject = _("%(queue)s: it's your turn") % {"queue": notice.queue.name}
+        subject = _("%(queue)s: it's your turn") % {"queue": _queue_name(notice)}
         body = _(
             "It's your turn in line for %(queue)s.\n\nGo through now:\n%(link)s\n\n"
             "Your turn is held until %(until)s; after that it passes to the next in line."
-        ) % {"queue": notice.queue.name, "link": notice.link, "until": epoch_clock(held_until)}
+        ) % {"queue": _queue_name(notice), "link": notice.link, "until": epoch_clock(held_until)}
     if _send(notice, subject, body):
         return 1
     notice.pk = None  # refused: kept again (a new row) and tried on the next run
@@ -162,6 +162,12 @@ def _send(notice: TurnNotice, subject: str, body: str) -> bool:
         logger.warning("turn notice for %s not sent: %s: %s", notice.queue.slug, exc.__class__.__name__, exc)
         return False
     return True
+
+
+def _queue_name(notice: TurnNotice) -> str:
+    """The queue's name in the visitor's language where the operator gave one (QueueText)."""
+    given = QueueText.objects.filter(queue=notice.queue, language=notice.language).exclude(name="")
+    return given.values_list("name", flat=True).first() or notice.queue.name
 
 
 def _now() -> datetime:

@@ -61,7 +61,7 @@ def queue_prequeue_shuffle(queue: Queue, *, now: float | None = None) -> QueueSh
         record.revealed_at = datetime.fromtimestamp(now, tz=UTC)
         record.save(update_fields=["tickets", "order", "numbers", "revealed_at"])
         caching.forget(caching.shuffle_key(queue.slug))
-    queue_config_sync(Queue.objects.prefetch_related("priority_levels").get(pk=queue.pk))
+    queue_config_sync(Queue.objects.prefetch_related("priority_levels", "texts").get(pk=queue.pk))
     # Everyone's place changed: the jump in the event sequence makes every page ask for its new one.
     realtime.send([realtime.snapshot(queue.slug, selectors.queue_stats_get(slug=queue.slug, now=now))])
     return record
