@@ -23,6 +23,7 @@ from typing import Any
 
 import jwt
 from django.conf import settings
+from django.utils.translation import gettext_noop
 from rest_framework_simplejwt.backends import TokenBackend
 from rest_framework_simplejwt.exceptions import (
     TokenBackendError,
@@ -230,9 +231,9 @@ def visitor_ticket_decode(raw: str, *, slug: str) -> VisitorClaims:
     try:
         payload = _ticket_backend(_ticket_keys(), slug).decode(raw)
     except TokenBackendExpiredToken as exc:
-        raise InvalidTicket("The ticket has expired.", expired=True) from exc
+        raise InvalidTicket(gettext_noop("The ticket has expired."), expired=True) from exc
     except TokenBackendError as exc:
-        raise InvalidTicket("The ticket is not valid for this queue.") from exc
+        raise InvalidTicket(gettext_noop("The ticket is not valid for this queue.")) from exc
     try:
         if "jti" not in payload:
             raise ValueError("no token id")
@@ -256,7 +257,7 @@ def visitor_ticket_decode(raw: str, *, slug: str) -> VisitorClaims:
             _int(payload.get("iat", 0)),
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise InvalidTicket("The ticket is not valid for this queue.") from exc
+        raise InvalidTicket(gettext_noop("The ticket is not valid for this queue.")) from exc
 
 
 def held_claims(slug: str, *, ticket_id: str, priority: int, epoch: int) -> TicketClaims | None:

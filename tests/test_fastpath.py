@@ -98,6 +98,22 @@ async def test_a_bad_ticket_gets_the_same_401(ticket):
 
 
 @pytest.mark.asyncio
+async def test_an_error_on_the_event_loop_is_said_in_the_language_asked_for(ticket):
+    """Issue 20: the hot path answers in front of LocaleMiddleware; its errors follow Accept-Language (and the
+    language cookie) as Django's path does, its answers that are not errors carry no words to translate."""
+    slug, good = ticket
+    path = f"/api/v1/queues/{slug}/status"
+    german = await call(path, headers={"Authorization": "Bearer forged", "Accept-Language": "de-DE,de;q=0.9"})
+    assert german.json()["error"]["message"] == "Das Ticket ist für diese Schlange nicht gültig."
+    french = await call(path, headers={"Authorization": "Bearer forged", "Cookie": "django_language=fr"})
+    assert french.json()["error"]["message"] == "Le ticket n'est pas valable pour cette file."
+    plain = await call(path, headers={"Authorization": "Bearer forged"})
+    assert plain.json()["error"]["message"] == "The ticket is not valid for this queue."
+    polled = await call(path, headers={"Authorization": f"Bearer {good}", "Accept-Language": "de"})
+    assert polled.status_code == 200 and polled.json()["status"] == "waiting"
+
+
+@pytest.mark.asyncio
 async def test_a_host_not_allowed_goes_to_django_which_refuses_it(ticket):
     slug, raw = ticket
     response = await call(

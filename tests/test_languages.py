@@ -153,3 +153,32 @@ def test_the_operators_own_words_are_shown_in_the_visitors_language_where_given(
     services.queue_configure(slug=queue.slug, changes={"state": "closed"}, actor_label="tests")
     assert "Ausverkauft." in page(Client(), queue.slug, HTTP_ACCEPT_LANGUAGE="de")
     assert "Sold out." in page(Client(), queue.slug, HTTP_ACCEPT_LANGUAGE="es")
+
+
+def test_the_apis_error_messages_are_in_the_language_asked_for(client, make_queue, api):
+    """Issue 20, item 1: the API's messages were English whatever the visitor read. Codes stay as they are;
+    the message follows Accept-Language, on Django's path (DRF views) and on the hot path in front of it."""
+    queue = make_queue(state="closed")
+    joined = client.post(f"/api/v1/queues/{queue.slug}/join", "{}", "application/json", HTTP_ACCEPT_LANGUAGE="de")
+    assert joined.json()["error"] == {
+        "code": "queue_closed",
+        "message": "Diese Schlange ist geschlossen und nimmt niemanden mehr auf.",
+    }
+    polled = client.get(
+        f"/api/v1/queues/{queue.slug}/status", HTTP_AUTHORIZATION="Bearer nope", HTTP_ACCEPT_LANGUAGE="fr"
+    )
+    assert polled.json()["error"]["message"] == "Le ticket n'est pas valable pour cette file."
+    missing = client.get("/api/v1/queues/no-such-queue/window", HTTP_ACCEPT_LANGUAGE="es")
+    assert missing.json()["error"]["message"] == "La fila «no-such-queue» no es una fila sin estado (o no existe)."
+    paused = make_queue(state="paused")
+    ticket = client.post(f"/api/v1/queues/{paused.slug}/join", "{}", "application/json").json()["ticket"]
+    notify = client.post(
+        f"/api/v1/queues/{paused.slug}/notify",
+        '{"email": "ada@example.com", "surprise": 1}',
+        "application/json",
+        HTTP_AUTHORIZATION=f"Bearer {ticket}",
+        HTTP_ACCEPT_LANGUAGE="es",
+    )
+    assert notify.json()["error"]["message"] == "Campo(s) desconocido(s): surprise."  # a DRF view's
+    english = client.post(f"/api/v1/queues/{queue.slug}/join", "{}", "application/json")
+    assert english.json()["error"]["message"] == "This queue is closed and takes no new visitors."

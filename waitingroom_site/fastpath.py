@@ -43,6 +43,7 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.http.request import split_domain_port, validate_host
 from django.middleware.security import SecurityMiddleware
+from django.utils import translation
 
 from queueing import conf, instruments, modes, signing_keys
 from queueing.api.answers import (
@@ -54,7 +55,7 @@ from queueing.api.answers import (
     status_fast,
     window_fast,
 )
-from queueing.api.errors import error_body
+from queueing.api.errors import error_body, error_said
 
 _SLUG = r"([a-z0-9](?:[a-z0-9-]{0,48}[a-z0-9])?)"
 STATUS_PATH = re.compile(rf"^/api/v1/queues/{_SLUG}/status$")
@@ -159,7 +160,7 @@ class HotPathASGI:
         answer = await ajoin_answer(request, match.group(1))
         if answer is None:
             return None
-        await _respond(send, answer, self.headers[secure])
+        await _respond(send, answer, self.headers[secure], scope)
         return JOIN_ROUTE, "POST", answer.status
 
     async def _hot(self, scope: Scope, send: Send) -> Answered | None:
@@ -181,12 +182,15 @@ class HotPathASGI:
             answer = await awindow_answer(window_match.group(1))  # type: ignore[union-attr]
         if answer is None:
             return None  # the queue's policy must be synced from the database: Django's path does
-        await _respond(send, answer, self.headers[secure])
+        await _respond(send, answer, self.headers[secure], scope)
         return route, "GET", answer.status
 
 
-async def _respond(send: Send, answer: Answer, extra: list[tuple[bytes, bytes]]) -> None:
-    body = json.dumps(answer.body, separators=(",", ":")).encode()
+async def _respond(send: Send, answer: Answer, extra: list[tuple[bytes, bytes]], scope: Scope | None = None) -> None:
+    content = answer.body
+    if answer.status >= 400 and scope is not None:  # an error, in the visitor's language (as Django's path says it)
+        content = error_said(content, translation.get_language_from_request(ASGIRequest(scope, io.BytesIO(b""))))
+    body = json.dumps(content, separators=(",", ":")).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),

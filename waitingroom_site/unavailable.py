@@ -36,7 +36,7 @@ class RedisUnavailableMiddleware:
         if not isinstance(exception, redis.RedisError):
             return None
         if request.path.startswith("/api/"):
-            return Answer.unavailable().plain()
+            return Answer.unavailable().plain(request)
         response = TemplateResponse(request, "503.html", {"retry_after": RETRY_AFTER_SECONDS}, status=503)
         response["Retry-After"] = str(RETRY_AFTER_SECONDS)
         return response.render()

@@ -22,6 +22,8 @@ import redis
 from channels.db import database_sync_to_async
 from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse
+from django.utils import translation
+from django.utils.translation import gettext_noop
 from rest_framework.response import Response
 
 from .. import instruments, logcontext, modes, pow, ratelimit, realtime, selectors, services, signing_keys, tokens
@@ -36,7 +38,7 @@ from ..visitors import (
     visitor_identity,
 )
 from . import serializers as s
-from .errors import ApiError, error_body, retry_after, service_unavailable
+from .errors import ApiError, Words, error_body, error_said, retry_after, service_unavailable
 from .throttling import limit, rate_limited
 
 
@@ -66,7 +68,9 @@ class Answer:
         return str(error.get("code", "")) if isinstance(error, dict) else ""
 
     def drf(self) -> Response:
-        response = Response(self.body, status=self.status, headers=self.headers)
+        """For a DRF view: the language LocaleMiddleware chose is active, so an error is said in it."""
+        body = error_said(self.body) if self.status >= 400 else self.body
+        response = Response(body, status=self.status, headers=self.headers)
         self.cookies_set(response)
         return response
 
@@ -84,9 +88,14 @@ class Answer:
         self.cookies_set(response)
         return [cookie.output(header="").strip() for cookie in response.cookies.values()]
 
-    def plain(self) -> HttpResponse:
+    def plain(self, request: HttpRequest | None = None) -> HttpResponse:
+        """A plain response; an error is said in the language of `request` (the hot path runs in front of
+        LocaleMiddleware, so it is looked up here, for errors only)."""
+        body = self.body
+        if self.status >= 400:
+            body = error_said(body, translation.get_language_from_request(request) if request else None)
         response = HttpResponse(
-            json.dumps(self.body, separators=(",", ":")), status=self.status, content_type="application/json"
+            json.dumps(body, separators=(",", ":")), status=self.status, content_type="application/json"
         )
         for name, value in self.headers.items():
             response[name] = value
@@ -94,12 +103,12 @@ class Answer:
         return response
 
 
-def plain(answer: Callable[[], Answer]) -> HttpResponse:
+def plain(answer: Callable[[], Answer], request: HttpRequest) -> HttpResponse:
     """A fast-path answer as a plain response; Redis away is a 503 in the error shape."""
     try:
-        return answer().plain()
+        return answer().plain(request)
     except redis.RedisError:
-        return Answer.unavailable().plain()
+        return Answer.unavailable().plain(request)
 
 
 def authorization(request: HttpRequest) -> str:
@@ -110,7 +119,7 @@ def ticket_claims(authorization: str, slug: str) -> tokens.VisitorClaims:
     """A tracked queue's ticket, or a stateless queue's numbered one, from 'Authorization: Bearer ...'."""
     scheme, _, credentials = authorization.partition(" ")
     if scheme.lower() != "bearer" or not credentials.strip():
-        raise ApiError("invalid_ticket", "Send the ticket as 'Authorization: Bearer <ticket>'.")
+        raise ApiError("invalid_ticket", gettext_noop("Send the ticket as 'Authorization: Bearer <ticket>'."))
     try:
         claims = tokens.visitor_ticket_decode(credentials.strip(), slug=slug)
     except tokens.InvalidTicket as exc:
@@ -142,7 +151,9 @@ def join_answer(
         if cross_site and not _api_client(request):
             raise ApiError(
                 "cross_site_refused",
-                "Joins from another site's page are refused. An API client sends JSON with its own X-Visitor-Id.",
+                gettext_noop(
+                    "Joins from another site's page are refused. An API client sends JSON with its own X-Visitor-Id."
+                ),
             )
         address = client_address(request.META)
         limit("join", address)  # as ajoin_answer counts it, in the join's own script
@@ -281,14 +292,24 @@ def _ws_url(request: HttpRequest, slug: str) -> str:
 
 # Refusals that say only what happened; the others below carry when to come back, or a challenge.
 REFUSALS: dict[type[Exception], tuple[str, str]] = {
-    services.ProofOfWorkReused: ("proof_of_work_reused", "That challenge was already used; ask for a new one."),
-    services.QueueClosed: ("queue_closed", "This queue is closed and takes no new visitors."),
+    services.ProofOfWorkReused: (
+        "proof_of_work_reused",
+        gettext_noop("That challenge was already used; ask for a new one."),
+    ),
+    services.QueueClosed: ("queue_closed", gettext_noop("This queue is closed and takes no new visitors.")),
     services.NoPriorityLanes: (
         "invalid_priority_code",
-        "This queue has no priority lanes (it runs in stateless mode).",
+        gettext_noop("This queue has no priority lanes (it runs in stateless mode)."),
     ),
-    services.InvalidPriorityCode: ("invalid_priority_code", "That priority code is unknown, used up or expired."),
+    services.InvalidPriorityCode: (
+        "invalid_priority_code",
+        gettext_noop("That priority code is unknown, used up or expired."),
+    ),
 }
+
+
+def no_queue(slug: str) -> Words:
+    return Words(gettext_noop("There is no queue '%(slug)s'."), slug=slug)
 
 
 def _come_back(code: str, message: str, seconds: float, **extra: Any) -> ApiError:
@@ -305,18 +326,18 @@ def _join_refused(slug: str, exc: Exception) -> ApiError:
         opens = queue.prequeue_opens_at if queue else None
         wait = min(3600, max(1, math.ceil(opens.timestamp() - time.time())) if opens else 60)
         opens_at = opens.isoformat() if opens else None
-        return _come_back("queue_not_open", "This queue has not opened yet.", wait, opens_at=opens_at)
+        return _come_back("queue_not_open", gettext_noop("This queue has not opened yet."), wait, opens_at=opens_at)
     if isinstance(exc, services.ProofOfWorkRequired):
-        message = "Solve this challenge and join again with pow_challenge and pow_nonce."
+        message = gettext_noop("Solve this challenge and join again with pow_challenge and pow_nonce.")
         return ApiError("proof_of_work_required", message, **services.pow_challenge_issue(slug=slug))
     if isinstance(exc, services.TicketCapReached):
-        message = "This network already holds as many tickets for this queue as it may."
+        message = gettext_noop("This network already holds as many tickets for this queue as it may.")
         return _come_back("ticket_cap_reached", message, 60)
     if isinstance(exc, services.QueueFull):
-        return _come_back("queue_full", "The queue is full; try again later.", exc.retry_after)
+        return _come_back("queue_full", gettext_noop("The queue is full; try again later."), exc.retry_after)
     if isinstance(exc, services.WrongMode):
-        return _come_back("service_unavailable", "The queue is changing how it runs; try again.", 1)
-    return ApiError("queue_not_found", f"There is no queue '{slug}'.")
+        return _come_back("service_unavailable", gettext_noop("The queue is changing how it runs; try again."), 1)
+    return ApiError("queue_not_found", no_queue(slug))
 
 
 def json_body(request: HttpRequest) -> Any:
@@ -325,7 +346,7 @@ def json_body(request: HttpRequest) -> Any:
     if not raw:
         return {}
     if request.content_type != "application/json":
-        raise ApiError("unsupported_media_type", "Send the body as application/json.")
+        raise ApiError("unsupported_media_type", gettext_noop("Send the body as application/json."))
     try:
         return json.loads(raw, parse_constant=_refuse_constant)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -346,7 +367,7 @@ def join_fast(request: HttpRequest, slug: str) -> HttpResponse:
         answer = Answer.error(exc)
     except redis.RedisError:
         answer = Answer.unavailable()
-    return answer.plain()
+    return answer.plain(request)
 
 
 # --- Status ---------------------------------------------------------------------------------------------
@@ -416,7 +437,7 @@ def _status_refused(claims: tokens.VisitorClaims, exc: Exception) -> Answer:
 
 def status_fast(request: HttpRequest, slug: str) -> HttpResponse:
     """The status poll without DRF's dispatch (content negotiation, renderers): the hot path."""
-    return plain(lambda: status_answer(authorization(request), slug))
+    return plain(lambda: status_answer(authorization(request), slug), request)
 
 
 # --- A stateless queue's window -------------------------------------------------------------------------
@@ -430,7 +451,8 @@ def window_answer(slug: str, address: str = "") -> Answer:
     try:
         window = modes.window_public(slug, address=address)
     except selectors.TicketGone:
-        return Answer.error(ApiError("not_found", f"Queue '{slug}' is not a stateless queue (or does not exist)."))
+        not_stateless = Words(gettext_noop("Queue '%(slug)s' is not a stateless queue (or does not exist)."), slug=slug)
+        return Answer.error(ApiError("not_found", not_stateless))
     except ratelimit.Limited as exc:
         return Answer.error(rate_limited(exc.decision, "window"))
     return _window_ok(window)
@@ -455,4 +477,4 @@ def _window_ok(window: dict[str, Any]) -> Answer:
 
 
 def window_fast(request: HttpRequest, slug: str) -> HttpResponse:
-    return plain(lambda: window_answer(slug, client_address(request.META)))
+    return plain(lambda: window_answer(slug, client_address(request.META)), request)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils.translation import gettext_noop
 from drf_spectacular.utils import OpenApiExample, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -16,14 +17,16 @@ from rest_framework.views import APIView
 from .. import modes, ratelimit, selectors, services, tokens
 from ..visitors import client_address
 from . import serializers as s
-from .answers import REFUSALS, Answer, authorization, poll_headers, ticket_claims
+from .answers import REFUSALS, Answer, authorization, no_queue, poll_headers, ticket_claims
 from .errors import ApiError
 from .schema import JSON_BODY, error_responses
 from .throttling import rate_limited
 from .views import TICKET_AUTH
 
-NOT_IN_LINE = "A code moves only visitors waiting in line: you have been let through already, or your ticket has ended."
-TICKET_UNKNOWN = "This queue no longer knows that ticket; join again."
+NOT_IN_LINE = gettext_noop(
+    "A code moves only visitors waiting in line: you have been let through already, or your ticket has ended."
+)
+TICKET_UNKNOWN = gettext_noop("This queue no longer knows that ticket; join again.")
 
 
 def code_answer(claims: tokens.VisitorClaims, data: Any, *, address: str) -> Answer:
@@ -42,7 +45,7 @@ def code_answer(claims: tokens.VisitorClaims, data: Any, *, address: str) -> Ans
         except (services.TicketNotFound, selectors.TicketGone) as exc:
             raise ApiError("ticket_not_found", TICKET_UNKNOWN) from exc
         except services.QueueNotFound as exc:
-            raise ApiError("queue_not_found", f"There is no queue '{claims.slug}'.") from exc
+            raise ApiError("queue_not_found", no_queue(claims.slug)) from exc
     except ApiError as exc:
         return Answer.error(exc)
     body = {

@@ -14,6 +14,8 @@ import redis
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, JsonResponse
+from django.utils import translation
+from django.utils.translation import gettext, gettext_noop
 from rest_framework import exceptions
 from rest_framework.response import Response
 
@@ -69,12 +71,44 @@ class ApiError(exceptions.APIException):
         self.headers = headers or {}
 
 
+class Words(str):
+    """An error message with values in it, in English (the string itself) and in the visitor's language
+    (`said`): its message id and values are kept. A message without values is a plain str: `said` looks it
+    up as it stands (the catalogs hold the ones a visitor may meet: locale/, README "Languages")."""
+
+    template: str
+    params: dict[str, Any]
+
+    def __new__(cls, template: str, **params: Any) -> Words:
+        words = super().__new__(cls, template % params)
+        words.template, words.params = template, params
+        return words
+
+
+def said(message: str) -> str:
+    """The message in the language active now (English where the catalogs have no words for it)."""
+    if isinstance(message, Words):
+        return gettext(message.template) % message.params
+    return gettext(message) if message else message
+
+
 def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, **extra}}
 
 
+def error_said(body: dict[str, Any], language: str | None = None) -> dict[str, Any]:
+    """An answer's body with its error message said in `language` (None: the language active now)."""
+    error = body.get("error")
+    if not isinstance(error, dict) or not isinstance(error.get("message"), str):
+        return body
+    if language is None:
+        return {**body, "error": {**error, "message": said(error["message"])}}
+    with translation.override(language):
+        return {**body, "error": {**error, "message": said(error["message"])}}
+
+
 def _response(code: str, message: str, headers: dict[str, str] | None = None, **extra: Any) -> Response:
-    return Response(error_body(code, message, **extra), status=ERROR_CODES[code], headers=headers)
+    return Response(error_body(code, said(message), **extra), status=ERROR_CODES[code], headers=headers)
 
 
 def retry_after(seconds: float | None) -> tuple[dict[str, str], dict[str, int]]:
@@ -86,16 +120,24 @@ def retry_after(seconds: float | None) -> tuple[dict[str, str], dict[str, int]]:
 def service_unavailable() -> tuple[int, dict[str, Any], dict[str, str]]:
     """What any caller answers when Redis cannot be reached: 503 with a short Retry-After."""
     headers, extra = retry_after(5)
-    return 503, error_body("service_unavailable", "The queue is briefly unavailable; retry soon.", **extra), headers
+    return (
+        503,
+        error_body("service_unavailable", gettext_noop("The queue is briefly unavailable; retry soon."), **extra),
+        headers,
+    )
 
 
 def _validation_response(detail: Any) -> Response:
     if isinstance(detail, dict):
         unknown = sorted(k for k, v in detail.items() if _codes(v) == {"unknown_field"})
         if unknown and len(unknown) == len(detail):
-            return _response("unknown_fields", f"Unknown field(s): {', '.join(unknown)}.", fields=unknown)
-        return _response("invalid_request", "The request has invalid fields.", fields=detail)
+            return _response("unknown_fields", unknown_fields(unknown), fields=unknown)
+        return _response("invalid_request", gettext_noop("The request has invalid fields."), fields=detail)
     return _response("invalid_request", _first_message(detail))
+
+
+def unknown_fields(names: list[str]) -> Words:
+    return Words(gettext_noop("Unknown field(s): %(fields)s."), fields=", ".join(names))
 
 
 def _codes(detail: Any) -> set[str]:
@@ -116,7 +158,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, ApiError):
         return _response(exc.code, exc.message, exc.headers or None, **exc.extra)
     if isinstance(exc, Http404):
-        return _response("not_found", "Not found.")
+        return _response("not_found", gettext_noop("Not found."))
     if isinstance(exc, DjangoPermissionDenied):
         return _response("permission_denied", "You do not have permission to do this.")
     if isinstance(exc, exceptions.ParseError):
@@ -124,14 +166,14 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, exceptions.ValidationError):
         return _validation_response(exc.detail)
     if isinstance(exc, exceptions.UnsupportedMediaType):
-        return _response("unsupported_media_type", "Send the body as application/json.")
+        return _response("unsupported_media_type", gettext_noop("Send the body as application/json."))
     if isinstance(exc, exceptions.MethodNotAllowed):
         return _response("method_not_allowed", str(exc.detail))
     if isinstance(exc, exceptions.NotAcceptable):
         return _response("not_acceptable", str(exc.detail))
     if isinstance(exc, exceptions.Throttled):
         headers, extra = retry_after(getattr(exc, "wait", None))
-        return _response("rate_limited", "Too many requests; retry later.", headers, **extra)
+        return _response("rate_limited", gettext_noop("Too many requests; retry later."), headers, **extra)
     if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
         challenge = getattr(exc, "auth_header", None)
         if exc.status_code == 403:  # DRF's answer when no authenticator offers a challenge
@@ -146,7 +188,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, redis.RedisError):
         logger.error("redis unavailable: %s", exc)
         status, body, headers = service_unavailable()
-        return Response(body, status=status, headers=headers)
+        return Response(error_said(body), status=status, headers=headers)
     if isinstance(exc, exceptions.APIException):
         return Response(error_body(str(exc.default_code), str(exc.detail)), status=exc.status_code)
     return None
@@ -155,13 +197,15 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
 def json_bad_request(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
     """What Django refuses before a view runs (a body over DATA_UPLOAD_MAX_MEMORY_SIZE, too many fields, ...)."""
     if isinstance(exception, RequestDataTooBig):
-        return JsonResponse(error_body("request_too_large", "The request body is too large."), status=413)
-    return JsonResponse(error_body("invalid_request", "The request could not be read."), status=400)
+        return JsonResponse(
+            error_body("request_too_large", said(gettext_noop("The request body is too large."))), status=413
+        )
+    return JsonResponse(error_body("invalid_request", said(gettext_noop("The request could not be read."))), status=400)
 
 
 def json_not_found(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
-    return JsonResponse(error_body("not_found", "Not found."), status=404)
+    return JsonResponse(error_body("not_found", said(gettext_noop("Not found."))), status=404)
 
 
 def json_server_error(request: HttpRequest) -> JsonResponse:
-    return JsonResponse(error_body("server_error", "Something went wrong on our side."), status=500)
+    return JsonResponse(error_body("server_error", said(gettext_noop("Something went wrong on our side."))), status=500)

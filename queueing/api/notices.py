@@ -13,6 +13,7 @@ from django.core.exceptions import ValidationError
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils import translation
+from django.utils.translation import gettext_noop
 from drf_spectacular.utils import OpenApiExample, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -44,11 +45,14 @@ def notify_answer(request: HttpRequest, claims: tokens.VisitorClaims, data: Any)
     """Keep the address for the ticket's turn notices: 201, or the error shape."""
     try:
         if not settings.WR_NOTIFY_BY_EMAIL:
-            raise ApiError("not_found", "This waiting room sends no e-mail (its operator has not set it up).")
+            raise ApiError(
+                "not_found", gettext_noop("This waiting room sends no e-mail (its operator has not set it up).")
+            )
         email = s.notify_request_validate(data)
         if not isinstance(claims, tokens.TicketClaims):
             raise ApiError(
-                "not_in_line", "A stateless queue's numbers are not followed one by one: keep the page open."
+                "not_in_line",
+                gettext_noop("A stateless queue's numbers are not followed one by one: keep the page open."),
             )
         try:
             services.turn_notice_request(
@@ -60,7 +64,7 @@ def notify_answer(request: HttpRequest, claims: tokens.VisitorClaims, data: Any)
             )
         except ValidationError as exc:
             raise ApiError(
-                "invalid_request", "The request has invalid fields.", fields={"email": exc.messages}
+                "invalid_request", gettext_noop("The request has invalid fields."), fields={"email": exc.messages}
             ) from exc
         except ratelimit.Limited as exc:
             raise rate_limited(exc.decision, "notify") from exc

@@ -6,12 +6,13 @@ from __future__ import annotations
 import unicodedata
 from typing import Any
 
+from django.utils.translation import gettext_noop
 from rest_framework import serializers
 from rest_framework_simplejwt.serializers import TokenObtainPairSerializer, TokenRefreshSerializer
 
 from .. import health
 from ..models import Queue
-from .errors import ERROR_CODES, ApiError
+from .errors import ERROR_CODES, ApiError, unknown_fields
 
 
 class StrictCharField(serializers.CharField):
@@ -62,7 +63,9 @@ class RefusesUnknownFields:
 
     def to_internal_value(self, data: Any) -> Any:
         if not isinstance(data, dict):
-            raise serializers.ValidationError({"non_field_errors": ["The body must be a JSON object."]}, code="invalid")
+            raise serializers.ValidationError(
+                {"non_field_errors": [gettext_noop("The body must be a JSON object.")]}, code="invalid"
+            )
         unknown = set(data) - set(self.fields)
         if unknown:
             raise serializers.ValidationError(
@@ -127,12 +130,12 @@ def join_request_validate(data: Any) -> dict[str, str]:
     if not isinstance(data, dict):
         raise ApiError(
             "invalid_request",
-            "The body must be a JSON object.",
-            fields={"non_field_errors": ["The body must be a JSON object."]},
+            gettext_noop("The body must be a JSON object."),
+            fields={"non_field_errors": [gettext_noop("The body must be a JSON object.")]},
         )
     unknown = sorted(set(data) - {"priority_code", "display_name", "pow_challenge", "pow_nonce"})
     if unknown:
-        raise ApiError("unknown_fields", f"Unknown field(s): {', '.join(unknown)}.", fields=unknown)
+        raise ApiError("unknown_fields", unknown_fields(unknown), fields=unknown)
     problems: dict[str, list[str]] = {}
     limits = (
         ("priority_code", PRIORITY_CODE_MAX),
@@ -149,7 +152,7 @@ def join_request_validate(data: Any) -> dict[str, str]:
         elif problem := _text_problem(value):
             problems[name] = [problem]
     if problems:
-        raise ApiError("invalid_request", "The request has invalid fields.", fields=problems)
+        raise ApiError("invalid_request", gettext_noop("The request has invalid fields."), fields=problems)
     return {
         "priority_code": data.get("priority_code", ""),
         "display_name": _clean_display_name(data.get("display_name", "")),
@@ -168,12 +171,12 @@ def _one_text_field(data: Any, name: str, limit: int) -> str:
     if not isinstance(data, dict):
         raise ApiError(
             "invalid_request",
-            "The body must be a JSON object.",
-            fields={"non_field_errors": ["The body must be a JSON object."]},
+            gettext_noop("The body must be a JSON object."),
+            fields={"non_field_errors": [gettext_noop("The body must be a JSON object.")]},
         )
     unknown = sorted(set(data) - {name})
     if unknown:
-        raise ApiError("unknown_fields", f"Unknown field(s): {', '.join(unknown)}.", fields=unknown)
+        raise ApiError("unknown_fields", unknown_fields(unknown), fields=unknown)
     value = data.get(name)
     if value is None or value == "":
         problem: str | None = "This field is required."
@@ -184,7 +187,7 @@ def _one_text_field(data: Any, name: str, limit: int) -> str:
     else:
         problem = _text_problem(value)
     if problem:
-        raise ApiError("invalid_request", "The request has invalid fields.", fields={name: [problem]})
+        raise ApiError("invalid_request", gettext_noop("The request has invalid fields."), fields={name: [problem]})
     return str(value)
 
 

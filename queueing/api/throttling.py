@@ -24,13 +24,14 @@ from __future__ import annotations
 from typing import Any
 
 import redis
+from django.utils.translation import gettext_noop
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 from rest_framework_api_key.permissions import KeyParser
 
 from .. import instruments, modes, ratelimit, selectors, tokens
 from ..visitors import client_address
-from .errors import ApiError, retry_after
+from .errors import ApiError, Words, retry_after
 
 
 def rate_limited(decision: ratelimit.Decision, scope: str) -> ApiError:
@@ -38,9 +39,8 @@ def rate_limited(decision: ratelimit.Decision, scope: str) -> ApiError:
     README "Metrics")."""
     instruments.rate_limited.labels(scope).inc()
     headers, extra = retry_after(decision.retry_after)
-    return ApiError(
-        "rate_limited", f"Too many requests; retry in {extra['retry_after_seconds']} s.", headers=headers, **extra
-    )
+    message = Words(gettext_noop("Too many requests; retry in %(seconds)s s."), seconds=extra["retry_after_seconds"])
+    return ApiError("rate_limited", message, headers=headers, **extra)
 
 
 def limit(scope: str, ident: str, *, queue: str = "") -> None:
