@@ -215,3 +215,41 @@ def celery_worker(env: dict[str, str], log: Path, *, name: str) -> Iterator[Cele
         process.terminate()
         process.wait(timeout=30)
         app.close()
+
+
+def race(env: dict[str, str], setup: str, racer: str, *, racers: int = 4) -> list[Any]:
+    """Migrate the product's database in `env`, run `setup` (Python, with Django set up by it), then start
+    `racers` processes of `racer` that wait for a common start (START_AT, after every one has started
+    Django) and print one JSON value last: those values, in order. The keys under env's prefix are
+    deleted after."""
+    prefix = env["WR_REDIS_PREFIX"]
+    try:
+        for command in (["manage.py", "migrate", "-v", "0"], ["-c", setup]):
+            done = subprocess.run(
+                [sys.executable, *command], env=env, cwd=ROOT, capture_output=True, text=True, timeout=180
+            )
+            assert done.returncode == 0, done.stderr[-3000:]
+        started = {**env, "START_AT": str(time.time() + 6)}
+        processes = [
+            subprocess.Popen(
+                [sys.executable, "-c", racer],
+                env=started,
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(racers)
+        ]
+        outcomes = []
+        for process in processes:
+            out, err = process.communicate(timeout=120)
+            assert process.returncode == 0, err[-3000:]
+            outcomes.append(json.loads(out.strip().splitlines()[-1]))
+        return outcomes
+    finally:
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+        client.close()

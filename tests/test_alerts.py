@@ -24,7 +24,7 @@ from queueing.schedules import BEAT_SCHEDULES
 
 from .factories import join, status
 from .receivers import Receiver
-from .stack import ROOT, celery_worker, product_env
+from .stack import ROOT, celery_worker, product_env, race
 
 
 @pytest.fixture
@@ -307,36 +307,8 @@ queueing.queue_pause(queue)
 
 
 def test_checks_and_attempts_racing_in_separate_processes_tell_each_change_once(database_url, receiver, tmp_path):
-    prefix = f"wra{uuid.uuid4().hex[:6]}"
-    env = {**product_env(tmp_path, prefix), "DATABASE_URL": database_url}
-    try:
-        for command in (["manage.py", "migrate", "-v", "0"], ["-c", SETUP % receiver.url]):
-            done = subprocess.run(
-                [sys.executable, *command], env=env, cwd=ROOT, capture_output=True, text=True, timeout=180
-            )
-            assert done.returncode == 0, done.stderr[-3000:]
-        env["START_AT"] = str(time.time() + 6)  # after every racer has started Django
-        racers = [
-            subprocess.Popen(
-                [sys.executable, "-c", RACER],
-                env=env,
-                cwd=ROOT,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _ in range(4)
-        ]
-        outcomes = []
-        for racer in racers:
-            out, err = racer.communicate(timeout=120)
-            assert racer.returncode == 0, err[-3000:]
-            outcomes.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        client = store.client()
-        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-        if keys:
-            client.delete(*keys)
+    env = {**product_env(tmp_path, f"wra{uuid.uuid4().hex[:6]}"), "DATABASE_URL": database_url}
+    outcomes = race(env, SETUP % receiver.url, RACER)
     assert sorted(event for outcome in outcomes for event in outcome["made"]) == [names.PAUSED]
     assert len([pk for outcome in outcomes for pk in outcome["attempted"]]) == 1
     assert [json.loads(body)["event"] for _, body in receiver.seen] == [names.PAUSED]

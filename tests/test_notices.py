@@ -5,11 +5,7 @@ notice keeps the visitor present; racing runs in separate processes send each e-
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
-import time
 import uuid
 
 import pytest
@@ -19,7 +15,7 @@ from queueing import services, store
 from queueing.models import TurnNotice
 
 from .factories import decode_ticket, join, status
-from .stack import ROOT, product_env
+from .stack import product_env, race
 
 
 @pytest.fixture(autouse=True)
@@ -231,41 +227,12 @@ for i in range(3):
 
 
 def test_runs_racing_in_separate_processes_send_each_e_mail_once(database_url, mailbox, tmp_path, settings):
-    prefix = f"wrn{uuid.uuid4().hex[:6]}"
     env = {
-        **product_env(tmp_path, prefix),
+        **product_env(tmp_path, f"wrn{uuid.uuid4().hex[:6]}"),
         "DATABASE_URL": database_url,
         "EMAIL_HOST": "127.0.0.1",
         "EMAIL_PORT": str(settings.EMAIL_PORT),
         "WR_NOTIFY_NEAR_PLACES": "3",
     }
-    try:
-        for command in (["manage.py", "migrate", "-v", "0"], ["-c", SETUP]):
-            done = subprocess.run(
-                [sys.executable, *command], env=env, cwd=ROOT, capture_output=True, text=True, timeout=180
-            )
-            assert done.returncode == 0, done.stderr[-3000:]
-        env["START_AT"] = str(time.time() + 6)  # after every racer has started Django
-        racers = [
-            subprocess.Popen(
-                [sys.executable, "-c", RACER],
-                env=env,
-                cwd=ROOT,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _ in range(4)
-        ]
-        sent = []
-        for racer in racers:
-            out, err = racer.communicate(timeout=120)
-            assert racer.returncode == 0, err[-3000:]
-            sent.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        client = store.client()
-        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-        if keys:
-            client.delete(*keys)
-    assert sum(sent) == 3
+    assert sum(race(env, SETUP, RACER)) == 3
     assert sorted(to[0] for to, _ in mailbox.messages) == ["v0@example.com", "v1@example.com", "v2@example.com"]
