@@ -116,6 +116,15 @@ def test_a_ticket_that_ends_without_a_turn_leaves_no_address_behind(line, mailbo
     assert TurnNotice.objects.count() == 0 and mailbox.messages == []
 
 
+def test_a_sale_that_ends_leaves_no_address_behind(line, mailbox, clock):
+    queue, _ = line
+    leave_address(page_visitor(queue.slug), queue.slug, "ada@example.com")
+    assert services.turn_notices_send(now=clock()) == 0 and TurnNotice.objects.count() == 1
+    services.queue_configure(slug=queue.slug, changes={"state": "closed"}, actor_label="tests")
+    assert services.turn_notices_send(now=clock()) == 0
+    assert TurnNotice.objects.count() == 0 and mailbox.messages == []
+
+
 def test_bad_addresses_and_visitors_not_in_line_are_told_so(line, make_queue, mailbox, clock):
     queue, _ = line
     client = page_visitor(queue.slug)

@@ -1,6 +1,7 @@
 """Turn notices (issue 20, "Notify me"): a waiting visitor leaves an e-mail address and is told, in their
 language, when their turn is near (the link back to their place) and when it comes (the same link, which
-takes them through); the address is deleted once the turn is told, or the ticket ends, or its lifetime is over.
+takes them through); the address is deleted once the turn is told, the ticket ends, the sale ends (the queue
+is closed), or the ticket's lifetime is over.
 
 `turn_notices_send` runs every few seconds (the "Turn notices" periodic task). It reads each noticed ticket's
 state with a status read, which is also its heartbeat: a visitor who asked to be e-mailed keeps their place
@@ -96,8 +97,8 @@ def turn_notices_send(*, now: float | None = None) -> int:
             continue
         if view.status in ("admitted", "active"):
             sent += _turn_tell(notice, view)
-        elif view.is_finished:
-            notice.delete()  # it ended without a turn (left, expired, revoked): nothing to tell, nothing kept
+        elif view.is_finished or view.queue_state == "closed":
+            notice.delete()  # it ended without a turn (left, expired, revoked), or the sale did: nothing kept
         elif notice.near_sent_at is None and _near(view):
             sent += _near_tell(notice, view)
     return sent
