@@ -116,7 +116,7 @@ class QueueAdmin(admin.ModelAdmin):
     actions = ("pause_queues", "resume_queues", "generate_codes")
     inlines = (PriorityLevelInline, QueueTextInline)
     fieldsets = (
-        (None, {"fields": ("slug", "name", "intro", "target_url", "state")}),
+        (None, {"fields": ("slug", "name", "intro", "target_url", "state", "time_zone")}),
         (
             "When the line is closed",
             {

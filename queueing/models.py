@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import zoneinfo
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -45,6 +46,18 @@ def _ms(moment: datetime | None) -> int:
 
 
 POW_MAX_BITS = 32  # about 4 x 10^9 hashes on average: far beyond any honest client
+
+
+def _server_time_zone() -> str:
+    return str(settings.TIME_ZONE)
+
+
+def validate_time_zone(value: str) -> None:
+    """An IANA time zone name this machine knows (zoneinfo)."""
+    try:
+        zoneinfo.ZoneInfo(value)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError) as exc:
+        raise ValidationError(f"“{value}” is not a time zone name such as Europe/Berlin or UTC.") from exc
 
 
 class Queue(models.Model):
@@ -92,6 +105,13 @@ class Queue(models.Model):
         validators=[validate_target_url],
         help_text="A page to send them on to from there (the shop, a follow-up page), https://… or a /path. "
         "Empty: no link.",
+    )
+    time_zone = models.CharField(
+        max_length=64,
+        default=_server_time_zone,
+        validators=[validate_time_zone],
+        help_text="The time zone of the clock times visitors read where their browser does not turn them into its own "
+        "(the page without JavaScript, the e-mails telling them their turn), e.g. Europe/Berlin.",
     )
     closed_link_text = models.CharField(
         "closed page's link text",
@@ -306,7 +326,7 @@ class Queue(models.Model):
     # What the waiting page says when the line is closed (a fieldset of their own in admin).
     CLOSED_FIELDS = ("closed_message", "closed_link_url", "closed_link_text")
     # Words of the operator's own that the waiting page shows, and those a QueueText may give per language.
-    TEXT_FIELDS = ("intro", *CLOSED_FIELDS)
+    TEXT_FIELDS = ("intro", "time_zone", *CLOSED_FIELDS)
     TRANSLATED_FIELDS = ("name", "intro", "closed_message", "closed_link_text")
     # Stateless mode's settings (part of the policy; a fieldset of their own in admin).
     STATELESS_FIELDS = ("mode", "window_size", "window_interval", "active_windows")
@@ -400,6 +420,7 @@ class Queue(models.Model):
             "closed_link_url": self.closed_link_url,
             "closed_link_text": self.closed_link_text,
             "intro": self.intro,
+            "time_zone": self.time_zone,
             # Per language (QueueText): {"de": {"name": ..., "intro": ...}, ...}, only the words given.
             "texts": json.dumps(
                 {

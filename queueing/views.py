@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import time
+import zoneinfo
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -26,6 +27,7 @@ from django.template.loader import select_template
 from django.template.response import TemplateResponse
 from django.templatetags.static import static
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.translation import get_language
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.csrf import ensure_csrf_cookie
@@ -186,6 +188,8 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
     }
     template = select_template([f"queueing/queues/{slug}/waiting.html", "queueing/waiting.html"])
     response = TemplateResponse(request, template, context)
+    with timezone.override(_time_zone(policy)):  # clock times without JavaScript: the queue's zone
+        response.render()
     if identity.new_cookie:
         visitor_cookie_set(response, identity.new_cookie)
     return response
@@ -199,6 +203,13 @@ def _resume(request: HttpRequest, slug: str) -> HttpResponse:
     if cookie_id:
         visitor_cookie_set(response, cookie_id)
     return response
+
+
+def _time_zone(policy: dict[str, str]) -> zoneinfo.ZoneInfo:
+    try:
+        return zoneinfo.ZoneInfo(policy.get("time_zone") or settings.TIME_ZONE)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return zoneinfo.ZoneInfo(settings.TIME_ZONE)
 
 
 def _texts(policy: dict[str, str]) -> dict[str, str]:

@@ -28,6 +28,7 @@ FORM = {
     "name": "Spring sale",
     "target_url": "https://shop.example/",
     "state": "open",
+    "time_zone": "UTC",
     "capacity": "20",
     "capacity_source": "counted",
     "outflow_per_minute": "60",

@@ -51,7 +51,7 @@ def link_in(message) -> str:
 
 @pytest.fixture
 def line(make_queue, clock):
-    queue = make_queue(state="paused", capacity=1, burst=1, claim_ttl=120)
+    queue = make_queue(state="paused", capacity=1, burst=1, claim_ttl=120, time_zone="Asia/Tokyo")
     ahead = [join(queue.slug, f"a{i}", now=clock()) for i in range(5)]
     return queue, ahead
 
@@ -87,6 +87,7 @@ def test_near_then_turn_by_e_mail_with_a_link_that_takes_another_browser_to_the_
     turn = mailbox.messages[1][1]
     assert turn["Subject"] == f"{queue.name}: it's your turn"
     assert "Go through now" in turn.get_content() and link_in(turn) == link
+    assert re.search(r"Your turn is held until \d\d:\d\d:\d\d JST;", turn.get_content())  # the queue's zone
     assert TurnNotice.objects.count() == 0  # the address is gone once the turn is told
     assert services.turn_notices_send(now=clock()) == 0
     went = Client().get(link.replace("http://testserver", ""), follow=True)

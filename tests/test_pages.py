@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -341,3 +341,19 @@ def test_an_opening_time_without_javascript_is_a_date_and_a_clock_time_in_the_se
     shown = re.search(r'<time id="wr-opens-at" datetime="([^"]+)" data-local="date-time">([^<]+)</time>', text)
     assert shown, text[:3000]
     assert shown.group(2) == f"{later:%-d %B %Y, %H:%M} UTC"
+
+
+def test_clock_times_without_javascript_are_in_the_queues_time_zone(client, make_queue):
+    """Issue 20: "without JavaScript, the queue's time zone". A queue for a sale in Berlin says its times in
+    Berlin's zone (named), whatever zone the server runs in; the browser's script still says the visitor's."""
+    queue = make_queue(
+        prequeue_opens_at=datetime(2098, 12, 31, 12, 0, tzinfo=UTC),
+        starts_at=datetime(2098, 12, 31, 13, 0, tzinfo=UTC),
+        time_zone="Europe/Berlin",
+    )
+    text = page(client, queue.slug).content.decode()
+    shown = re.search(r'<time id="wr-opens-at" datetime="([^"]+)" data-local="date-time">([^<]+)</time>', text)
+    assert shown and shown.group(2) == "31 December 2098, 13:00 CET"
+    assert shown.group(1).startswith("2098-12-31T13:00:00+01:00")  # the same moment, for the script
+    with pytest.raises(ValidationError):
+        services.queue_configure(slug=queue.slug, changes={"time_zone": "Mars/Olympus_Mons"}, actor_label="tests")

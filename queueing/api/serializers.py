@@ -273,6 +273,11 @@ class QueuePatchSerializer(StrictSerializer):
     intro = StrictCharField(
         required=False, allow_blank=True, max_length=500, help_text="Words of yours under the queue's name."
     )
+    time_zone = StrictCharField(
+        required=False,
+        max_length=64,
+        help_text="The zone of clock times shown without the browser's (e.g. Europe/Berlin).",
+    )
     closed_message = StrictCharField(
         required=False, allow_blank=True, max_length=500, help_text="What visitors read once the line is closed."
     )
@@ -529,6 +534,7 @@ class QueueSerializer(serializers.ModelSerializer):
             "target_url",
             "state",
             "intro",
+            "time_zone",
             "closed_message",
             "closed_link_url",
             "closed_link_text",

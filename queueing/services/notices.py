@@ -21,7 +21,7 @@ from django.core.exceptions import ValidationError
 from django.core.mail import EmailMessage, get_connection
 from django.core.validators import validate_email
 from django.db import transaction
-from django.utils import translation
+from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 
 from .. import selectors, tokens
@@ -133,7 +133,7 @@ def _turn_tell(notice: TurnNotice, view: TicketView) -> int:
     if not claimed:
         return 0
     held_until = int(view.expires_at or 0) - notice.queue.session_ttl + notice.queue.claim_ttl
-    with translation.override(notice.language):
+    with translation.override(notice.language), timezone.override(notice.queue.time_zone):
         subject = _("%(queue)s: it's your turn") % {"queue": _queue_name(notice)}
         body = _(
             "It's your turn in line for %(queue)s.\n\nGo through now:\n%(link)s\n\n"

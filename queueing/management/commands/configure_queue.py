@@ -29,6 +29,7 @@ OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     ("name", str, "Display name"),
     ("target_url", str, "Where admitted visitors go (absolute URL or /path)"),
     ("intro", str, "Words of yours under the queue's name on the waiting page ('' for none)"),
+    ("time_zone", str, "The zone of clock times visitors read without their browser's (e.g. Europe/Berlin)"),
     ("closed_message", str, "What visitors read once the line is closed ('' for the default)"),
     ("closed_link_url", str, "A page the closed line sends them on to (absolute URL or /path; '' for none)"),
     ("closed_link_text", str, "That link's words"),
