@@ -206,6 +206,9 @@ def run_scenario(product: Product, scenario: dict[str, Any], *, seed: int = 1) -
     began = time.monotonic()
     asyncio.run(sale())
     summary = summarise(crowd)
+    if schedule:
+        summary["drawn_at"] = round(started + schedule["starts_after"])
+        summary.update(at_the_draw(crowd, summary["drawn_at"]))
     summary.update(name=scenario["name"], slug=slug, visitors=len(crowd), seconds=round(time.monotonic() - began))
     summary["crowd"] = [dataclasses.asdict(visitor) for visitor in crowd]  # to study (written, not printed)
     return summary
@@ -231,6 +234,29 @@ def summarise(crowd: list[Visitor]) -> dict[str, Any]:
         keep = ("counted", "error_median", "error_p90", "told_over_had_median")
         summary["by_burst"] = [{key: _figures([v for v in crowd if v.burst == b])[key] for key in keep} for b in bursts]
     return summary
+
+
+def at_the_draw(crowd: list[Visitor], drawn_at: float) -> dict[str, Any]:
+    """A pre-queue's tickets have no place until the draw at the start, so what they are told at the join is the
+    middle place's wait with a range over the draw (issue 18, item 3): a wait drawn at place 1 is far from the
+    middle's, whatever the estimator. The first estimate that can be right is the one seen at the first poll
+    after the draw: its error against the wait left then, for those who joined before the start."""
+    errors = []
+    for visitor in crowd:
+        if visitor.joined_at >= drawn_at or visitor.wait is None:
+            continue
+        after = [(since, est) for since, est in visitor.seen if visitor.joined_at + since >= drawn_at + 1]
+        if not after:
+            continue
+        since, est = after[0]
+        remaining = visitor.wait - since
+        if remaining >= COUNTED_WAIT_S / 2:
+            errors.append(abs(est - remaining) / remaining)
+    return {
+        "drawn_counted": len(errors),
+        "drawn_error_median": _round(quantile(errors, 0.5)),
+        "drawn_error_p90": _round(quantile(errors, 0.9)),
+    }
 
 
 def _figures(crowd: list[Visitor]) -> dict[str, Any]:
@@ -364,6 +390,18 @@ def main() -> None:
     print(HEADER)
     for result in results:
         print(row(result))
+    _drawn_lines(results)
+
+
+def _drawn_lines(results: list[dict[str, Any]]) -> None:
+    for result in results:
+        if result.get("drawn_at"):
+            figures = {**result, **at_the_draw(crowd_of(result), result["drawn_at"])}
+            print(
+                f"{result['name']}: at the draw, the first estimate after it vs the wait left, "
+                f"{figures['drawn_counted']} who joined before the start: error median "
+                f"{figures['drawn_error_median']}, p90 {figures['drawn_error_p90']}"
+            )
 
 
 def crowd_of(result: dict[str, Any]) -> list[Visitor]:
@@ -374,8 +412,10 @@ def crowd_of(result: dict[str, Any]) -> list[Visitor]:
 def again(path: Path) -> None:
     """The figures of a saved run, summarised again (after the summary gained a figure)."""
     print(HEADER)
-    for result in json.loads(path.read_text()):
+    results = json.loads(path.read_text())
+    for result in results:
         print(row({**result, **summarise(crowd_of(result))}))
+    _drawn_lines(results)
 
 
 if __name__ == "__main__":
