@@ -130,7 +130,13 @@ def test_a_run_whose_redis_url_names_a_cluster_node_says_what_to_set_in_one_line
     """Seen: REDIS_URL at a cluster node, and the beat failed at once with MovedError, the run with it."""
     node = redis_cluster.nodes.split(",")[0]
     env = {**os.environ, "REDIS_URL": f"redis://{node}/0"}
-    command = [sys.executable, "-m", "waitingroom_site.runstack", "--port", str(devredis.free_port())]
+    ports = [
+        "--port",
+        str(devredis.free_port()),
+        "--ws-port",
+        str(devredis.free_port()),
+    ]  # not port + 1: CI saw it taken
+    command = [sys.executable, "-m", "waitingroom_site.runstack", *ports]
     answer = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert answer.returncode == 2
     lines = (answer.stdout + answer.stderr).strip().splitlines()
