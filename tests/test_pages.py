@@ -252,7 +252,7 @@ def test_a_line_that_has_not_opened_joins_a_visitor_without_javascript_when_it_o
 
 
 def test_too_many_attempts_without_javascript_are_retried_when_the_limiter_says(client, make_queue, settings):
-    settings.WR_RATE_LIMITS = {"join": {"algorithm": "fixed_window", "window_seconds": 60, "max_requests": 1}}
+    settings.WR_RATE_LIMITS = {"join": {"algorithm": "sliding_log", "window_seconds": 60, "max_requests": 1}}
     queue = make_queue(state="paused")
     services.queue_join(slug=queue.slug, visitor_key="someone-else-000")
     from django.test import Client

@@ -256,7 +256,7 @@ def test_an_honest_poller_at_the_advised_interval_is_never_limited_and_a_hammeri
     assert 429 in codes and codes.count(200) < 20
 
 
-@override_settings(WR_RATE_LIMITS={"join": {"algorithm": "fixed_window", "window_seconds": 60, "max_requests": 1}})
+@override_settings(WR_RATE_LIMITS={"join": {"algorithm": "sliding_log", "window_seconds": 60, "max_requests": 1}})
 def test_the_page_without_javascript_says_calmly_that_there_were_too_many_attempts(make_queue):
     queue = make_queue(state="paused")
     first, second = Client(), Client()
@@ -317,7 +317,7 @@ def test_the_status_limiter_rides_in_the_polls_round_trip_and_survives_a_server_
     assert library_loaded(name)
 
 
-@override_settings(WR_RATE_LIMITS={"protected": {"algorithm": "fixed_window", "window_seconds": 60, "max_requests": 2}})
+@override_settings(WR_RATE_LIMITS={"protected": {"algorithm": "sliding_log", "window_seconds": 60, "max_requests": 2}})
 def test_protected_site_calls_are_limited_per_api_key(make_queue, api_key_for):
     from rest_framework.test import APIClient
 
