@@ -144,12 +144,11 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
         refresh_url = request.path  # the plain page: it shows the join button, or the visitor's place
     if retry is not None and retry.state == state:
         refresh, refresh_url = retry.wait, f"{request.path}?rejoin={_retry_token(slug, identity, retry)}"
-    takes_codes = policy.get("codes") == "1" and (policy.get("mode") or Queue.Mode.TRACKED) == Queue.Mode.TRACKED
     texts = _texts(policy)
     context: dict[str, Any] = {
         "queue": {"slug": slug, "name": texts["name"] or slug, "intro": texts["intro"]},
         "state": state,
-        "takes_codes": takes_codes,
+        "takes_codes": policy.get("codes") == "1",  # a tracked queue with codes (Queue.takes_codes)
         "notify_by_email": settings.WR_NOTIFY_BY_EMAIL and policy.get("mode") != Queue.Mode.STATELESS,
         "code_said": _code_said(request.GET.get("code", ""), request.GET.get("before", ""), view),
         "notify_said": NOTIFY_SAID.get(request.GET.get("notify", ""), ""),
@@ -219,8 +218,7 @@ def _texts(policy: dict[str, str]) -> dict[str, str]:
         given = json.loads(policy.get("texts") or "{}").get(get_language() or "", {})
     except (ValueError, AttributeError):
         given = {}
-    fields = ("name", "intro", "closed_message", "closed_link_text")
-    return {f: str(given.get(f) or policy.get(f) or "") for f in fields}
+    return {f: str(given.get(f) or policy.get(f) or "") for f in Queue.TRANSLATED_FIELDS}
 
 
 def _held_until(view: selectors.TicketView | None, policy: dict[str, str]) -> int | None:

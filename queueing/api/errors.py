@@ -6,6 +6,7 @@ Retry-After. Nothing a client sends should produce a 500.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from typing import Any
@@ -101,9 +102,7 @@ def error_said(body: dict[str, Any], language: str | None = None) -> dict[str, A
     error = body.get("error")
     if not isinstance(error, dict) or not isinstance(error.get("message"), str):
         return body
-    if language is None:
-        return {**body, "error": {**error, "message": said(error["message"])}}
-    with translation.override(language):
+    with translation.override(language) if language else contextlib.nullcontext():
         return {**body, "error": {**error, "message": said(error["message"])}}
 
 
