@@ -160,6 +160,23 @@ def test_the_api_keeps_an_address_for_a_ticket_and_refuses_in_the_error_shape(li
     assert off.status_code == 404 and off.json()["error"]["code"] == "not_found"
 
 
+def test_the_api_tells_a_visitor_let_through_already_in_words_about_e_mail_in_their_language(api, make_queue):
+    admitted = make_queue(capacity=5)
+    joined = api.post(f"/api/v1/queues/{admitted.slug}/join", format="json", HTTP_X_VISITOR_ID=str(uuid.uuid4()))
+    bearer = {"HTTP_AUTHORIZATION": f"Bearer {joined.json()['ticket']}"}
+    url = f"/api/v1/queues/{admitted.slug}/notify"
+    english = api.post(url, {"email": "ada@example.com"}, format="json", **bearer)
+    assert english.status_code == 409 and english.json()["error"] == {
+        "code": "not_in_line",
+        "message": "Only people waiting in line can be e-mailed, and you are no longer waiting.",
+    }
+    german = api.post(url, {"email": "ada@example.com"}, format="json", HTTP_ACCEPT_LANGUAGE="de", **bearer)
+    assert german.json()["error"]["message"] == (
+        "Nur wer in der Schlange wartet, kann eine E-Mail bekommen, und Sie warten nicht mehr."
+    )
+    assert TurnNotice.objects.count() == 0
+
+
 def test_leaving_addresses_is_limited_per_address(line, api, settings):
     queue, _ = line
     settings.WR_RATE_LIMITS = {

@@ -23,11 +23,15 @@ from .. import ratelimit, selectors, services, tokens
 from ..visitors import client_address, resume_token, visitor_cookie_id
 from . import serializers as s
 from .answers import Answer, authorization, ticket_claims
-from .codes import NOT_IN_LINE, TICKET_UNKNOWN
+from .codes import TICKET_UNKNOWN
 from .errors import ApiError
 from .schema import JSON_BODY, error_responses
 from .throttling import rate_limited
 from .views import TICKET_AUTH
+
+
+# The waiting page's own words for it (views.EMAIL_SAID "late"): one message id, translated once.
+NOT_WAITING = gettext_noop("Only people waiting in line can be e-mailed, and you are no longer waiting.")
 
 
 def place_link(request: HttpRequest, claims: tokens.TicketClaims) -> str:
@@ -69,7 +73,7 @@ def notify_answer(request: HttpRequest, claims: tokens.VisitorClaims, data: Any)
         except ratelimit.Limited as exc:
             raise rate_limited(exc.decision, "notify") from exc
         except services.NotInLine as exc:
-            raise ApiError("not_in_line", NOT_IN_LINE) from exc
+            raise ApiError("not_in_line", NOT_WAITING) from exc
         except (selectors.TicketGone, services.QueueNotFound) as exc:
             raise ApiError("ticket_not_found", TICKET_UNKNOWN) from exc
     except ApiError as exc:
