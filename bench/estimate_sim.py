@@ -367,6 +367,13 @@ def main() -> None:
     parser.add_argument("--scenarios", type=Path, default=SCENARIOS)
     parser.add_argument("--only", action="append", default=[], help="run only these scenarios (by name)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run each scenario N times (seeds SEED, SEED+1, ...) and summarise their visitors pooled too: "
+        "one two-minute sale counts 30-100 visitors, too few for its p90 to tell an estimator from a run's luck",
+    )
     parser.add_argument("--again", type=Path, help="summarise the visitors of a saved run (its JSON) again")
     args = parser.parse_args()
     if args.again:
@@ -380,17 +387,34 @@ def main() -> None:
     results = []
     try:
         for scenario in scenarios:
-            result = run_scenario(product, scenario, seed=args.seed)
-            results.append(result)
-            print(json.dumps({k: v for k, v in result.items() if k != "crowd"}), flush=True)
+            for run in range(args.repeat):
+                result = run_scenario(product, scenario, seed=args.seed + run)
+                results.append(result)
+                print(json.dumps({k: v for k, v in result.items() if k != "crowd"}), flush=True)
     finally:
         close()
     (OUT / "estimate_sim.json").write_text(json.dumps(results, indent=2))
+    report(results)
+
+
+def report(results: list[dict[str, Any]]) -> None:
+    """Each run's row; where a scenario ran more than once, a row of its runs' visitors pooled."""
     print()
     print(HEADER)
     for result in results:
         print(row(result))
+    for name, runs in pooled(results).items():
+        crowd = [visitor for result in runs for visitor in crowd_of(result)]
+        print(row({**summarise(crowd), "name": f"{name}, {len(runs)} runs pooled", "visitors": len(crowd)}))
     _drawn_lines(results)
+
+
+def pooled(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The runs of each scenario that ran more than once, by name."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for result in results:
+        runs.setdefault(result["name"], []).append(result)
+    return {name: group for name, group in runs.items() if len(group) > 1}
 
 
 def _drawn_lines(results: list[dict[str, Any]]) -> None:
@@ -411,11 +435,8 @@ def crowd_of(result: dict[str, Any]) -> list[Visitor]:
 
 def again(path: Path) -> None:
     """The figures of a saved run, summarised again (after the summary gained a figure)."""
-    print(HEADER)
     results = json.loads(path.read_text())
-    for result in results:
-        print(row({**result, **summarise(crowd_of(result))}))
-    _drawn_lines(results)
+    report([{**result, **summarise(crowd_of(result))} for result in results])
 
 
 if __name__ == "__main__":

@@ -29,8 +29,7 @@ from .schema import JSON_BODY, error_responses
 from .throttling import rate_limited
 from .views import TICKET_AUTH
 
-
-# The waiting page's own words for it (views.EMAIL_SAID "late"): one message id, translated once.
+# The waiting page's own words for it (views.NOTIFY_SAID "late"): one message id, translated once.
 NOT_WAITING = gettext_noop("Only people waiting in line can be e-mailed, and you are no longer waiting.")
 
 
