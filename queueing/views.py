@@ -36,7 +36,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from . import modes, selectors, services, tokens
 from .api.answers import join_answer
 from .api.codes import code_answer
-from .api.notices import notify_answer
+from .api.notices import NOT_WAITING, notify_answer
 from .api.serializers import PRIORITY_CODE_MAX
 from .middleware import QueueAccess, access_cookie_name, queue_access_serve, waiting_page_url
 from .models import Queue
@@ -360,7 +360,7 @@ NOTIFY_SAID = {
     "kept": _("We will e-mail you when your turn is near, and again when it comes. You may leave this page."),
     "bad": _("That does not look like an e-mail address. Please check it and try again."),
     "limited": _("Too many addresses were left from here. Please wait a few minutes and try again."),
-    "late": _("Only people waiting in line can be e-mailed, and you are no longer waiting."),
+    "late": _(NOT_WAITING),  # the API's words for it too
 }
 
 

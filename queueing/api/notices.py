@@ -29,7 +29,7 @@ from .schema import JSON_BODY, error_responses
 from .throttling import rate_limited
 from .views import TICKET_AUTH
 
-# The waiting page's own words for it (views.NOTIFY_SAID "late"): one message id, translated once.
+# A visitor no longer waiting, in the API's answer and on the page without JavaScript (views.NOTIFY_SAID).
 NOT_WAITING = gettext_noop("Only people waiting in line can be e-mailed, and you are no longer waiting.")
 
 
