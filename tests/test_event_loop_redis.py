@@ -1,4 +1,4 @@
-"""The event loop's connections to Redis (store.connection._Lane): a Redis that stops answering fails the
+"""The event loop's connections to Redis (store.lanes._Lane): a Redis that stops answering fails the
 command in time, a Redis that restarted is reconnected to, and nothing is left waiting."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 import pytest
 import redis
 
-from queueing.store import connection
+from queueing.store import connection, lanes
 
 from .stack import redis_server
 
@@ -31,7 +31,7 @@ def private_redis(tmp_path, settings, monkeypatch):
     port = _free_port()
     server = redis_server(port, tmp_path)
     settings.REDIS_URL = f"redis://127.0.0.1:{port}/0"
-    monkeypatch.setattr(connection, "LANE_TIMEOUT_SECONDS", 1.0)
+    monkeypatch.setattr(lanes, "LANE_TIMEOUT_SECONDS", 1.0)
     yield port, server
     stop_process(server)
 
@@ -80,7 +80,7 @@ async def test_a_burst_of_commands_shares_a_bounded_number_of_connections_and_ev
     """Reproduces what a websocket server met when its sockets said hello again all at once: a connection
     opened per command in flight, and kept (117 after 1,000 hellos)."""
     port, _ = private_redis
-    monkeypatch.setattr(connection, "LANE_CONNECTIONS", 8)
+    monkeypatch.setattr(lanes, "LANE_CONNECTIONS", 8)
     lane = connection._async_connection.lane()
     try:
         replies = await asyncio.gather(*(lane.command("INCR", "burst") for _ in range(1000)))
@@ -94,7 +94,7 @@ async def test_a_burst_of_commands_shares_a_bounded_number_of_connections_and_ev
 @pytest.mark.asyncio
 async def test_a_command_waiting_for_a_connection_that_never_comes_free_fails_in_time(private_redis, monkeypatch):
     port, _ = private_redis
-    monkeypatch.setattr(connection, "LANE_CONNECTIONS", 1)
+    monkeypatch.setattr(lanes, "LANE_CONNECTIONS", 1)
     lane = connection._async_connection.lane()  # its timeout: 1 s (private_redis)
     try:
         held = await lane._take()  # the one connection, taken (as a command in flight would hold it)
@@ -113,7 +113,7 @@ async def test_a_command_waiting_for_a_connection_that_never_comes_free_fails_in
 @pytest.mark.asyncio
 async def test_a_dropped_connection_hands_its_place_to_a_waiting_command(private_redis, monkeypatch):
     port, _ = private_redis
-    monkeypatch.setattr(connection, "LANE_CONNECTIONS", 2)
+    monkeypatch.setattr(lanes, "LANE_CONNECTIONS", 2)
     lane = connection._async_connection.lane()
     try:
         assert await lane.command("PING") in (True, "PONG")
