@@ -1,26 +1,17 @@
-"""Queue configuration: rooms, priority levels and codes, API keys, signing keys, the change log.
-
-Live state (who waits, who holds a slot) is in Redis, never here. Nothing in `save()` has side effects:
-services write a queue and then mirror its policy to Redis (`services.queue_config_sync`).
-"""
+"""A queue's configuration: its policy, schedule, mode, texts and page, mirrored to Redis by services."""
 
 from __future__ import annotations
 
 import json
-import secrets
 import zoneinfo
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
-from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
-from django.utils import dateformat, timezone
-from rest_framework_api_key.models import AbstractAPIKey
 
 # Bounds of a queue's adaptive outflow adjustment interval (health.py judges the site over one interval).
 ADAPTIVE_INTERVAL_MIN_SECONDS = 2
@@ -44,6 +35,9 @@ def validate_target_url(value: str) -> None:
 def _ms(moment: datetime | None) -> int:
     return int(moment.timestamp() * 1000) if moment else 0
 
+
+# How far ahead a joiner of each level is placed when the queue names no level of its own (PriorityLevel).
+DEFAULT_FRACTIONS = {0: 0.0, 1: 0.1, 2: 0.5, 3: 1.0}
 
 POW_MAX_BITS = 32  # about 4 x 10^9 hashes on average: far beyond any honest client
 
@@ -397,7 +391,7 @@ class Queue(models.Model):
 
     def policy(self) -> dict[str, Any]:
         """What the Redis scripts need to know about this queue (mirrored into Redis)."""
-        fractions = dict(PriorityLevel.DEFAULT_FRACTIONS)
+        fractions = dict(DEFAULT_FRACTIONS)
         fractions.update({lvl.level: lvl.placement_fraction for lvl in self.priority_levels.all()})
         return {
             "pf1": fractions[1],
@@ -464,291 +458,3 @@ class Queue(models.Model):
             return False
         known = getattr(self, "has_codes", None)
         return bool(self.priority_codes.exists() if known is None else known)
-
-
-class PriorityLevel(models.Model):
-    """How far ahead a joiner of this level is placed (seed 003).
-
-    `placement_fraction` is the share of the current line the joiner is placed ahead of, counted from the
-    back: 0 = back of the queue, 0.1 = ahead of the last 10%, 1 = the front. Level 3 (premium) is also
-    admitted at once when a slot is free.
-    """
-
-    class Level(models.IntegerChoices):
-        NORMAL = 0, "Normal"
-        ELEVATED = 1, "Elevated"
-        VIP = 2, "VIP"
-        PREMIUM = 3, "Premium"
-
-    DEFAULT_FRACTIONS = {0: 0.0, 1: 0.1, 2: 0.5, 3: 1.0}
-
-    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="priority_levels")
-    level = models.PositiveSmallIntegerField(choices=Level.choices)
-    name = models.CharField(max_length=50)
-    placement_fraction = models.FloatField(
-        validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
-        help_text="Share of the line (from the back) a joiner is placed ahead of: 0 back, 1 front.",
-    )
-    group = models.ForeignKey(
-        Group,
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        help_text="Signed-in members of this group join at this level.",
-    )
-
-    class Meta:
-        ordering = ("queue", "level")
-        constraints = [models.UniqueConstraint(fields=("queue", "level"), name="unique_priority_level_per_queue")]
-
-    def __str__(self) -> str:
-        return f"{self.queue.slug}: {self.level} {self.name}"
-
-    def clean(self) -> None:
-        if self.level == self.Level.NORMAL and self.placement_fraction not in (0, 0.0, None):
-            raise ValidationError({"placement_fraction": "Normal joiners always go to the back (0)."})
-
-
-PRIORITY_CODE_BYTES = 12  # 96 bits: a code cannot be guessed (joins that try codes are rate-limited too)
-
-
-def priority_code_new() -> str:
-    """A fresh priority code: 16 URL-safe characters, 96 random bits (an operator may type their own)."""
-    return secrets.token_urlsafe(PRIORITY_CODE_BYTES)
-
-
-class PriorityCode(models.Model):
-    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="priority_codes")
-    code = models.CharField(
-        max_length=64,
-        default=priority_code_new,
-        help_text='What visitors send with their join (priority_code in the API). Case counts ("vip" is '
-        'not "VIP"). Leave the generated one (96 random bits) unless you need a memorable code: a short or '
-        "guessable code will be guessed. To make many at once, use the queue list's \"Generate priority "
-        'codes" action.',
-        validators=[RegexValidator(r"^[A-Za-z0-9_-]{4,64}$", "4-64 letters, digits, '-' or '_'.")],
-    )
-    level = models.PositiveSmallIntegerField(choices=[c for c in PriorityLevel.Level.choices if c[0] > 0])
-    max_uses = models.PositiveIntegerField(
-        null=True,
-        blank=True,
-        help_text="How many joins may use this code; after that it is refused. Empty means unlimited.",
-    )
-    uses = models.PositiveIntegerField(default=0, editable=False)
-    expires_at = models.DateTimeField(
-        null=True, blank=True, help_text="After this time the code is refused. Empty means it never expires."
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ("queue", "code")
-        constraints = [models.UniqueConstraint(fields=("queue", "code"), name="unique_priority_code_per_queue")]
-
-    def __str__(self) -> str:
-        return f"{self.queue.slug}: {self.code}"
-
-    def clean(self) -> None:
-        if self.max_uses == 0:
-            raise ValidationError({"max_uses": "Leave empty for unlimited; 0 would never be usable."})
-
-
-class QueueAPIKey(AbstractAPIKey):
-    """A protected site's key for one queue: stored hashed (SHA-512), shown once on creation."""
-
-    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="api_keys")
-
-    class Meta(AbstractAPIKey.Meta):
-        verbose_name = "API key"
-        verbose_name_plural = "API keys"
-
-
-class ManagementKey(AbstractAPIKey):
-    """A key for automation (Terraform, CI, a script): the management API without a staff login
-    (`Authorization: Api-Key <key>`). It may do what its role's group may (README "Roles"): an operator
-    key what Queue operators may, a viewer key what Queue viewers may. Stored hashed, shown once."""
-
-    class Role(models.TextChoices):
-        OPERATOR = "operator", "Operator (what the Queue operators group may do)"
-        VIEWER = "viewer", "Viewer (reads only, as the Queue viewers group)"
-
-    role = models.CharField(max_length=10, choices=Role.choices, default=Role.OPERATOR)
-
-    class Meta(AbstractAPIKey.Meta):
-        verbose_name = "management key"
-        verbose_name_plural = "management keys"
-
-
-class SigningKey(models.Model):
-    """An Ed25519 key that signs access tokens, published at /.well-known/jwks.json.
-
-    Rotation with overlap: a new key is published `WR_KEY_PUBLISH_LEAD` before it starts signing, and the
-    key it replaces stays published until every token it signed has expired.
-    """
-
-    kid = models.CharField(max_length=40, unique=True)
-    private_key_pem = models.TextField()
-    public_jwk = models.JSONField()
-    created_at = models.DateTimeField(default=timezone.now)
-    signs_from = models.DateTimeField(default=timezone.now)
-    retires_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ("-signs_from",)
-
-    def __str__(self) -> str:
-        return self.kid
-
-
-class QueueChange(models.Model):
-    """The audit log: who changed what on a queue, with the values before and after. It outlives its queue
-    (the entry keeps the slug) and cannot be edited or deleted from admin."""
-
-    queue = models.ForeignKey(Queue, null=True, blank=True, on_delete=models.SET_NULL, related_name="changes")
-    queue_slug = models.CharField(max_length=64, default="", help_text="The queue's slug when the entry was made.")
-    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
-    actor_label = models.CharField(max_length=150, help_text="Who, when there is no user (a command).")
-    action = models.CharField(max_length=40)
-    before = models.JSONField(default=dict, encoder=DjangoJSONEncoder)
-    after = models.JSONField(default=dict, encoder=DjangoJSONEncoder)
-    created_at = models.DateTimeField(default=timezone.now, db_index=True)
-
-    class Meta:
-        ordering = ("-created_at", "-id")
-
-    def __str__(self) -> str:
-        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.queue_slug} {self.action} by {self.actor_label}"
-
-    def summary(self) -> str:
-        """What changed, as people read it: "capacity 3 → 5, state open → paused" (a creation: what it was
-        created with; an entry without values: its action; a change inside a group of values, such as a
-        priority level's: "level 2 placement fraction 0.5 → 0.6")."""
-        if self.action == "create":
-            return "created: " + ", ".join(f"{_words(k)} {_shown(v)}" for k, v in sorted(self.after.items()))
-        group = {"priority_levels": "level ", "texts": "text "}.get(self.action, "")
-        parts: list[str] = []
-        for key in dict.fromkeys([*self.before, *self.after]):
-            before, after = self.before.get(key), self.after.get(key)
-            if isinstance(before, dict) and isinstance(after, dict):
-                parts += [
-                    f"{group}{_words(key)} {_words(inner)} {_shown(before.get(inner))} → {_shown(after.get(inner))}"
-                    for inner in dict.fromkeys([*before, *after])
-                    if before.get(inner) != after.get(inner)
-                ]
-            elif key in self.before:
-                parts.append(f"{group}{_words(key)} {_shown(before)} → {_shown(after)}")
-            else:
-                parts.append(f"{group}{_words(key)} {_shown(after)}")
-        return ", ".join(parts) or self.action_words
-
-    @property
-    def action_words(self) -> str:
-        return _words(self.action)
-
-
-def _words(name: str) -> str:
-    return name.replace("_", " ")
-
-
-def _shown(value: Any) -> str:
-    if value is None or value == "":
-        return "—"
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, dict):
-        return ", ".join(f"{_words(k)} {_shown(v)}" for k, v in value.items())
-    if isinstance(value, str) and len(value) >= 19 and value[4] == "-" and value[10] == "T":
-        try:  # a time (ISO 8601, as the log's JSON keeps it): shown as the dashboard shows every time
-            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            return value
-        return dateformat.format(timezone.localtime(moment) if timezone.is_aware(moment) else moment, "Y-m-d H:i:s T")
-    return str(value)
-
-
-class FinishedTicket(models.Model):
-    """A ticket that finished (left, expired, completed, revoked), noted from Redis by the cleanup task
-    every few seconds, so that if Redis loses the queue's state the ticket is not given back a place or a
-    session (SPEC 3.6). Kept a day; only the sequence number (unique per queue across epochs) is needed."""
-
-    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="finished_tickets")
-    seq = models.BigIntegerField()
-    noted_at = models.DateTimeField(default=timezone.now, db_index=True)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["queue", "seq"], name="one_note_per_finished_ticket")]
-
-    def __str__(self) -> str:
-        return f"{self.queue.slug} #{self.seq}"
-
-
-class QueueShuffle(models.Model):
-    """The auditable pre-queue shuffle of one scheduled start (SPEC 3.3).
-
-    When the schedule is set the queue commits to a random seed by publishing its SHA-256
-    (`commitment`); at the start the seed is revealed with the pre-queue's tickets (sequence number and
-    priority level) and the order they were put in, which anyone can recompute (queueing/shuffle.py,
-    `manage.py verify_shuffle`; shuffle.public_record is what is published)."""
-
-    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="shuffles")
-    starts_at = models.DateTimeField(help_text="The start this shuffle is for.")
-    seed = models.CharField(max_length=64, editable=False)
-    commitment = models.CharField(max_length=64, editable=False, help_text="SHA-256 of the seed, published.")
-    committed_at = models.DateTimeField(default=timezone.now)
-    revealed_at = models.DateTimeField(null=True, blank=True)
-    tickets = models.JSONField(default=list, help_text="[[sequence number, priority level], ...] in the pre-queue.")
-    order = models.JSONField(default=list, help_text="Their sequence numbers in the order they were put in.")
-    # A stateless queue's pre-queue is a range of numbers, shuffled number by number (shuffle.place).
-    numbers = models.JSONField(null=True, blank=True, help_text="Stateless mode: [first, last] number shuffled.")
-
-    class Meta:
-        ordering = ("-starts_at",)
-        constraints = [models.UniqueConstraint(fields=["queue", "starts_at"], name="one_shuffle_per_start")]
-
-    def __str__(self) -> str:
-        return f"{self.queue.slug} start {self.starts_at:%Y-%m-%d %H:%M:%S}"
-
-
-class TurnNotice(models.Model):
-    """A waiting visitor's e-mail address, to tell them when their turn is near and when it comes (issue 20,
-    "Notify me"). Kept only while the ticket waits: deleted once the turn is told, the ticket ends without
-    one, or the ticket's lifetime is over (services.turn_notices_send). One per ticket."""
-
-    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="turn_notices")
-    ticket_id = models.CharField(max_length=100)
-    epoch = models.PositiveIntegerField()
-    email = models.EmailField()
-    language = models.CharField(max_length=10, default="en")
-    # The link that takes the visitor back to their place in any browser (it carries their identity, signed).
-    link = models.URLField(max_length=1000)
-    near_sent_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        ordering = ("created_at",)
-        constraints = [models.UniqueConstraint(fields=["queue", "ticket_id"], name="one_notice_per_ticket")]
-
-    def __str__(self) -> str:
-        return f"{self.queue.slug} {self.ticket_id[:10]}"
-
-
-class QueueText(models.Model):
-    """A queue's own words in one language (issue 20): its name, intro and closed-page texts as visitors who
-    read that language see them. A word left empty falls back to the queue's own."""
-
-    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="texts")
-    language = models.CharField(max_length=10, choices=settings.LANGUAGES)
-    name = models.CharField(max_length=120, blank=True)
-    intro = models.TextField(max_length=500, blank=True)
-    closed_message = models.TextField("closed message", max_length=500, blank=True)
-    closed_link_text = models.CharField("closed page's link text", max_length=100, blank=True)
-
-    class Meta:
-        ordering = ("queue", "language")
-        constraints = [models.UniqueConstraint(fields=("queue", "language"), name="one_text_per_language")]
-        verbose_name = "text in another language"
-        verbose_name_plural = "texts in other languages"
-
-    def __str__(self) -> str:
-        return f"{self.queue.slug} ({self.language})"
