@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 
 from .. import modes, ratelimit, selectors, services, tokens
 from ..visitors import client_address
+from . import responses as r
 from . import serializers as s
 from .answers import REFUSALS, Answer, authorization, no_queue, poll_headers, ticket_claims
 from .errors import ApiError
@@ -72,7 +73,7 @@ class CodeView(APIView):
         ),
         request=s.CodeRequestSerializer,
         examples=[OpenApiExample("Enter a code", value={"code": "SPRING-VIP-7Q2X"}, request_only=True)],
-        responses={200: s.CodeResponseSerializer, **error_responses(*JSON_BODY, 401, 404, 406, 409, 429, 503)},
+        responses={200: r.CodeResponseSerializer, **error_responses(*JSON_BODY, 401, 404, 406, 409, 429, 503)},
         auth=TICKET_AUTH,
     )
     def post(self, request: Request, slug: str) -> Response:

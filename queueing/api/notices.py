@@ -21,6 +21,7 @@ from rest_framework.views import APIView
 
 from .. import ratelimit, selectors, services, tokens
 from ..visitors import client_address, resume_token, visitor_cookie_id
+from . import responses as r
 from . import serializers as s
 from .answers import Answer, authorization, ticket_claims
 from .codes import TICKET_UNKNOWN
@@ -100,7 +101,7 @@ class NotifyView(APIView):
         ),
         request=s.NotifyRequestSerializer,
         examples=[OpenApiExample("Leave an address", value={"email": "ada@example.com"}, request_only=True)],
-        responses={201: s.NotifyResponseSerializer, **error_responses(*JSON_BODY, 401, 404, 406, 409, 429, 503)},
+        responses={201: r.NotifyResponseSerializer, **error_responses(*JSON_BODY, 401, 404, 406, 409, 429, 503)},
         auth=TICKET_AUTH,
     )
     def post(self, request: Request, slug: str) -> Response:

@@ -16,10 +16,10 @@ from typing import Any, cast
 from drf_spectacular.extensions import OpenApiSerializerExtension, OpenApiViewExtension
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 
-from . import serializers as s
+from . import responses as r
 
 ERRORS = {
-    code: OpenApiResponse(s.ErrorSerializer, description=desc)
+    code: OpenApiResponse(r.ErrorSerializer, description=desc)
     for code, desc in {
         400: "Bad request: malformed_json, invalid_request (with `fields`), unknown_fields (with `fields`), "
         "invalid_visitor_id, invalid_priority_code, invalid_access_token, invalid_proof_of_work",

@@ -22,6 +22,7 @@ from rest_framework_simplejwt.authentication import JWTAuthentication
 from .. import modes, selectors, services, signing_keys, tokens
 from ..models import Queue
 from ..visitors import client_address
+from . import responses as r
 from . import serializers as s
 from .answers import authorization, join_answer, status_answer, ticket_claims, window_answer
 from .authentication import ManagementKeyAuthentication
@@ -86,8 +87,8 @@ class JoinView(APIView):
         ],
         parameters=[OpenApiParameter("X-Visitor-Id", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False)],
         responses={
-            201: s.JoinResponseSerializer,
-            200: s.JoinResponseSerializer,
+            201: r.JoinResponseSerializer,
+            200: r.JoinResponseSerializer,
             **error_responses(*JSON_BODY, 403, 406, 409, 428, 429, 503),
         },
         auth=[],
@@ -104,7 +105,7 @@ class StatusView(APIView):
         operation_id="ticket_status",
         summary="A ticket's status (also its heartbeat)",
         description="Poll again after `poll_after_seconds` (also sent as Retry-After while waiting).",
-        responses={200: s.StatusResponseSerializer, **error_responses(401, 429, 503)},
+        responses={200: r.StatusResponseSerializer, **error_responses(401, 429, 503)},
         auth=TICKET_AUTH,
     )
     def get(self, request: Request, slug: str) -> Response:
@@ -120,7 +121,7 @@ class NeighboursView(APIView):
     @extend_schema(
         operation_id="ticket_neighbours",
         summary="The few visitors around you in line (display names only)",
-        responses={200: s.NeighboursResponseSerializer, **error_responses(401, 406, 429, 503)},
+        responses={200: r.NeighboursResponseSerializer, **error_responses(401, 406, 429, 503)},
         auth=TICKET_AUTH,
     )
     def get(self, request: Request, slug: str) -> Response:
@@ -150,7 +151,7 @@ class ChallengeView(APIView):
             "With the gate off, `difficulty` is 0 and joins need nothing."
         ),
         request=None,
-        responses={201: s.ChallengeResponseSerializer, **error_responses(406, 429, 503)},
+        responses={201: r.ChallengeResponseSerializer, **error_responses(406, 429, 503)},
     )
     def post(self, request: Request, slug: str) -> Response:
         try:
@@ -174,7 +175,7 @@ class WindowView(APIView):
             "`Cache-Control: max-age` lasts until about the next step. An active ticket gets its access token "
             "from the status endpoint. 404 `not_found` for a tracked queue."
         ),
-        responses={200: s.WindowResponseSerializer, **error_responses(429, 503)},
+        responses={200: r.WindowResponseSerializer, **error_responses(429, 503)},
     )
     def get(self, request: Request, slug: str) -> Response:
         return window_answer(slug, client_address(request.META)).drf()
@@ -207,7 +208,7 @@ class ShuffleView(APIView):
             f"for {SHUFFLE_REVEALED_MAX_AGE} s once revealed (it never changes then); send `If-None-Match` "
             "with the `ETag` to get 304. Rate-limited per client address."
         ),
-        responses={200: s.ShuffleResponseSerializer, 304: None, **error_responses(406, 429)},
+        responses={200: r.ShuffleResponseSerializer, 304: None, **error_responses(406, 429)},
     )
     def get(self, request: Request, slug: str) -> Response:
         summary = selectors.queue_shuffle_summary_get(slug=slug)
@@ -258,7 +259,7 @@ class VerifyView(_ProtectedSiteView):
                 request_only=True,
             )
         ],
-        responses={200: s.VerifyResponseSerializer, **error_responses(*JSON_BODY, 401, 403, 406, 429, 503)},
+        responses={200: r.VerifyResponseSerializer, **error_responses(*JSON_BODY, 401, 403, 406, 429, 503)},
         auth=API_KEY_AUTH,
     )
     def post(self, request: Request, slug: str) -> Response:
@@ -323,7 +324,7 @@ class CapacityView(_ProtectedSiteView):
         summary="Report the site's own count of sessions in use (absolute)",
         request=s.CapacitySerializer,
         examples=[OpenApiExample("Three sessions in use", value={"in_use": 3}, request_only=True)],
-        responses={200: s.CapacityResponseSerializer, **error_responses(*JSON_BODY, 401, 403, 406, 429, 503)},
+        responses={200: r.CapacityResponseSerializer, **error_responses(*JSON_BODY, 401, 403, 406, 429, 503)},
         auth=API_KEY_AUTH,
     )
     def put(self, request: Request, slug: str) -> Response:
@@ -351,7 +352,7 @@ class HealthView(_ProtectedSiteView):
                 request_only=True,
             )
         ],
-        responses={200: s.SiteHealthSerializer, **error_responses(*JSON_BODY, 401, 403, 406, 429, 503)},
+        responses={200: r.SiteHealthSerializer, **error_responses(*JSON_BODY, 401, 403, 406, 429, 503)},
         auth=API_KEY_AUTH,
     )
     def post(self, request: Request, slug: str) -> Response:
@@ -366,7 +367,7 @@ class HealthView(_ProtectedSiteView):
 
 
 def _queue_payload(queue: Queue) -> dict[str, Any]:
-    return dict(s.QueueSerializer(queue).data)
+    return dict(r.QueueSerializer(queue).data)
 
 
 class _StaffView(APIView):
@@ -384,7 +385,7 @@ class StatsView(_StaffView):
     @extend_schema(
         operation_id="queue_stats",
         summary="Live figures of a queue",
-        responses={200: s.StatsResponseSerializer, **error_responses(401, 403, 406, 429, 503)},
+        responses={200: r.StatsResponseSerializer, **error_responses(401, 403, 406, 429, 503)},
         auth=STAFF_AUTH,
     )
     def get(self, request: Request, slug: str) -> Response:
@@ -397,7 +398,7 @@ class PauseView(_StaffView):
         operation_id="queue_pause",
         summary="Pause admission (joins still accepted)",
         request=None,
-        responses={200: s.QueueSerializer, **error_responses(401, 403, 406, 429, 503)},
+        responses={200: r.QueueSerializer, **error_responses(401, 403, 406, 429, 503)},
         auth=STAFF_AUTH,
     )
     def post(self, request: Request, slug: str) -> Response:
@@ -410,7 +411,7 @@ class ResumeView(_StaffView):
         operation_id="queue_resume",
         summary="Resume admission",
         request=None,
-        responses={200: s.QueueSerializer, **error_responses(401, 403, 406, 429, 503)},
+        responses={200: r.QueueSerializer, **error_responses(401, 403, 406, 429, 503)},
         auth=STAFF_AUTH,
     )
     def post(self, request: Request, slug: str) -> Response:
@@ -425,7 +426,7 @@ class QueueView(_StaffView):
     @extend_schema(
         operation_id="queue_get",
         summary="A queue's admission policy",
-        responses={200: s.QueueSerializer, **error_responses(401, 403, 406, 429, 503)},
+        responses={200: r.QueueSerializer, **error_responses(401, 403, 406, 429, 503)},
         auth=STAFF_AUTH,
     )
     def get(self, request: Request, slug: str) -> Response:
@@ -452,7 +453,7 @@ class QueueView(_StaffView):
                 request_only=True,
             ),
         ],
-        responses={200: s.QueueSerializer, **error_responses(*JSON_BODY, 401, 403, 406, 429, 503)},
+        responses={200: r.QueueSerializer, **error_responses(*JSON_BODY, 401, 403, 406, 429, 503)},
         auth=STAFF_AUTH,
     )
     def patch(self, request: Request, slug: str) -> Response:
@@ -487,7 +488,7 @@ class QueuesView(_StaffView):
     @extend_schema(
         operation_id="queue_list",
         summary="Every queue's settings",
-        responses={200: s.QueueSerializer(many=True), **error_responses(401, 403, 406, 429, 503)},
+        responses={200: r.QueueSerializer(many=True), **error_responses(401, 403, 406, 429, 503)},
         auth=STAFF_AUTH,
     )
     def get(self, request: Request) -> Response:
@@ -511,7 +512,7 @@ class QueuesView(_StaffView):
                 request_only=True,
             )
         ],
-        responses={201: s.QueueSerializer, **error_responses(*JSON_BODY, 401, 403, 406, 409, 429, 503)},
+        responses={201: r.QueueSerializer, **error_responses(*JSON_BODY, 401, 403, 406, 409, 429, 503)},
         auth=STAFF_AUTH,
     )
     def post(self, request: Request) -> Response:
