@@ -1,7 +1,7 @@
 from django.urls import path
 
 from .. import converters  # noqa: F401  (registers the "queue" path converter)
-from . import codes, management, notices, views
+from . import codes, management, notices, protected, views
 
 urlpatterns = [
     path("queues/<queue:slug>/join", views.JoinView.as_view(), name="queue-join"),
@@ -13,11 +13,11 @@ urlpatterns = [
     path("queues/<queue:slug>/shuffle", views.ShuffleView.as_view(), name="queue-shuffle"),
     path("queues/<queue:slug>/window", views.WindowView.as_view(), name="queue-window"),
     path("queues/<queue:slug>/neighbours", views.NeighboursView.as_view(), name="queue-neighbours"),
-    path("queues/<queue:slug>/sessions/verify", views.VerifyView.as_view(), name="session-verify"),
-    path("queues/<queue:slug>/sessions/complete", views.CompleteView.as_view(), name="session-complete"),
-    path("queues/<queue:slug>/sessions/revoke", views.RevokeView.as_view(), name="session-revoke"),
-    path("queues/<queue:slug>/capacity", views.CapacityView.as_view(), name="queue-capacity"),
-    path("queues/<queue:slug>/health", views.HealthView.as_view(), name="queue-health"),
+    path("queues/<queue:slug>/sessions/verify", protected.VerifyView.as_view(), name="session-verify"),
+    path("queues/<queue:slug>/sessions/complete", protected.CompleteView.as_view(), name="session-complete"),
+    path("queues/<queue:slug>/sessions/revoke", protected.RevokeView.as_view(), name="session-revoke"),
+    path("queues/<queue:slug>/capacity", protected.CapacityView.as_view(), name="queue-capacity"),
+    path("queues/<queue:slug>/health", protected.HealthView.as_view(), name="queue-health"),
     path("queues/<queue:slug>/stats", views.StatsView.as_view(), name="queue-stats"),
     path("queues/<queue:slug>/pause", views.PauseView.as_view(), name="queue-pause"),
     path("queues/<queue:slug>/resume", views.ResumeView.as_view(), name="queue-resume"),
