@@ -47,10 +47,13 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out"
 SCENARIOS = ROOT / "bench" / "estimate_scenarios.json"
 COUNTED_WAIT_S = 10.0
-# The visitors' status limiter, lifted: a thousand visitors share the simulator's one address for joins.
+# Between two sales of one queue (--same-queue): the tick skips the last silent tickets, and the line is empty.
+LINE_CLEARS_S = 5.0
+# The limiters per address, lifted: a thousand visitors share the simulator's one address for joins, and
+# its priority joiners for their codes (20 in 10 minutes: a second run's were refused 429, and joined no lane).
 LIMITS = {
-    "join": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 60, "max_requests": 10**9},
-    "challenge": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 60, "max_requests": 10**9},
+    scope: {"algorithm": "sliding_window_counter", "fixed_window_seconds": 60, "max_requests": 10**9}
+    for scope in ("join", "challenge", "priority_code")
 }
 
 
@@ -65,6 +68,7 @@ class Visitor:
     joined_at: float = 0.0
     told: int | None = None  # estimated_wait_seconds at its join
     told_range: list[int] | None = None
+    ahead: int | None = None  # tickets ahead of it at its join
     seen: list[tuple[float, int]] = field(default_factory=list)  # (seconds since join, estimate) at polls
     admitted_at: float | None = None
     outcome: str = "waiting"
@@ -111,6 +115,7 @@ async def visit(
     answer = joined.json()
     ticket = answer["ticket"]
     visitor.told, visitor.told_range = answer.get("estimated_wait_seconds"), answer.get("estimated_wait_range")
+    visitor.ahead = answer.get("ahead")
     auth = {"Authorization": f"Bearer {ticket}"}
     while answer["status"] == "waiting":
         pause = float(answer.get("poll_after_seconds") or 2.0)
@@ -173,9 +178,13 @@ def priority_codes(product: Product, slug: str, scenario: dict[str, Any]) -> lis
     return [code]
 
 
-def run_scenario(product: Product, scenario: dict[str, Any], *, seed: int = 1) -> dict[str, Any]:
-    """One sale on a queue of its own; what the visitors were told and had, summarised."""
-    slug = f"sim-{scenario['name'][:30]}-{uuid.uuid4().hex[:6]}".lower()
+def run_scenario(product: Product, scenario: dict[str, Any], *, seed: int = 1, slug: str = "") -> dict[str, Any]:
+    """One sale, on a queue of its own or on `slug`'s (a later sale of a queue that has run one); what the
+    visitors were told and had, summarised."""
+    later_sale = bool(slug)
+    if later_sale:
+        time.sleep(LINE_CLEARS_S)
+    slug = slug or f"sim-{scenario['name'][:30]}-{uuid.uuid4().hex[:6]}".lower()
     policy = {"state": "open", "max_tickets_per_address": 0, "pow_difficulty": 0, **scenario["policy"]}
     configure(product, slug, target_url="https://shop.example/", **policy)
     key = product.manage("create_api_key", slug).strip()
@@ -210,6 +219,7 @@ def run_scenario(product: Product, scenario: dict[str, Any], *, seed: int = 1) -
         summary["drawn_at"] = round(started + schedule["starts_after"])
         summary.update(at_the_draw(crowd, summary["drawn_at"]))
     summary.update(name=scenario["name"], slug=slug, visitors=len(crowd), seconds=round(time.monotonic() - began))
+    summary["sale"] = "later" if later_sale else "first"
     summary["crowd"] = [dataclasses.asdict(visitor) for visitor in crowd]  # to study (written, not printed)
     return summary
 
@@ -310,8 +320,9 @@ def row(result: dict[str, Any]) -> str:
     def pct(value: float | None) -> str:
         return "—" if value is None else f"{value * 100:.0f} %"
 
+    name = f"{result['name']} (a later sale)" if result.get("sale") == "later" else result["name"]
     return (
-        f"| {result['name']} | {result['visitors']} | {result['counted']} ({result['told_nothing']}) "
+        f"| {name} | {result['visitors']} | {result['counted']} ({result['told_nothing']}) "
         f"| {result['wait_median_s']} s "
         f"| {pct(result['error_median'])} | {pct(result['error_p90'])} "
         f"| {result['told_over_had_p10']} · {result['told_over_had_median']} · {result['told_over_had_p90']} "
@@ -374,6 +385,14 @@ def main() -> None:
         help="run each scenario N times (seeds SEED, SEED+1, ...) and summarise their visitors pooled too: "
         "one two-minute sale counts 30-100 visitors, too few for its p90 to tell an estimator from a run's luck",
     )
+    parser.add_argument(
+        "--same-queue",
+        action="store_true",
+        help="with --repeat: the repeats are later sales of the scenario's first queue, which keeps its record "
+        "(walking away, how long sessions last, the range) from the sales before; rows are pooled by first "
+        "and later sales",
+    )
+    parser.add_argument("--out", type=Path, default=OUT / "estimate_sim.json", help="where every visitor's record goes")
     parser.add_argument("--again", type=Path, help="summarise the visitors of a saved run (its JSON) again")
     args = parser.parse_args()
     if args.again:
@@ -381,19 +400,22 @@ def main() -> None:
         return
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: still stop the product, drop its keys
     scenarios = [s for s in json.loads(args.scenarios.read_text()) if not args.only or s["name"] in args.only]
-    OUT.mkdir(parents=True, exist_ok=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="wrsim-"))
     product, close = own_product(work)
     results = []
     try:
         for scenario in scenarios:
+            slug = ""
             for run in range(args.repeat):
-                result = run_scenario(product, scenario, seed=args.seed + run)
+                result = run_scenario(product, scenario, seed=args.seed + run, slug=slug)
                 results.append(result)
+                if args.same_queue:
+                    slug = result["slug"]
                 print(json.dumps({k: v for k, v in result.items() if k != "crowd"}), flush=True)
     finally:
         close()
-    (OUT / "estimate_sim.json").write_text(json.dumps(results, indent=2))
+    args.out.write_text(json.dumps(results, indent=2))
     report(results)
 
 
@@ -413,7 +435,8 @@ def pooled(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """The runs of each scenario that ran more than once, by name."""
     runs: dict[str, list[dict[str, Any]]] = {}
     for result in results:
-        runs.setdefault(result["name"], []).append(result)
+        name = result["name"] if result.get("sale", "first") == "first" else f"{result['name']} (later sales)"
+        runs.setdefault(name, []).append(result)
     return {name: group for name, group in runs.items() if len(group) > 1}
 
 
