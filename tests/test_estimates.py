@@ -11,6 +11,7 @@ import math
 import pytest
 
 from queueing import services, store, tokens
+from queueing.selectors.tickets import sighting_ceiling
 
 from .factories import access_claims, join, status, status_reply
 
@@ -49,10 +50,12 @@ def told(
     head_s: float = 0.0,
     tokens: int = 0,
     cutting: float = 0.0,
+    lag: float = 0.0,
 ) -> int:
     """lua/_lib.lua estimate_wait, for a queue the outflow alone bounds: the t at which the admissions
     allowed by then (tokens + r_out t) reach those ahead still there when reached, and itself. Those ahead
-    have waited from head_s (the head) down to own_s (this visitor), and walk away at their band's rate."""
+    have waited from head_s (the head) down to own_s (this visitor), and walk away at their band's rate;
+    those who look present are known to have been there only lag seconds ago (presence_lag)."""
     present = ahead * (1 - min(0.9, silent))
 
     def drained(n: float) -> float:
@@ -62,7 +65,7 @@ def told(
         h = 0.0
         for b, edge in enumerate(BANDS):
             upper = BANDS[b + 1] if b + 1 < len(BANDS) else math.inf
-            h += (rates or [0.0] * 5)[b] * max(0.0, min(a, upper) - edge)
+            h += (rates or [0.0] * len(BANDS))[b] * max(0.0, min(a, upper) - edge)
         return h
 
     ages = [head_s - (head_s - own_s) * u for u in GL_U]
@@ -70,7 +73,8 @@ def told(
     def stay(t: float) -> float:
         if not rates or not any(rates) or present <= 0:
             return 1.0
-        return sum(w * math.exp(hazard(a) - hazard(a + t * u)) for a, u, w in zip(ages, GL_U, GL_W, strict=True))
+        points = zip(ages, GL_U, GL_W, strict=True)
+        return sum(w * math.exp(hazard(max(0.0, a - lag)) - hazard(a + t * u)) for a, u, w in points)
 
     t = drained(present + 1)
     if (rates and any(rates) and present > 0) or cutting > 0:
@@ -88,6 +92,13 @@ def told(
                 hi = t
         t = (lo + hi) / 2
     return math.ceil(t + 0.5)
+
+
+def presence_lag(queue) -> float:
+    """lua/_lib.lua presence_lag: a walk-away shows a presence timeout after the last sighting, and one who
+    stays was last seen half a sighting's gap ago on average."""
+    ceiling = sighting_ceiling(queue.presence_timeout, queue.claim_ttl)
+    return max(0.0, queue.presence_timeout - ceiling / 2)
 
 
 def hazard_sums(slug: str) -> list[tuple[float, float]]:
@@ -118,7 +129,8 @@ def test_visitors_who_walk_away_shorten_the_waits_told_to_those_behind(make_queu
     assert rates[0] > 3 * rates[1]  # they walked away at once: the first ten seconds' rate
     last = status(slug, later[-1], now=t0 + 25)
     ahead = last.rank or 0
-    expected = told(ahead, r_out=1, silent=stat(slug, "silent"), rates=rates, own_s=25, head_s=25)
+    lag = presence_lag(queue)
+    expected = told(ahead, r_out=1, silent=stat(slug, "silent"), rates=rates, own_s=25, head_s=25, lag=lag)
     assert last.est_wait_s == expected
     assert last.est_wait_s < ahead  # shorter than one second for every ticket ahead
 
@@ -139,8 +151,8 @@ def test_those_who_have_waited_past_the_time_people_walk_away_are_counted_as_sta
             if index % 3 != 0 or second <= 2:
                 status_reply(slug, ticket, now=t0 + second)
         tick(slug, t0 + second)
-    rates = rates_of(slug)
-    assert rates[0] > 0.01 and rates[1] < rates[0] / 5 and rates[2] < rates[0] / 5
+    record = rates_of(slug)
+    assert record[0] > 0.01 and record[1] < record[0] / 5 and record[2] < record[0] / 5
     # Forty who joined a minute ago and are all still here, then a newcomer behind them.
     t1 = t0 + 200
     old = [join(slug, f"o{i}", now=t1 - 60) for i in range(40)]  # the first takes the bucket's token
@@ -150,17 +162,78 @@ def test_those_who_have_waited_past_the_time_people_walk_away_are_counted_as_sta
     assert float(store.snapshot(slug).stats["head_js"]) == pytest.approx((t1 - 60) * 1000, abs=1)
     newcomer = join(slug, "newcomer", now=t1)
     ahead, rates = newcomer.rank or 0, rates_of(slug)  # (the tick admitted some of them: their waits count)
-    assert newcomer.est_wait_s == told(ahead, r_out=1, silent=stat(slug, "silent"), rates=rates, head_s=60)
+    lag = presence_lag(queue)
+    assert newcomer.est_wait_s == told(ahead, r_out=1, silent=stat(slug, "silent"), rates=rates, head_s=60, lag=lag)
     walk_free = told(ahead, r_out=1)
     assert newcomer.est_wait_s >= walk_free - 2  # they stay
-    assert told(ahead, r_out=1, rates=rates, head_s=0) < walk_free - 4  # a line that has just come: some go
+    assert told(ahead, r_out=1, rates=record, head_s=0) < walk_free - 4  # a line that has just come: some go
+
+
+def test_walking_away_in_the_line_is_learnt_before_the_head_reaches_it(make_queue, clock):
+    """Issue 18's forty-percent sale: the head learns walking away only from those it reaches, so a burst's
+    walk-aways teach it nothing until it gets to them, and the burst behind is told nearly the walk-free
+    wait. The tick's look at the line learns it too: a ticket found silent walked away after its wait to
+    its last sighting; one seen lately stayed at least until the presence timeout ago. Twenty who stay are
+    at the front, and half of the sixty behind them stop polling after 2 s: twelve seconds in, the head
+    has met nobody who walked away, yet the rate of the first ten seconds is known."""
+    queue = make_queue(capacity=1000, outflow_per_minute=60, burst=1, presence_timeout=5)
+    slug, t0 = queue.slug, clock.now
+    front = [join(slug, f"f{i}", now=t0) for i in range(21)][1:]  # the first takes the bucket's token
+    behind = [join(slug, f"b{i}", now=t0) for i in range(60)]
+    for second in range(1, 13):
+        for index, ticket in enumerate(front + behind):
+            if index < 20 or index % 2 == 0 or second <= 2:
+                status_reply(slug, ticket, now=t0 + second)
+        tick(slug, t0 + second)
+    assert all(walks == 0 for walks, _ in hazard_sums(slug))  # the head has admitted twelve, all present
+    rates = rates_of(slug)
+    assert rates[0] > 0.02
+    newcomer = join(slug, "newcomer", now=t0 + 12)
+    assert newcomer.est_wait_s is not None
+    assert newcomer.est_wait_s < 0.75 * told(newcomer.rank or 0, r_out=1)  # the walk-free wait
+
+
+KEEP = 1 - 1 / 50  # lua/_lib.lua HAZARD_SPAN: each departure weighs the ones before by this
+
+
+def band_seconds(b: int, waited: float) -> float:
+    """Of a wait of `waited` seconds, those spent in band b."""
+    upper = BANDS[b + 1] if b + 1 < len(BANDS) else math.inf
+    return max(0.0, min(waited, upper) - BANDS[b])
+
+
+def band_of(waited: float) -> int:
+    return max(b for b, edge in enumerate(BANDS) if waited >= edge)
+
+
+def head_sums(departures: list[tuple[int, float]]) -> list[tuple[float, float]]:
+    """'hz' after these departures (walked 0|1, seconds waited), in order, from the prior of five departures
+    of 20 s in which nobody walked away."""
+    sums = [[0.0, 5 * band_seconds(b, 20)] for b in range(len(BANDS))]
+    for walked, seconds in departures:
+        for band in sums:
+            band[0], band[1] = band[0] * KEEP, band[1] * KEEP
+        for b, band in enumerate(sums):
+            band[1] += band_seconds(b, seconds)
+        sums[band_of(seconds)][0] += walked
+    return [(walks, seconds) for walks, seconds in sums]
+
+
+def rates_from(sums: list[tuple[float, float]]) -> tuple[float, list[float]]:
+    """theta, and each band's rate leaning on the one before (the first, on theta) by 30 s."""
+    theta = sum(w for w, _ in sums) / max(1.0, sum(x for _, x in sums))
+    rates, before = [], theta
+    for walks, seconds in sums:
+        before = (walks + 30 * before) / (seconds + 30)
+        rates.append(before)
+    return theta, rates
 
 
 def test_walking_away_is_learnt_as_a_rate_from_the_departures_at_the_head(make_queue, clock):
-    """Per band of time waited (0-10 s, 10-30 s, ...), walked away ÷ seconds waited, over the departures at
-    the head: one skipped there counts the time until it was last seen, one admitted its whole wait; an
-    admission whose claim lapses was a walk-away too. Sums over the last ~50 departures, from a prior of
-    five departures of 20 s each."""
+    """Per band of time waited (0-10 s, 10-30 s, ...), walked away ÷ seconds waited, over the
+    departures at the head: one skipped there counts the time until it was last seen, one admitted its whole
+    wait; an admission whose claim lapses was a walk-away too. Sums over the last ~50 departures, from a
+    prior of five departures of 20 s each."""
     queue = make_queue(capacity=1000, outflow_per_minute=60, burst=5, presence_timeout=5, claim_ttl=20)
     slug, t0 = queue.slug, clock.now
     admitted_at_join = [join(slug, f"a{i}", now=t0) for i in range(5)]  # the bucket's five tokens
@@ -171,22 +244,19 @@ def test_walking_away_is_learnt_as_a_rate_from_the_departures_at_the_head(make_q
         status(slug, present, now=t0 + second)
         status(slug, silent, now=t0 + 3) if second == 2 else None  # last seen at t0 + 3
     admit(slug, t0 + 12)  # skips the silent one (waited 3 s), admits the present one (waited 12 s)
-    keep = 1 - 1 / 50
-    first_band = (1 * keep, 50 * keep * keep + 3 * keep + 10)  # the prior's 5 x 10 s, 3 s, then 10 of 12 s
-    second_band = (0, 50 * keep * keep + 2)  # the prior's 5 x 10 s, then 2 of 12 s
     sums = hazard_sums(slug)
-    assert sums[0] == pytest.approx(first_band, abs=1.01)  # whole seconds last seen
-    assert sums[1] == pytest.approx(second_band, abs=1e-3)
-    assert sums[2:] == [(0, 0)] * 3
-    theta = sums[0][0] / (sums[0][1] + sums[1][1])
+    expected = head_sums([(1, 3), (0, 12)])
+    assert len(sums) == len(BANDS)
+    for got, want in zip(sums, expected, strict=True):
+        assert got == pytest.approx(want, abs=1.01)  # whole seconds last seen
+    assert all(seconds == 0 for _, seconds in sums[band_of(20) + 1 :])  # nobody has waited that long
+    theta, rates = rates_from(sums)
     assert stat(slug, "theta") == pytest.approx(theta, rel=1e-4)
-    rates = rates_of(slug)  # each band leans on the one before (the first, on theta) by 30 s
-    assert rates[0] == pytest.approx((sums[0][0] + 30 * theta) / (sums[0][1] + 30), rel=1e-3)
-    assert rates[1] == pytest.approx(30 * rates[0] / (sums[1][1] + 30), rel=1e-3)
-    assert rates[2] == rates[3] == rates[4] == pytest.approx(rates[1], rel=1e-3)  # nobody has waited that long
+    assert rates_of(slug) == pytest.approx(rates, rel=1e-3)
+    assert rates[-1] == pytest.approx(rates[band_of(12)], rel=1e-3)  # beyond: as the longest wait seen
     admit(slug, t0 + 35)  # none of the six admitted came: their claims lapse
     assert hazard_sums(slug)[0][0] == pytest.approx(sums[0][0] + 5, abs=1e-3)  # the five walked away at once
-    assert hazard_sums(slug)[1][0] == pytest.approx(1)  # the present one, after it was last seen at 11 s
+    assert hazard_sums(slug)[band_of(11)][0] == pytest.approx(1)  # the present one, after it was last seen at 11 s
 
 
 def test_a_visitor_who_leaves_the_line_counts_as_walking_away(make_queue, clock):
@@ -196,10 +266,8 @@ def test_a_visitor_who_leaves_the_line_counts_as_walking_away(make_queue, clock)
     assert "hz" not in store.snapshot(queue.slug).stats
     assert services.ticket_leave(slug=queue.slug, claims=_claims(queue.slug, tickets[0]), now=t0 + 1)
     # one walk-away after a second of waiting, against the prior's 100 s (less a fiftieth)
-    keep = 1 - 1 / 50
-    sums = [x for band in hazard_sums(queue.slug) for x in band]
-    assert sums == pytest.approx([1, 50 * keep + 1, 0, 50 * keep, 0, 0, 0, 0, 0, 0])
-    assert stat(queue.slug, "theta") == pytest.approx(1 / (100 * keep + 1), rel=1e-4)
+    assert hazard_sums(queue.slug) == [pytest.approx(band, abs=1e-3) for band in head_sums([(1, 1)])]
+    assert stat(queue.slug, "theta") == pytest.approx(1 / (100 * KEEP + 1), rel=1e-4)
 
 
 def _claims(slug: str, ticket: store.TicketState) -> tokens.TicketClaims:

@@ -839,7 +839,8 @@ end
 -- their first twenty seconds, those who have waited a minute stay. The hazard is learnt per band of time
 -- waited (HAZARD_BANDS, seconds; hazard_save), and st.thetas holds each band's rate. hazard_curve makes
 -- it the cumulative hazard H(a), walk-aways expected of one who has waited a seconds: of those who have
--- waited a, e^-(H(a + s) - H(a)) are still there s seconds later.
+-- waited a, e^-(H(a + s) - H(a)) are still there s seconds later. (Eleven narrower bands, 0-5-10-20-30-45-
+-- 60-90-120-180-300 s, were tried in the simulator: no better, bench/RESULTS.md.)
 local HAZARD_BANDS = {0, 10, 30, 90, 300}
 local HAZARD_NB = #HAZARD_BANDS
 
@@ -860,21 +861,31 @@ local function hazard_curve(st)
   end
 end
 
+-- How long ago one who looks present is known to have been there: walking away shows only once the
+-- presence timeout has passed since the last sighting, and one who stays was last seen on average half a
+-- poll's gap ago (at most the sighting ceiling, selectors.tickets.sighting_ceiling, apart).
+local function presence_lag(p)
+  local ceiling = math.max(2, math.min(p.presence_timeout / 3, p.claim_ttl / 2))
+  return math.max(0, p.presence_timeout - ceiling / 2)
+end
+
 -- Of those ahead, the head reaches each in turn over the next t seconds: the one at a share u of the way
 -- from the head to this visitor is reached at u t, and has waited (linearly from the head's wait to this
--- visitor's own) A - (A - own) u. stay(t) is the share still there when reached (4-point Gauss-Legendre
--- over u: H has few kinks, and the nodes cost four H a step of the bisection).
+-- visitor's own) A - (A - own) u, and was last known to be there presence_lag(p) ago. stay(t) is the
+-- share still there when reached, e^-(H(age + u t) - H(age - lag)) (4-point Gauss-Legendre over u: H has
+-- few kinks, and the nodes cost four H a step of the bisection).
 local GL_U = {0.0694318442, 0.3300094782, 0.6699905218, 0.9305681558}
 local GL_W = {0.1739274226, 0.3260725774, 0.3260725774, 0.1739274226}
 
-local function hazard_stay(st, now, own_s)
+local function hazard_stay(p, st, now, own_s)
   local H = hazard_curve(st)
   if H == nil then return nil end
   local head_s = math.max(own_s, (now - (tonumber(st.head_js) or now)) / 1000)
   local ages, base = {}, {}
+  local lag = presence_lag(p)
   for i = 1, 4 do
     ages[i] = head_s - (head_s - own_s) * GL_U[i]
-    base[i] = H(ages[i])
+    base[i] = H(math.max(0, ages[i] - lag))
   end
   return function(t)
     local stay = 0
@@ -952,7 +963,7 @@ local function estimate_wait(p, st, ahead, now, used, level, own_s)
   end
   local t = drained(present + 1)
   if t == nil then return -1 end
-  local stay = present > 0 and hazard_stay(st, now, math.max(0, own_s or 0)) or nil
+  local stay = present > 0 and hazard_stay(p, st, now, math.max(0, own_s or 0)) or nil
   local cutting = priority_ahead_rate(p, st, ahead, level or 0, now)
   if stay ~= nil or cutting > 0 then
     local cap = 2 * (present + 1)
@@ -1032,7 +1043,10 @@ end
 -- leans on the band before it (the first, on the rate over all bands, theta): (walks + K rate before) /
 -- (seconds + K), K = HAZARD_SHRINK_S, so waits longer than any seen yet go on as the longest seen did.
 -- 'hz' holds the sums ('walks seconds' per band); 'thetas', the bands' rates, is what polls read; 'theta'
--- is the overall rate.
+-- is the overall rate. The head learns late: it meets a burst's walk-aways only once it reaches them (in
+-- the simulator's forty-percent sale, 36 s in, the rates were a tenth of the walk-aways' own). So the tick's
+-- look at the line learns too (silent_look, 'hzl': the same sums, fading by LINE_KEPT a look), and the
+-- rates are taken from both.
 local HAZARD_SPAN, HAZARD_PRIOR, HAZARD_PRIOR_S, HAZARD_SHRINK_S = 50, 5, 20, 30
 
 local function band_seconds(b, waited)  -- of a wait of `waited` seconds, those spent in band b
@@ -1058,27 +1072,44 @@ local function hazard_stored()  -- hazard_load, for a script that has not read t
   return hazard_load({hz = redis.call('HGET', K_ST, 'hz') or nil})
 end
 
-local function hazard_note(h, walked, seconds)
-  local kept = 1 - 1 / HAZARD_SPAN
+-- Adds one wait of `seconds` to sums in hz's form: its seconds to the bands it crossed, its walk (walked 1) to
+-- the band it walked in.
+local function sums_note(hl, walked, seconds)
   seconds = math.max(0, seconds)
-  for b = 1, HAZARD_NB do
-    h[2 * b - 1], h[2 * b] = h[2 * b - 1] * kept, h[2 * b] * kept + band_seconds(b, seconds)
-  end
+  for b = 1, HAZARD_NB do hl[2 * b] = hl[2 * b] + band_seconds(b, seconds) end
   if walked > 0 then
     local b = band_of(seconds)
-    h[2 * b - 1] = h[2 * b - 1] + walked
+    hl[2 * b - 1] = hl[2 * b - 1] + walked
   end
+end
+
+local function hazard_note(h, walked, seconds)
+  local kept = 1 - 1 / HAZARD_SPAN
+  for i = 1, 2 * HAZARD_NB do h[i] = h[i] * kept end
+  sums_note(h, walked, seconds)
   return h
 end
 
-local function hazard_save(h)
+-- The line's sums (silent_look), in the same form as the head's: {} when there are none.
+local function hazard_line(hzl)
+  local hl = {}
+  for x in string.gmatch(hzl or '', '%S+') do hl[#hl + 1] = tonumber(x) or 0 end
+  if #hl ~= 2 * HAZARD_NB then return {} end
+  return hl
+end
+
+-- Saves the head's sums h, and the bands' rates from them and the line's sums hl (read when not given).
+local function hazard_save(h, hl)
+  hl = hl or hazard_line(redis.call('HGET', K_ST, 'hzl') or nil)
+  local all = {}
+  for i = 1, 2 * HAZARD_NB do all[i] = h[i] + (hl[i] or 0) end
   local walks, secs = 0, 0
-  for b = 1, HAZARD_NB do walks, secs = walks + h[2 * b - 1], secs + h[2 * b] end
+  for b = 1, HAZARD_NB do walks, secs = walks + all[2 * b - 1], secs + all[2 * b] end
   local theta = walks / math.max(1, secs)
   local sums, rates, before = {}, {}, theta
   for b = 1, HAZARD_NB do
     sums[2 * b - 1], sums[2 * b] = string.format('%.6g', h[2 * b - 1]), string.format('%.6g', h[2 * b])
-    before = (h[2 * b - 1] + HAZARD_SHRINK_S * before) / (h[2 * b] + HAZARD_SHRINK_S)
+    before = (all[2 * b - 1] + HAZARD_SHRINK_S * before) / (all[2 * b] + HAZARD_SHRINK_S)
     rates[b] = string.format('%.4g', before)
   end
   redis.call('HSET', K_ST, 'hz', table.concat(sums, ' '), 'thetas', table.concat(rates, ' '), 'theta', fmt(theta))
@@ -1103,11 +1134,19 @@ end
 -- tickets, spread over the line, not seen within the presence timeout (the admission tick looks, once a
 -- second; st.silent, lightly smoothed). Walking away shows here a presence timeout after it happens, long
 -- before the head gets there: estimate_wait counts those as gone, and the others at the rate of their
--- time waited. The look notes when the head joined too (head_js: hazard_stay's oldest wait ahead).
+-- time waited. The look notes when the head joined too (head_js: hazard_stay's oldest wait ahead), and
+-- adds what each ticket it looks at says of walking away to the line's sums ('hzl'): a silent one walked
+-- away after its wait to its last sighting; any other stayed at least until a presence timeout ago (a walk
+-- since would not show yet). The sums fade by LINE_KEPT a look, and are dropped once faded below
+-- LINE_FADED (the line has been empty a while): they speak for the line as it is now.
 local SILENT_SAMPLES = 24
+local LINE_KEPT, LINE_FADED = 0.9, 0.01
 local function silent_look(p, st, now)
   local n = line_count()
   local seen, silent, head_js = 0, 0, now
+  local hl, any = hazard_line(st.hzl), false
+  for i = 1, #hl do hl[i] = hl[i] * LINE_KEPT end
+  if #hl == 0 then for i = 1, 2 * HAZARD_NB do hl[i] = 0 end end
   if n > 0 then
     local head = line_range(0, 0)
     local first = head[1] and load(vk_of(head[1]))
@@ -1121,13 +1160,29 @@ local function silent_look(p, st, now)
       local rec = batch[1] and load(vk_of(batch[1]))
       if rec and rec[R_STATUS] == WAITING then
         seen = seen + 1
-        if rec[R_SEEN] < present_since then silent = silent + 1 end
+        local joined_s = rec[R_JOINED] / 1000
+        if rec[R_SEEN] < present_since then  -- walked away after its wait to its last sighting
+          silent = silent + 1
+          sums_note(hl, 1, rec[R_SEEN] - joined_s)
+        else  -- stayed at least until the presence timeout ago: a walk since would not show yet
+          sums_note(hl, 0, present_since - joined_s)
+        end
       end
     end
   end
+  for i = 1, #hl do any = any or hl[i] > LINE_FADED end
   local share = seen > 0 and silent / seen or 0
   local old = tonumber(st.silent) or share
   redis.call('HSET', K_ST, 'silent', fmt(old * 0.5 + share * 0.5), 'head_js', head_js)
+  if any then
+    local sums = {}
+    for i = 1, #hl do sums[i] = string.format('%.6g', hl[i]) end
+    redis.call('HSET', K_ST, 'hzl', table.concat(sums, ' '))
+  else
+    hl = {}
+    redis.call('HDEL', K_ST, 'hzl')
+  end
+  hazard_save(hazard_stored(), hl)
 end
 
 -- {event sequence, moves}, or 0 when nobody moved: the sequence grows by one for every call that moved anyone, so a client
