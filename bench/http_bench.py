@@ -437,7 +437,7 @@ def redis_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
             name: int(client.memory_usage(getattr(store.queue_keys("mem"), name), samples=0) or 0)
             for name in ("tk", "st", "cfg")
         }
-        # The line: its buckets and their two indexes (lua/_lib.lua, line_add).
+        # The line: its buckets and their two indexes (lua/_line.lua, line_add).
         line = store.line_keys("mem")
         per_key["line_buckets_and_indexes"] = sum(int(client.memory_usage(name, samples=0) or 0) for name in line)
         per_key["line_keys_count"] = len(line)

@@ -148,7 +148,7 @@ def measure(tickets: int, calls: int, rounds: int = 3) -> dict[str, Any]:
     }
     # The queue above is paused, so a poll gives no estimate. Open, with walk-aways learnt (a rate per band
     # of time waited), the head a minute ahead and priority joiners coming, a poll's estimate solves for its
-    # wait (lua/_lib.lua estimate_wait).
+    # wait (lua/_estimates.lua estimate_wait).
     services.queue_configure(slug="bench", changes={"state": "open"}, actor_label="bench")
     now_ms = int(time.time() * 1000)
     learnt = ("0.05 0.01 0.002 0.002 0.002", now_ms - 60_000)  # walking away by time waited; the head's join

@@ -31,7 +31,7 @@ def stat(slug: str, name: str) -> float:
     return float(store.snapshot(slug).stats.get(name, 0) or 0)
 
 
-BANDS = (0, 10, 30, 90, 300)  # lua/_lib.lua HAZARD_BANDS: walking away is learnt per band of time waited
+BANDS = (0, 10, 30, 90, 300)  # lua/_estimates.lua HAZARD_BANDS: walking away is learnt per band of time waited
 GL_U = (0.0694318442, 0.3300094782, 0.6699905218, 0.9305681558)
 GL_W = (0.1739274226, 0.3260725774, 0.3260725774, 0.1739274226)
 
@@ -52,7 +52,7 @@ def told(
     cutting: float = 0.0,
     lag: float = 0.0,
 ) -> int:
-    """lua/_lib.lua estimate_wait, for a queue the outflow alone bounds: the t at which the admissions
+    """lua/_estimates.lua estimate_wait, for a queue the outflow alone bounds: the t at which the admissions
     allowed by then (tokens + r_out t) reach those ahead still there when reached, and itself. Those ahead
     have waited from head_s (the head) down to own_s (this visitor), and walk away at their band's rate;
     those who look present are known to have been there only lag seconds ago (presence_lag)."""
@@ -95,7 +95,7 @@ def told(
 
 
 def presence_lag(queue) -> float:
-    """lua/_lib.lua presence_lag: a walk-away shows a presence timeout after the last sighting, and one who
+    """lua/_estimates.lua presence_lag: a walk-away shows a presence timeout after the last sighting, and one who
     stays was last seen half a sighting's gap ago on average."""
     ceiling = sighting_ceiling(queue.presence_timeout, queue.claim_ttl)
     return max(0.0, queue.presence_timeout - ceiling / 2)
@@ -193,7 +193,7 @@ def test_walking_away_in_the_line_is_learnt_before_the_head_reaches_it(make_queu
     assert newcomer.est_wait_s < 0.75 * told(newcomer.rank or 0, r_out=1)  # the walk-free wait
 
 
-KEEP = 1 - 1 / 50  # lua/_lib.lua HAZARD_SPAN: each departure weighs the ones before by this
+KEEP = 1 - 1 / 50  # lua/_estimates.lua HAZARD_SPAN: each departure weighs the ones before by this
 
 
 def band_seconds(b: int, waited: float) -> float:

@@ -1,4 +1,4 @@
-"""The line kept in buckets (lua/_lib.lua, line_add): small ZSETs Redis keeps as listpacks, a bucket index
+"""The line kept in buckets (lua/_line.lua, line_add): small ZSETs Redis keeps as listpacks, a bucket index
 and a count tree. Every place a visitor is told, every range and every admission must be what one sorted
 set of everyone would give, across many buckets, with priority joiners, leavers and parked visitors."""
 

@@ -155,7 +155,7 @@ def test_it_parses_a_join_admitted_at_once_as_a_ticket_with_a_fence_and_no_line_
 
 def test_it_parses_a_status_poll_into_the_tickets_place_and_wait_estimate(make_queue, clock):
     # One slot, taken by the first joiner: until a slot has come back once, nobody knows how long sessions
-    # last, so the wait of a visitor who needs a slot is unknown (-1 in the reply; lua/_lib.lua estimate_wait).
+    # last, so the wait of a visitor who needs a slot is unknown (-1 in the reply; lua/_estimates.lua estimate_wait).
     queue = make_queue(capacity=1, outflow_per_minute=30.0)
     t0 = clock.now
     join(queue.slug, "ada", now=t0)

@@ -10,7 +10,7 @@
 --   outcome 'ok' | 'not_leader' (a tick whose leader token is stale: admits nothing) | 'no_config'
 --   admitted  = {{tid, fence, expires_ms, joined_ms, est_wait_at_join_s}, ...}
 --   expired   = ticket ids whose claim or session ran out (dropped first, freeing their slots)
---   figures   = what the script saw of the queue (see _lib.lua figures())
+--   figures   = what the script saw of the queue (see _policy.lua figures())
 --   moves     = {event sequence, moves} (see _lib.lua): admitted and parked tickets left the line
 --
 -- Free slots = capacity - used (counted, or reported by the site); tokens come from a bucket refilled

@@ -45,5 +45,5 @@ if not older and rev ~= held_rev then
 end
 if #fields > 0 then redis.call('HSET', K_CFG, unpack(fields)) end
 policy_pack()
-policy()  -- on another server than its epoch's, the epoch stops being live here (_lib.lua server_moved)
+policy()  -- on another server than its epoch's, the epoch stops being live here (_policy.lua server_moved)
 return {redis.call('HGET', K_CFG, 'live_epoch'), redis.call('HGET', K_ST, 'seq'), older and 0 or 1}

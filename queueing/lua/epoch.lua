@@ -9,13 +9,13 @@
 --         get them back (0: nothing was lost)
 -- ARGV[5] hold admissions until (ms): restored sessions take their slots first (0: nothing was lost)
 -- ARGV[6..] pairs: sequence number, line score of pre-queue tickets as the shuffle placed them, or 'gone'
---          for a ticket the database noted as finished (it is not restored: _lib.lua `restorable`)
+--          for a ticket the database noted as finished (it is not restored: _transitions.lua `restorable`)
 --
 -- Returns 1 when this call started the epoch, 0 when it was live already (a racing starter won).
 --
--- The epoch begins on this server (_lib.lua server_id, kept in cfg 'server'): found on another one later
+-- The epoch begins on this server (_policy.lua server_id, kept in cfg 'server'): found on another one later
 -- (a failover, a restart from the append-only file), the queue's state begins the next epoch
--- (_lib.lua server_moved).
+-- (_policy.lua server_moved).
 --
 -- Sequence numbers never go back: the counter resumes above the floor. Fencing tokens never go back
 -- either (there are never more admissions than tickets, so the floor bounds every fence issued), so
@@ -25,7 +25,7 @@
 --
 -- Capacity across a loss: the sessions that were live are not known any more, but they were at most
 -- capacity. Until `hold`, a new visitor is admitted only into a slot a restored session has left
--- (`capacity_now` in _lib.lua) while their holders come back (each verify restores one); after it, a
+-- (`capacity_now` in _policy.lua) while their holders come back (each verify restores one); after it, a
 -- session comes back only into a free slot (session_start.lua), so the slots in use never exceed capacity.
 
 local epoch, floor, seq_max, restore_until = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])

@@ -24,7 +24,7 @@
 --   'no_config'              the queue's policy is not in Redis: sync it and retry
 --   'no_seq'                 the sequence numbers the database reserved are used up: reserve, retry
 --   'stateless'              the queue runs in stateless mode (lua/window/join.lua joins it)
--- figures: see _lib.lua figures(); moves: see _lib.lua moves_reply() (a priority joiner placed ahead
+-- figures: see _policy.lua figures(); moves: see _transitions.lua moves_reply() (a priority joiner placed ahead
 -- of others moves them back).
 --
 -- Placement (seed 003): level 0 goes to the back. Level L > 0 goes ahead of the last `fraction` of the

@@ -1,7 +1,7 @@
 -- kept.lua: the keys a queue's tracked state holds besides its standard ones, for dropping a queue and for
 -- tools (not a request path): the small hashes of waiting visitors' records (_lib.lua, record_slot: by the
 -- visitor key's first two characters, its one for a one-character key) and the line's buckets and indexes
--- (_lib.lua, line_add). Asked of the server by name, in the queue's slot, instead of by SCAN, which walks
+-- (_line.lua, line_add). Asked of the server by name, in the queue's slot, instead of by SCAN, which walks
 -- the whole keyspace (each master's, on a cluster).
 --
 -- KEYS: the standard queue keys (see _lib.lua).

@@ -1,5 +1,5 @@
 -- line.lua: places of the line in order, for the dashboard, tools and checks (not a request path): the
--- line is kept in buckets (_lib.lua, line_add), which only the library walks.
+-- line is kept in buckets (_line.lua, line_add), which only the library walks.
 --
 -- KEYS: the standard queue keys (see _lib.lua).
 -- ARGV[1] first place (0-based)   ARGV[2] last place (inclusive; -1: the last)

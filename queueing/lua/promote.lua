@@ -1,6 +1,6 @@
 -- promote.lua: a waiting visitor's priority code raises its level (issue 20: codes on the waiting page).
 -- The ticket stays WAITING and moves up to where a joiner of the new level would be placed now (join.lua's
--- rule, _lib.lua priority_place), never further back: one already ahead of that place keeps it.
+-- rule, _policy.lua priority_place), never further back: one already ahead of that place keeps it.
 --
 -- KEYS: the standard queue keys (see _lib.lua).
 -- ARGV[1] visitor key    ARGV[2] sequence number (from the signed ticket)    ARGV[3] now (ms)
@@ -15,7 +15,7 @@
 --   'gone'         unknown, another ticket of the visitor's, or overdue (then finished here: ticket = {}
 --                  and rank before = 1 when that freed a slot)
 --   'no_config'    the queue's policy is not in Redis: sync it and retry
--- moves: see _lib.lua moves_reply() (the visitor left its place and was placed ahead of others).
+-- moves: see _transitions.lua moves_reply() (the visitor left its place and was placed ahead of others).
 -- The estimate told at join is dropped (R_EST = -1): it was for the old level, no lesson (wait_learn).
 
 local vk, seq, now, level = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])

@@ -8,7 +8,7 @@
 -- The poll's rate limiter, when it is a token bucket (ratelimit.TokenBucket; any other algorithm runs as a
 -- script of its own in the same call): ARGV[8] capacity, ARGV[9] refill per second, ARGV[10] cost,
 -- ARGV[11] the limiter's now (ms); absent when polls are not limited that way. Its state is one number in
--- the ticket's record (bucket_take in _lib.lua).
+-- the ticket's record (bucket_take in _transitions.lua).
 --
 -- Returns {outcome, ticket, figures (poll_figures), moves[, limit]}:
 --   'ok'        ticket = {tid, seq, status, rank or -1, fence, expires_ms, est_wait_s, reason, 0, priority}

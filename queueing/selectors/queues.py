@@ -14,7 +14,7 @@ from .windows import observed_per_minute, window_public
 
 def outflow_in_force(config: dict[str, str], stats: dict[str, str]) -> float:
     """The outflow admission follows now: the adapted one while adaptive outflow is on and has adapted,
-    else the configured one (as lua/_lib.lua policy() reads it)."""
+    else the configured one (as lua/_policy.lua policy() reads it)."""
     configured = float(config.get("outflow_per_minute", 0) or 0)
     if config.get("adaptive_outflow") == "1" and stats.get("outflow_effective"):
         return float(stats["outflow_effective"])

@@ -169,7 +169,7 @@ def ticket_view(slug: str, reply: TicketReply | StatusReply, *, now_ms: int | No
     waiting = ticket.status == TicketStatus.WAITING and ticket.rank is not None
     now_ms = clock.now_ms() if now_ms is None else now_ms
     # Before a scheduled start the pre-queue's order is not drawn yet: no place to show, and the wait is
-    # the pre-queue's middle one, ranging from the first place to the last (lua/_lib.lua estimate_told).
+    # the pre-queue's middle one, ranging from the first place to the last (lua/_estimates.lua estimate_told).
     drawn = waiting and figures.starts_at_ms > now_ms
     if drawn:
         estimate_range = _drawn_range(ticket.est_wait_s, (figures.starts_at_ms - now_ms) / 1000)

@@ -1,12 +1,12 @@
 """The Redis client and the scripts: one client per process, every Lua script in one Redis Functions library.
 
 Each atomic transition is one Lua file in `lua/` (the header of each lists its KEYS, ARGV and reply).
-`library()` builds one library of them (FUNCTION LOAD): `lua/_lib.lua` once, then each script's body as
-a function of its KEYS and ARGV, registered as a Redis function. The library's code runs once, when it is
-loaded; before, as EVALSHA scripts, every call re-created the library's functions and decoded the
-queue's policy again (a third of a status poll's Redis time, bench/RESULTS.md). The library's name and its
-functions' names carry a digest of its code, so processes of two versions (a rolling deploy) each find
-their own. A server that does not have it (a fresh or restarted Redis without persistence, FUNCTION
+`library()` builds one library of them (FUNCTION LOAD): the shared helpers once (`lua/_lib.lua` and the
+parts after it, LIB_PARTS), then each script's body as a function of its KEYS and ARGV, registered as a
+Redis function. The library's code runs once, when it is loaded; before, as EVALSHA scripts, every call
+re-created the library's functions and decoded the queue's policy again (a third of a status poll's Redis
+time, bench/RESULTS.md). The library's name and its functions' names carry a digest of its code, so
+processes of two versions (a rolling deploy) each find their own. A server that does not have it (a fresh or restarted Redis without persistence, FUNCTION
 FLUSH) answers "Function not found": the library is loaded and the call retried, here and only here:
 `run` for one call, `run_together` for a pipeline, `arun` from the event loop. Redis 7.0 or later.
 
@@ -46,6 +46,8 @@ T = TypeVar("T")
 U = TypeVar("U")
 
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
+# The shared helpers, one chunk in this order (each part uses what the ones before define).
+LIB_PARTS = ("_lib.lua", "_line.lua", "_policy.lua", "_estimates.lua", "_transitions.lua")
 
 
 class _FcallKeys(CommandsParser):
@@ -241,7 +243,7 @@ def _function(prefix: str, script: str) -> str:
 
 @lru_cache(maxsize=1)
 def library() -> Library:
-    lib = (LUA_DIR / "_lib.lua").read_text()
+    lib = "\n".join((LUA_DIR / part).read_text() for part in LIB_PARTS)
     scripts = {  # a queue script binds the library's keys first
         path.stem: f"bind(KEYS)\n{path.read_text()}"
         for path in sorted(LUA_DIR.glob("*.lua"))

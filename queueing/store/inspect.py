@@ -101,7 +101,7 @@ def ticket_records(slug: str) -> list[TicketRecord]:
 
 def line_read(slug: str, start: int = 0, stop: int = -1) -> tuple[int, list[tuple[str, float]]]:
     """(everyone in line, [(ticket id, score), ...] at places start .. stop, inclusive) in line order: the
-    line is kept in buckets (lua/_lib.lua, line_add), read by lua/line.lua."""
+    line is kept in buckets (lua/_line.lua, line_add), read by lua/line.lua."""
     count, flat = run("line", queue_keys(slug).script_keys(), [start, stop])
     return int(count), [(str(flat[i]), float(flat[i + 1])) for i in range(0, len(flat), 2)]
 

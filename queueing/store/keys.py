@@ -53,12 +53,12 @@ class QueueKeys:
         return f"{self.line}:f"
 
     def line_bucket(self, bucket: int | str) -> str:
-        """One bucket of the line: a ZSET of 64 places of score (lua/_lib.lua, bucket_key)."""
+        """One bucket of the line: a ZSET of 64 places of score (lua/_line.lua, bucket_key)."""
         return f"{self.line}:{bucket}"
 
     @property
     def line_keys(self) -> str:
-        """SCAN pattern of the line's buckets and their indexes (lua/_lib.lua, line_add)."""
+        """SCAN pattern of the line's buckets and their indexes (lua/_line.lua, line_add)."""
         return f"{self.line}:*"
 
     @property

@@ -108,7 +108,7 @@ def record_hashes(slug: str) -> list[str]:
 
 
 def line_keys(slug: str) -> list[str]:
-    """The line's buckets and indexes (lua/_lib.lua, line_add; lua/kept.lua)."""
+    """The line's buckets and indexes (lua/_line.lua, line_add; lua/kept.lua)."""
     return _kept(slug)[1]
 
 

@@ -72,7 +72,7 @@ class PollFigures(Reply):
 @dataclass(frozen=True)
 class QueueFigures(PollFigures):
     """A poll's figures and what estimates, stats and broadcasts need as well: `figures()` in
-    lua/_lib.lua, returned by join and admit."""
+    lua/_transitions.lua, returned by join and admit."""
 
     outflow_per_minute: float
     ema_rate: float

@@ -273,7 +273,7 @@ def test_the_product_keeps_its_promises_through_process_and_redis_faults(product
 
     record = load.record
     # Every restart began a new epoch: without the append-only file the state was lost; with it, the state
-    # is on another server (its last second's writes may be missing: lua/_lib.lua server_moved).
+    # is on another server (its last second's writes may be missing: lua/_policy.lua server_moved).
     epochs = 1 + 4
     allowed = epochs * BURST + OUTFLOW_PER_MINUTE / 60 * elapsed + epochs * OUTFLOW_PER_MINUTE / 60 * 4
     summary = {

@@ -1,0 +1,386 @@
+-- _estimates.lua: the wait a visitor is told, and what it is learnt from: priority joiners' rates,
+-- walking away as a hazard by time waited (from the head and from the line), the slots that come back, the
+-- range from told-versus-had (part of the library: _lib.lua). Issue 18; bench/estimate_sim.py measures it.
+
+local function priority_rates(st, now)
+  if not st.pri then return nil end
+  local r1, r2, r3, ts = string.match(st.pri, '^(%S+) (%S+) (%S+) (%S+)$')
+  local decay = math.exp(-math.max(0, now - (tonumber(ts) or now)) / 1000 / RATE_TAU_S)
+  return {(tonumber(r1) or 0) * decay, (tonumber(r2) or 0) * decay, (tonumber(r3) or 0) * decay}
+end
+
+local function priority_note(st, level, now)
+  local r = priority_rates(st, now) or {0, 0, 0}
+  r[level] = r[level] + 1 / RATE_TAU_S
+  st.pri = string.format('%.6g %.6g %.6g %d', r[1], r[2], r[3], now)
+  redis.call('HSET', K_ST, 'pri', st.pri)
+end
+
+-- How many priority joiners a second are expected to be placed ahead of a visitor of priority `level`
+-- with `ahead` in front, averaged over its wait: a joiner of a higher level goes ahead while the visitor
+-- is further back than that level's place, (1 - fraction) of the line; as the visitor moves up linearly
+-- from `ahead` to the head, that is the first 1 - (1 - fraction) * line / ahead of its wait. (One of its
+-- own level or lower goes behind it: behind the last earlier joiner of its level or higher.)
+local function priority_ahead_rate(p, st, ahead, level, now)
+  local rates = priority_rates(st, now)
+  if rates == nil or ahead <= 0 then return 0 end
+  local line = line_count()
+  local rate = 0
+  for higher = level + 1, 3 do
+    if rates[higher] > 0 then
+      local share = 1 - (1 - (p.fractions[higher] or 0)) * line / ahead
+      if share > 0 then rate = rate + rates[higher] * math.min(1, share) end
+    end
+  end
+  return rate
+end
+
+-- Walking away depends on how long one has waited: in a sale where everyone who gives up does so in
+-- their first twenty seconds, those who have waited a minute stay. The hazard is learnt per band of time
+-- waited (HAZARD_BANDS, seconds; hazard_save), and st.thetas holds each band's rate. hazard_curve makes
+-- it the cumulative hazard H(a), walk-aways expected of one who has waited a seconds: of those who have
+-- waited a, e^-(H(a + s) - H(a)) are still there s seconds later. (Eleven narrower bands, 0-5-10-20-30-45-
+-- 60-90-120-180-300 s, were tried in the simulator: no better, bench/RESULTS.md.)
+local HAZARD_BANDS = {0, 10, 30, 90, 300}
+local HAZARD_NB = #HAZARD_BANDS
+
+local function hazard_curve(st)
+  local rates = {}
+  for x in string.gmatch(st.thetas or '', '%S+') do rates[#rates + 1] = tonumber(x) or 0 end
+  if #rates ~= HAZARD_NB then return nil end
+  local at, any = {0}, false  -- at[b]: H at the start of band b
+  for b = 1, HAZARD_NB do
+    if rates[b] > 0 then any = true end
+    if b < HAZARD_NB then at[b + 1] = at[b] + rates[b] * (HAZARD_BANDS[b + 1] - HAZARD_BANDS[b]) end
+  end
+  if not any then return nil end
+  return function(a)
+    local b = HAZARD_NB
+    while b > 1 and a < HAZARD_BANDS[b] do b = b - 1 end
+    return at[b] + rates[b] * (a - HAZARD_BANDS[b])
+  end
+end
+
+-- How long ago one who looks present is known to have been there: walking away shows only once the
+-- presence timeout has passed since the last sighting, and one who stays was last seen on average half a
+-- poll's gap ago (at most the sighting ceiling, selectors.tickets.sighting_ceiling, apart).
+local function presence_lag(p)
+  local ceiling = math.max(2, math.min(p.presence_timeout / 3, p.claim_ttl / 2))
+  return math.max(0, p.presence_timeout - ceiling / 2)
+end
+
+-- Of those ahead, the head reaches each in turn over the next t seconds: the one at a share u of the way
+-- from the head to this visitor is reached at u t, and has waited (linearly from the head's wait to this
+-- visitor's own) A - (A - own) u, and was last known to be there presence_lag(p) ago. stay(t) is the
+-- share still there when reached, e^-(H(age + u t) - H(age - lag)) (4-point Gauss-Legendre over u: H has
+-- few kinks, and the nodes cost four H a step of the bisection).
+local GL_U = {0.0694318442, 0.3300094782, 0.6699905218, 0.9305681558}
+local GL_W = {0.1739274226, 0.3260725774, 0.3260725774, 0.1739274226}
+
+local function hazard_stay(p, st, now, own_s)
+  local H = hazard_curve(st)
+  if H == nil then return nil end
+  local head_s = math.max(own_s, (now - (tonumber(st.head_js) or now)) / 1000)
+  local ages, base = {}, {}
+  local lag = presence_lag(p)
+  for i = 1, 4 do
+    ages[i] = head_s - (head_s - own_s) * GL_U[i]
+    base[i] = H(math.max(0, ages[i] - lag))
+  end
+  return function(t)
+    local stay = 0
+    for i = 1, 4 do stay = stay + GL_W[i] * math.exp(base[i] - H(ages[i] + t * GL_U[i])) end
+    return stay
+  end
+end
+
+-- Estimated seconds until a visitor with `ahead` tickets in front (of priority `level`, waiting for
+-- own_s seconds so far) is admitted, or -1 when unknown (paused or closed). The line drains from its head,
+-- where each visitor reached is admitted or, gone (stopped polling: parked; or left), skipped at no cost.
+-- Of the `ahead`, the share found silent in the line already (st.silent) are gone; each of the others may
+-- still walk away while it waits, at the rate of its time waited (hazard_stay), so of those the head
+-- reaches over the next t seconds stay(t) are still there: n admissions, this visitor's included. By a
+-- time t from now at most B + r_out * t are admitted (the bucket's tokens B, the outflow in force r_out
+-- a second) and at most F + r_cap * t (the free slots F, and slots freed at capacity / the mean time a
+-- slot is held, once that is known). Priority joiners placed ahead meanwhile add to n, in proportion to
+-- t (priority_ahead_rate). The estimate is the t at which both bounds allow n(t) (bisection; n is never
+-- taken as more than twice the walk-free count). Until a slot has been given back once, how long
+-- sessions last is not known, and neither is the wait of a visitor who needs more slots than are free:
+-- -1, unknown (the queue keeps its record across sales). A site that reports its own count: the
+-- observed admission rate stands in for r_cap. A scheduled start adds the time until it.
+-- Near the head the slots that come back first are looked at one by one (issue 20: a line stalled on an
+-- admission nobody claimed was told "less than a minute" at every poll until the claim lapsed, two minutes
+-- on). An admission unclaimed for CLAIM_LATE_S is taken to lapse at its deadline (its visitor would have
+-- claimed by now: the page hands over at once); the other slots come back at the site's pace, r_cap for
+-- all the slots less the late ones. Returns k -> seconds until k slots have come back (no late admission:
+-- nil, the pace alone). Only for a visitor within HEAD_SLOTS of a slot: one ranged read of the claims.
+local CLAIM_LATE_S, HEAD_SLOTS = 10, 32
+local function slots_back(p, now, r_cap)
+  local cutoff = now + (p.claim_ttl - CLAIM_LATE_S) * 1000
+  local rows = redis.call('ZRANGEBYSCORE', K_CLAIMS, '-inf', cutoff, 'WITHSCORES', 'LIMIT', 0, HEAD_SLOTS)
+  if #rows == 0 then return nil end
+  local late = {}
+  for i = 2, #rows, 2 do late[#late + 1] = math.max(0, (tonumber(rows[i]) - now) / 1000) end
+  local late_n = #late
+  if late_n == HEAD_SLOTS then late_n = redis.call('ZCOUNT', K_CLAIMS, '-inf', cutoff) end
+  local r_other = r_cap * math.max(0, p.capacity - late_n) / p.capacity
+  return function(k)  -- back by t: r_other t, and each late admission at its deadline
+    for i, d in ipairs(late) do
+      if r_other > 0 and r_other * d + (i - 1) >= k then return (k - (i - 1)) / r_other end
+      if r_other * d + i >= k then return d end
+    end
+    if r_other > 0 then return (k - #late) / r_other end
+    return late[#late] + (k - #late) / r_cap  -- every slot was a late admission: then the site's pace
+  end
+end
+
+local function estimate_wait(p, st, ahead, now, used, level, own_s)
+  if p.state ~= 'open' then return -1 end
+  local until_start = math.max(0, p.starts_at_ms - now) / 1000
+  local r_out = p.outflow / 60
+  if r_out <= 0 then return -1 end
+  local present = math.max(0, ahead) * (1 - math.min(0.9, num(st, 'silent', 0)))
+  local tokens = math.max(0, whole_tokens((bucket_tokens(p, st, math.max(now, p.starts_at_ms)))))
+  local free = math.max(0, capacity_now(p, st, now) - (used or used_slots(p, st)))
+  local r_cap = nil
+  local service_ms = num(st, 'ema_service_ms', 0)
+  if service_ms > 0 then
+    r_cap = p.capacity / (service_ms / 1000)
+  elseif p.capacity_source == 'reported' and num(st, 'ema_ts', 0) > 0 then
+    -- the site counts its own sessions, so their length is never seen here: the observed pace
+    local age_s = math.max(0, now - num(st, 'ema_ts', 0)) / 1000
+    r_cap = num(st, 'ema_rate', 0) * math.exp(-age_s / RATE_TAU_S)
+  end
+  local back = nil
+  if r_cap ~= nil and r_cap > 0 and present + 1 - free <= HEAD_SLOTS then back = slots_back(p, now, r_cap) end
+  local function drained(n)  -- seconds until n admissions are allowed; nil: unknown
+    local t = (n - tokens) / r_out
+    if n > free then  -- this visitor needs a slot that is not free yet: when do slots come back?
+      if r_cap == nil or r_cap <= 0 then return nil end  -- no slot has come back yet: nobody can know
+      t = math.max(t, back and back(n - free) or (n - free) / r_cap)
+    end
+    return math.max(0, t)
+  end
+  local t = drained(present + 1)
+  if t == nil then return -1 end
+  local stay = present > 0 and hazard_stay(p, st, now, math.max(0, own_s or 0)) or nil
+  local cutting = priority_ahead_rate(p, st, ahead, level or 0, now)
+  if stay ~= nil or cutting > 0 then
+    local cap = 2 * (present + 1)
+    if r_cap == nil or r_cap <= 0 then cap = math.min(cap, free) end  -- known only within the free slots
+    local function admissions(t)  -- n(t): those ahead still there when reached, cutters, and itself
+      return math.min(cap, (present + cutting * t) * (stay and stay(t) or 1) + 1)
+    end
+    local lo, hi = 0, drained(cap)
+    for _ = 1, 14 do  -- drained(n(t)) - t falls from >= 0 at 0 to <= 0 at hi
+      t = (lo + hi) / 2
+      if drained(admissions(t)) > t then lo = t else hi = t end
+    end
+    t = (lo + hi) / 2
+  end
+  return math.ceil(until_start + t + TICK_S / 2)  -- admissions come with the next tick
+end
+
+-- How far waits fall from what was told: w_lo and w_hi follow the 10th and 90th percentiles of
+-- ln(wait had / wait told at the join) over the queue's admissions (a stochastic quantile estimate: one
+-- step per admission, bounded memory). A step is WAIT_STEP of the range's width, so a queue whose waits
+-- come out close to what was told gets a range that close, not one a fixed step wide (at 0.08 a step, a
+-- steady sale's range held 95 % of its waits, not 80 %). The API's estimated_wait_range is the estimate
+-- times e^w_lo .. e^w_hi. Until a queue has a record, a wide range: 0.7 to 1.4 times.
+local function wait_learn(rec, now)
+  local told = tonumber(rec[R_EST]) or -1
+  local had_s = (now - rec[R_JOINED]) / 1000
+  if told < 1 or had_s < 1 then return end
+  local b = redis.call('HMGET', K_ST, 'w_lo', 'w_hi', 'opened_ms')
+  if rec[R_JOINED] < (tonumber(b[3]) or 0) then return end  -- it waited through a pause: no lesson there
+  local x = math.log(had_s / told)
+  local lo, hi = tonumber(b[1]) or WAIT_LO_FIRST, tonumber(b[2]) or WAIT_HI_FIRST
+  local step = math.max(WAIT_STEP_MIN, WAIT_STEP * (hi - lo))
+  if x < lo then lo = lo - step * 0.9 else lo = lo + step * 0.1 end
+  if x > hi then hi = hi + step * 0.9 else hi = hi - step * 0.1 end
+  redis.call('HSET', K_ST, 'w_lo', fmt(math.max(-3, math.min(lo, 0))), 'w_hi', fmt(math.min(3, math.max(hi, 0))))
+end
+
+-- When admission last began again after a spell without it (paused, closed, before a start): waits that
+-- began before then were not the estimate's to foresee (wait_learn). The admission script notes it.
+local function opened_note(p, st, now)
+  if admitting(p, now) then
+    if st.adm_off then redis.call('HSET', K_ST, 'opened_ms', now) redis.call('HDEL', K_ST, 'adm_off') end
+  elseif not st.adm_off then
+    redis.call('HSET', K_ST, 'adm_off', '1')
+  end
+end
+
+-- The estimate a waiting visitor is told: before a scheduled start's draw its place is not known yet, so
+-- the estimate is for the middle of the pre-queue as it will be at the start (the API gives the range over
+-- the draw): it grows until then at the pace it has grown since it opened (over at least PREQUEUE_PACE_S,
+-- so that its first seconds do not make a crowd of a handful). Seen in the simulator: counting only those
+-- in it so far, the first to join were told the wait of the middle of seven, and had the wait of a place
+-- among sixty.
+local PREQUEUE_PACE_S = 10
+local function estimate_told(p, st, level, rank, now, used, joined)
+  local own_s = (now - (joined or now)) / 1000
+  if p.shuffle_pending and now < p.starts_at_ms then
+    local n = line_count()
+    if p.prequeue_opens_ms > 0 and now > p.prequeue_opens_ms then
+      local open_s = math.max(PREQUEUE_PACE_S, (now - p.prequeue_opens_ms) / 1000)
+      n = n + n / open_s * (p.starts_at_ms - now) / 1000
+    end
+    return estimate_wait(p, st, (n - 1) / 2, now, used, level, own_s)
+  end
+  return estimate_wait(p, st, rank, now, used, level, own_s)
+end
+
+-- Walking away as a rate (Ibrahim & Whitt's delay predictors with abandonment), per band of time waited:
+-- from the departures at the head, the maximum-likelihood rate of a hazard constant within each band.
+-- One skipped there walked away after (last seen - joined) seconds of waiting; one admitted waited
+-- (now - joined) and did not; one admitted who then let its claim lapse had walked away too (counted when
+-- it lapses: hazard_lapsed). Each departure adds its seconds to the bands its wait crossed, and its walk to
+-- the band it walked in. Sums over the last ~HAZARD_SPAN departures (each one's weight falls by
+-- 1/HAZARD_SPAN with every later one), from a prior of HAZARD_PRIOR departures of HAZARD_PRIOR_S seconds
+-- each in which nobody walked away: a new queue learns from its first departures without one walk-away
+-- making everyone a walk-away, and a queue keeps its record across sales. A band with few seconds in it
+-- leans on the band before it (the first, on the rate over all bands, theta): (walks + K rate before) /
+-- (seconds + K), K = HAZARD_SHRINK_S, so waits longer than any seen yet go on as the longest seen did.
+-- 'hz' holds the sums ('walks seconds' per band); 'thetas', the bands' rates, is what polls read; 'theta'
+-- is the overall rate. The head learns late: it meets a burst's walk-aways only once it reaches them (in
+-- the simulator's forty-percent sale, 36 s in, the rates were a tenth of the walk-aways' own). So the tick's
+-- look at the line learns too (silent_look, 'hzl': the same sums, fading by LINE_KEPT a look), and the
+-- rates are taken from both.
+local HAZARD_SPAN, HAZARD_PRIOR, HAZARD_PRIOR_S, HAZARD_SHRINK_S = 50, 5, 20, 30
+
+local function band_seconds(b, waited)  -- of a wait of `waited` seconds, those spent in band b
+  return math.max(0, math.min(waited, HAZARD_BANDS[b + 1] or waited) - HAZARD_BANDS[b])
+end
+
+local function band_of(waited)
+  local b = HAZARD_NB
+  while b > 1 and waited < HAZARD_BANDS[b] do b = b - 1 end
+  return b
+end
+
+local function hazard_load(st)
+  local h = {}
+  for x in string.gmatch(st.hz or '', '%S+') do h[#h + 1] = tonumber(x) or 0 end
+  if #h == 2 * HAZARD_NB then return h end
+  h = {}  -- nothing learnt yet (or the sums of one rate for every wait, before the bands): the prior
+  for b = 1, HAZARD_NB do h[2 * b - 1], h[2 * b] = 0, HAZARD_PRIOR * band_seconds(b, HAZARD_PRIOR_S) end
+  return h
+end
+
+local function hazard_stored()  -- hazard_load, for a script that has not read the queue's counters
+  return hazard_load({hz = redis.call('HGET', K_ST, 'hz') or nil})
+end
+
+-- Adds one wait of `seconds` to sums in hz's form: its seconds to the bands it crossed, its walk (walked 1) to
+-- the band it walked in.
+local function sums_note(hl, walked, seconds)
+  seconds = math.max(0, seconds)
+  for b = 1, HAZARD_NB do hl[2 * b] = hl[2 * b] + band_seconds(b, seconds) end
+  if walked > 0 then
+    local b = band_of(seconds)
+    hl[2 * b - 1] = hl[2 * b - 1] + walked
+  end
+end
+
+local function hazard_note(h, walked, seconds)
+  local kept = 1 - 1 / HAZARD_SPAN
+  for i = 1, 2 * HAZARD_NB do h[i] = h[i] * kept end
+  sums_note(h, walked, seconds)
+  return h
+end
+
+-- The line's sums (silent_look), in the same form as the head's: {} when there are none.
+local function hazard_line(hzl)
+  local hl = {}
+  for x in string.gmatch(hzl or '', '%S+') do hl[#hl + 1] = tonumber(x) or 0 end
+  if #hl ~= 2 * HAZARD_NB then return {} end
+  return hl
+end
+
+-- Saves the head's sums h, and the bands' rates from them and the line's sums hl (read when not given).
+local function hazard_save(h, hl)
+  hl = hl or hazard_line(redis.call('HGET', K_ST, 'hzl') or nil)
+  local all = {}
+  for i = 1, 2 * HAZARD_NB do all[i] = h[i] + (hl[i] or 0) end
+  local walks, secs = 0, 0
+  for b = 1, HAZARD_NB do walks, secs = walks + all[2 * b - 1], secs + all[2 * b] end
+  local theta = walks / math.max(1, secs)
+  local sums, rates, before = {}, {}, theta
+  for b = 1, HAZARD_NB do
+    sums[2 * b - 1], sums[2 * b] = string.format('%.6g', h[2 * b - 1]), string.format('%.6g', h[2 * b])
+    before = (all[2 * b - 1] + HAZARD_SHRINK_S * before) / (all[2 * b] + HAZARD_SHRINK_S)
+    rates[b] = string.format('%.4g', before)
+  end
+  redis.call('HSET', K_ST, 'hz', table.concat(sums, ' '), 'thetas', table.concat(rates, ' '), 'theta', fmt(theta))
+end
+
+-- How long a departure at the head had waited (seconds), and for one skipped, until it was last seen.
+local function waited_s(rec, now, walked)
+  if walked then return rec[R_SEEN] - rec[R_JOINED] / 1000 end
+  return (now - rec[R_JOINED]) / 1000
+end
+
+local function hazard_lapsed(ages)  -- walks only: their seconds were counted when they were admitted
+  local h = hazard_stored()
+  for _, waited in ipairs(ages) do
+    local b = band_of(math.max(0, waited))
+    h[2 * b - 1] = h[2 * b - 1] + 1
+  end
+  hazard_save(h)
+end
+
+-- Who has gone silent in the line already, before the head reaches them: the share of SILENT_SAMPLES
+-- tickets, spread over the line, not seen within the presence timeout (the admission tick looks, once a
+-- second; st.silent, lightly smoothed). Walking away shows here a presence timeout after it happens, long
+-- before the head gets there: estimate_wait counts those as gone, and the others at the rate of their
+-- time waited. The look notes when the head joined too (head_js: hazard_stay's oldest wait ahead), and
+-- adds what each ticket it looks at says of walking away to the line's sums ('hzl'): a silent one walked
+-- away after its wait to its last sighting; any other stayed at least until a presence timeout ago (a walk
+-- since would not show yet). The sums fade by LINE_KEPT a look, and are dropped once faded below
+-- LINE_FADED (the line has been empty a while): they speak for the line as it is now.
+local SILENT_SAMPLES = 24
+local LINE_KEPT, LINE_FADED = 0.9, 0.01
+local function silent_look(p, st, now)
+  local n = line_count()
+  local seen, silent, head_js = 0, 0, now
+  local hl, any = hazard_line(st.hzl), false
+  for i = 1, #hl do hl[i] = hl[i] * LINE_KEPT end
+  if #hl == 0 then for i = 1, 2 * HAZARD_NB do hl[i] = 0 end end
+  if n > 0 then
+    local head = line_range(0, 0)
+    local first = head[1] and load(vk_of(head[1]))
+    if first then head_js = first[R_JOINED] end
+    local present_since = math.floor(now / 1000) - p.presence_timeout
+    local shift = (now % 997) / 997
+    local count = math.min(n, SILENT_SAMPLES)
+    for i = 0, count - 1 do
+      local rank = math.floor((i + shift) * n / count)
+      local batch = line_range(rank, rank)
+      local rec = batch[1] and load(vk_of(batch[1]))
+      if rec and rec[R_STATUS] == WAITING then
+        seen = seen + 1
+        local joined_s = rec[R_JOINED] / 1000
+        if rec[R_SEEN] < present_since then  -- walked away after its wait to its last sighting
+          silent = silent + 1
+          sums_note(hl, 1, rec[R_SEEN] - joined_s)
+        else  -- stayed at least until the presence timeout ago: a walk since would not show yet
+          sums_note(hl, 0, present_since - joined_s)
+        end
+      end
+    end
+  end
+  for i = 1, #hl do any = any or hl[i] > LINE_FADED end
+  local share = seen > 0 and silent / seen or 0
+  local old = tonumber(st.silent) or share
+  redis.call('HSET', K_ST, 'silent', fmt(old * 0.5 + share * 0.5), 'head_js', head_js)
+  if any then
+    local sums = {}
+    for i = 1, #hl do sums[i] = string.format('%.6g', hl[i]) end
+    redis.call('HSET', K_ST, 'hzl', table.concat(sums, ' '))
+  else
+    hl = {}
+    redis.call('HDEL', K_ST, 'hzl')
+  end
+  hazard_save(hazard_stored(), hl)
+end

@@ -1,0 +1,261 @@
+-- _policy.lua: the policy as the scripts read it, the counters a poll reads, the token bucket, a priority
+-- joiner's place (part of the library: _lib.lua).
+
+-- The counters a poll reads: figures() and estimate_wait() (HGETALL would build every other one too).
+local FIGURE_FIELDS = {
+  'admitted', 'evseq', 'ema_rate', 'ema_ts', 'ema_service_ms', 'reported_in_use', 'b_tokens', 'b_ts', 'thetas',
+  'w_lo', 'w_hi', 'silent', 'pri', 'head_js',
+}
+
+local function figure_stats()
+  local values = redis.call('HMGET', K_ST, unpack(FIGURE_FIELDS))
+  local t = {}
+  for i = 1, #FIGURE_FIELDS do t[FIGURE_FIELDS[i]] = values[i] or nil end
+  return t
+end
+
+local function num(t, field, default)
+  local v = tonumber(t[field])
+  if v == nil then return default end
+  return v
+end
+
+local function policy_pack()
+  local POLICY_FIELDS = {
+    'state', 'live_epoch', 'epoch', 'outflow_per_minute', 'adaptive_outflow', 'capacity', 'capacity_source',
+    'burst', 'session_ttl', 'claim_ttl', 'presence_timeout', 'abandon_timeout', 'max_waiting',
+    'max_tickets_per_address', 'pow_difficulty', 'target_url', 'seq_max', 'epoch_floor', 'restore_until_ms',
+    'restore_hold_until_ms', 'leader_ttl_ms', 'starts_at_ms', 'prequeue_opens_at_ms', 'ends_at_ms',
+    'shuffle_pending', 'name', 'mode', 'pf1', 'pf2', 'pf3', 'line_layout', 'server',
+  }
+  local POLICY_TEXT = {state = true, live_epoch = true, epoch = true, adaptive_outflow = true, capacity_source = true,
+    target_url = true, shuffle_pending = true, name = true, mode = true, server = true}
+  line_upgrade()
+  local values = redis.call('HMGET', K_CFG, unpack(POLICY_FIELDS))
+  for i, field in ipairs(POLICY_FIELDS) do
+    if values[i] and not POLICY_TEXT[field] then values[i] = tonumber(values[i]) or false end
+  end
+  redis.call('HSET', K_CFG, 'packed', cjson.encode(values))
+end
+
+-- The policy, or nil when the queue's config is not in Redis (never synced, or Redis lost it) or its
+-- epoch has not been started there. The outflow is the adapted one while adaptive outflow is on and has
+-- adapted (outflow_adapt.lua), else the configured one. `live_epoch` is read from the hash itself too,
+-- so a state that lost it (or never had it) is not live whatever the packed copy says; nor is a state
+-- found on another server than its epoch's (server_moved).
+-- Decoded policies are kept by their packed text (the library's locals outlive a call; Lua compares equal
+-- strings by identity): a poll pays one HMGET for its policy, not the decoding too. A script never
+-- changes the table it is given; `outflow` is set on every call.
+local POLICIES, POLICIES_KEPT = {}, 0  -- at most 256 kept: then they start again
+
+local function policy_decode(packed)
+  local v = cjson.decode(packed)
+  return {
+    live = v[1] and v[2] == v[3] and v[31] == LINE_LAYOUT,
+    live_epoch = v[2],
+    outflow_configured = v[4] or 60,
+    adaptive = v[5] == '1',
+    state = v[1],
+    capacity = v[6] or 1,
+    capacity_source = v[7] or 'counted',
+    burst = v[8] or 1,
+    session_ttl = v[9] or 900,
+    claim_ttl = v[10] or 120,
+    presence_timeout = v[11] or 60,
+    abandon_timeout = v[12] or 600,
+    max_waiting = v[13] or 0,
+    max_per_address = v[14] or 0,
+    pow_difficulty = v[15] or 0,
+    target_url = v[16] or '',
+    epoch = tonumber(v[3]) or 1,
+    seq_max = v[17] or 0,
+    epoch_floor = v[18] or 0,
+    restore_until_ms = v[19] or 0,
+    restore_hold_ms = v[20] or 0,
+    leader_ttl_ms = v[21] or 3000,
+    starts_at_ms = v[22] or 0,
+    prequeue_opens_ms = v[23] or 0,
+    ends_ms = v[24] or 0,
+    shuffle_pending = v[25] == '1',
+    name = v[26] or '',
+    mode = v[27] or 'tracked',  -- 'stateless': these scripts keep nobody (lua/window/ runs the queue)
+    fractions = {[1] = v[28] or 0.1, [2] = v[29] or 0.5, [3] = v[30] or 1},
+    server = v[32] or '',
+  }
+end
+
+-- The server a queue's state is on (SPEC 3.6): a Redis Cluster node's id ('c' .. CLUSTER MYID) or a single
+-- Redis's run id ('r' .. run_id from INFO). A replica promoted by a failover, or a server started again
+-- from its append-only file, is another server. Asked once per server process: the library's locals live
+-- as long as its Lua state, which a restart (or a new library) makes again.
+local THIS_SERVER = nil
+
+local function server_id()
+  if not THIS_SERVER then
+    local ok, id = pcall(redis.call, 'CLUSTER', 'MYID')
+    THIS_SERVER = ok and ('c' .. id) or ('r' .. string.match(redis.call('INFO', 'server'), 'run_id:(%x+)'))
+  end
+  return THIS_SERVER
+end
+
+-- Whether the queue's state is found on another server than the one its epoch began on (cfg 'server',
+-- written by epoch.lua): policy() asks, on every call (a string comparison). Writes the other server had
+-- acknowledged may be missing here (a replica is updated asynchronously, an append-only file is written
+-- to disk once a second). Then the epoch stops being live (every script answers no_config) and Python
+-- begins the next one over what survived (services/recovery.py): numbers resume above everything
+-- reserved, and a ticket the lost writes had issued gets its place back when its holder polls, as after
+-- a lost state.
+local function server_moved(p)
+  local known, id = p.server, server_id()
+  if known == id then return false end
+  if known == '' then  -- an epoch begun before servers were noted: this one is its server
+    redis.call('HSET', K_CFG, 'server', id)
+  else
+    redis.call('HSET', K_CFG, 'server_moved', known)
+    redis.call('HDEL', K_CFG, 'live_epoch')
+  end
+  policy_pack()
+  return known ~= ''
+end
+
+local function policy()
+  local raw = redis.call('HMGET', K_CFG, 'packed', 'live_epoch')
+  if not raw[1] or not raw[2] then return nil end
+  local p = POLICIES[raw[1]]
+  if not p then
+    p = policy_decode(raw[1])
+    if POLICIES_KEPT >= 256 then POLICIES, POLICIES_KEPT = {}, 0 end
+    POLICIES[raw[1]], POLICIES_KEPT = p, POLICIES_KEPT + 1
+  end
+  if not p.live or p.live_epoch ~= raw[2] then return nil end
+  if p.server ~= server_id() and server_moved(p) then return nil end
+  p.outflow = p.outflow_configured
+  if p.adaptive then
+    p.outflow = tonumber(redis.call('HGET', K_ST, 'outflow_effective')) or p.outflow
+  end
+  return p
+end
+
+-- Open, past the scheduled start (before it, visitors wait in a pre-queue and nobody is admitted), the
+-- pre-queue's shuffle done (until then its order is not the one admission must follow), not past the end.
+local function admitting(p, now)
+  return p.state == 'open' and now >= p.starts_at_ms and not p.shuffle_pending
+    and (p.ends_ms == 0 or now < p.ends_ms)
+end
+
+-- The slots admission may fill. After lost state (epoch.lua) the sessions that were live are unknown but
+-- were at most capacity; until the hold ends, each one that came back (restored_sessions) proves one slot
+-- free of them, so only that many slots count: new admissions fill only slots restored sessions left.
+local function capacity_now(p, st, now)
+  if now < p.restore_hold_ms then return math.min(p.capacity, num(st, 'restored_sessions', 0)) end
+  return p.capacity
+end
+
+local function used_slots(p, st)
+  local claims = redis.call('ZCARD', K_CLAIMS)
+  if p.capacity_source == 'reported' then
+    -- The site counts its own active sessions (absolute, seed 001); visitors admitted but not yet
+    -- arrived are ours to count.
+    return num(st, 'reported_in_use', 0) + claims
+  end
+  return claims + redis.call('ZCARD', K_SESSIONS)
+end
+
+-- Token bucket refilled by elapsed time (not a fixed number per tick), so however many runners tick,
+-- admissions never exceed burst + rate * time. A clock that goes backwards refills nothing.
+-- The bucket holds `burst`: after a quiet spell (paused, nobody waiting, every slot taken) at most that
+-- many are admitted at once. But a late round is owed its outflow: ticks come once a second to any worker
+-- node and only the lease holder admits, so a healthy queue's rounds can be up to a lease and a second
+-- apart. A round may spend what accrued since the previous one over at most that long, plus the fraction
+-- of a visitor left over (else an outflow that is not whole visitors per round would lose it every round).
+local function bucket_tokens(p, st, now)
+  local tokens = tonumber(st.b_tokens)
+  local ts = tonumber(st.b_ts)
+  if tokens == nil or ts == nil then return p.burst, now end
+  if now > ts then
+    local accrued = (now - ts) * p.outflow / 60000
+    local owed = math.min(accrued, p.outflow / 60 * (p.leader_ttl_ms / 1000 + 1))
+    local carry = math.min(math.max(tokens, 0), 1)
+    tokens = math.min(math.max(p.burst, owed + carry), tokens + accrued)
+    ts = now
+  end
+  return tokens, ts
+end
+
+-- Whole tokens available; the epsilon absorbs float drift (ten refills of 0.1 make 0.9999999999999999).
+local function whole_tokens(tokens)
+  return math.floor(tokens + 1e-6)
+end
+
+local function bucket_save(tokens, ts)
+  redis.call('HSET', K_ST, 'b_tokens', fmt(tokens), 'b_ts', ts)
+end
+
+-- Continuous-time EMA of admissions per second (time constant RATE_TAU_S). It decays only while
+-- someone was waiting and the queue was open, so a quiet spell does not read as a slow line.
+local function rate_update(st, now, admitted, busy)
+  local ema = num(st, 'ema_rate', 0)
+  local ts = num(st, 'ema_ts', now)
+  if busy and now > ts then ema = ema * math.exp(-(now - ts) / 1000 / RATE_TAU_S) end
+  ema = ema + admitted / RATE_TAU_S
+  redis.call('HSET', K_ST, 'ema_rate', fmt(ema), 'ema_ts', math.max(ts, now))
+end
+
+-- Seed 004: new = old * 0.9 + sample * 0.1.
+local function ema_update(field, sample)
+  local old = tonumber(redis.call('HGET', K_ST, field))
+  local new = sample
+  if old ~= nil then new = old * 0.9 + sample * 0.1 end
+  redis.call('HSET', K_ST, field, fmt(new))
+end
+
+-- What a poll's answer needs about the queue right now (status.lua; store.PollFigures). `used`: the slots in
+-- use, when the caller has counted them already (estimate_wait takes them too: one count a poll).
+local function poll_figures(p, st, used)
+  return {
+    p.state, p.capacity, used or used_slots(p, st), line_count(), st.evseq or '0',
+    p.presence_timeout, p.target_url, p.epoch, p.claim_ttl, p.starts_at_ms,
+    st.w_lo or fmt(WAIT_LO_FIRST), st.w_hi or fmt(WAIT_HI_FIRST),
+  }
+end
+
+-- What wait estimates, stats and broadcasts need as well (join, admit; store.QueueFigures): the poll's
+-- figures, then these.
+local function figures(p, st)
+  local f = poll_figures(p, st)
+  f[13], f[14], f[15], f[16] = fmt(p.outflow), st.ema_rate or '0', st.ema_ts or '0', st.ema_service_ms or '0'
+  f[17], f[18], f[19] = num(st, 'admitted', 0), redis.call('ZCARD', K_AWAY), p.name
+  return f
+end
+
+-- Priority joiners placed ahead (join.lua: a level's joiner goes in at its placement fraction from the
+-- back): st.pri holds each level's recent arrival rate (an EMA, a second's worth per RATE_TAU_S) as
+-- 'r1 r2 r3 ts'; a queue nobody joined with a code has none and pays nothing for this.
+-- Where a visitor of level `pri` goes in a line of `n` (seed 003; join.lua's header tells the rule): the
+-- score `seq` for level 0, or when the level's placement fraction is 0 or the line is empty; else ahead of
+-- the last `fraction` of the line, but never ahead of an earlier joiner of its level or higher (tL in st)
+-- or of any ticket of an earlier epoch (epoch_floor). join.lua places joiners; promote.lua, code holders.
+local function priority_place(p, st, pri, n, seq)
+  local fraction = p.fractions[pri] or 0
+  if pri <= 0 or fraction <= 0 or n <= 0 then return seq end
+  local tail = nil
+  if p.epoch_floor > 0 then tail = p.epoch_floor end
+  for level = pri, 3 do
+    local t = tonumber(st['t' .. level])
+    if t ~= nil and (tail == nil or t > tail) then tail = t end
+  end
+  local index = math.floor(n * (1 - fraction))
+  if index >= n then return seq end
+  local _, around = line_range(math.max(0, index - 1), index)  -- the places before and at index
+  local at_score = around[#around]
+  if tail ~= nil and at_score <= tail then
+    return tail  -- right behind the last earlier joiner of this level or higher
+  end
+  local low = at_score - 1
+  if index > 0 then low = around[1] end
+  if tail ~= nil and tail > low then low = tail end
+  local mid = (low + at_score) / 2
+  if mid > low and mid < at_score then return mid end
+  if low < at_score then return low end  -- ties sort by sequence: right behind the predecessor
+  return at_score  -- no room at all: one place further back
+end
