@@ -50,3 +50,19 @@ def test_a_short_sale_with_silent_walk_aways_is_told_waits_that_come_true(stack)
     assert first["counted"] >= 10 and result["within_range"] >= 0.6, result  # the range holds most waits
     # Every visitor's record is kept with the figures, and summarised again it gives the same figures.
     assert estimate_sim.summarise(estimate_sim.crowd_of(result))["error_median"] == result["error_median"]
+
+
+def test_a_queue_s_next_sale_is_told_its_first_waits_by_the_record_of_the_last(stack):
+    """A queue keeps its record across sales (walking away by time waited, how long slots are held, the
+    range). Its first sale's first burst joins before anyone has walked away and is told the walk-free wait;
+    the next sale's first burst is told by the record of the last, and the estimate says so."""
+    product = estimate_sim.Product(stack.url, stack.manage)
+    first = estimate_sim.run_scenario(product, SALE, seed=11)
+    later = estimate_sim.run_scenario(product, SALE, seed=12, slug=first["slug"])
+    print(first["by_burst"], later["by_burst"])
+    assert first["sale"] == "first" and later["sale"] == "later" and later["slug"] == first["slug"]
+    first_burst, first_burst_later = first["by_burst"][0], later["by_burst"][0]
+    assert first_burst["counted"] >= 10 and first_burst_later["counted"] >= 10
+    assert first_burst["told_over_had_median"] >= 1.15, first  # 40 % walk away, and it could not know
+    assert 0.8 <= first_burst_later["told_over_had_median"] <= 1.15, later
+    assert first_burst_later["error_median"] < first_burst["error_median"]
