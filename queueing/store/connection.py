@@ -6,9 +6,10 @@ parts after it, LIB_PARTS), then each script's body as a function of its KEYS an
 Redis function. The library's code runs once, when it is loaded; before, as EVALSHA scripts, every call
 re-created the library's functions and decoded the queue's policy again (a third of a status poll's Redis
 time, bench/RESULTS.md). The library's name and its functions' names carry a digest of its code, so
-processes of two versions (a rolling deploy) each find their own. A server that does not have it (a fresh or restarted Redis without persistence, FUNCTION
-FLUSH) answers "Function not found": the library is loaded and the call retried, here and only here:
-`run` for one call, `run_together` for a pipeline, `arun` from the event loop. Redis 7.0 or later.
+processes of two versions (a rolling deploy) each find their own. A server that does not have it (a fresh
+or restarted Redis without persistence, FUNCTION FLUSH) answers "Function not found": the library is loaded
+and the call retried, here and only here: `run` for one call, `run_together` for a pipeline, `arun` from the
+event loop. Redis 7.0 or later.
 
 The visitor hot path's round trips are `Plan`s: the script calls as data and a pure function that reads
 their replies. Several calls in one plan run as one call (`combined`: the library's `chain` runs them in
