@@ -101,8 +101,8 @@ end
 -- still walk away while it waits, at the rate of its time waited (hazard_stay), so of those the head
 -- reaches over the next t seconds stay(t) are still there: n admissions, this visitor's included. By a
 -- time t from now at most B + r_out * t are admitted (the bucket's tokens B, the outflow in force r_out
--- a second) and at most F + r_cap * t (the free slots F, and slots freed at capacity / the mean time a
--- slot is held, once that is known). Priority joiners placed ahead meanwhile add to n, in proportion to
+-- a second) and at most F + the slots back by t (the free slots F; the slots back by the tick's curve,
+-- returns_after, or at r_cap = capacity / the mean time a slot is held, once that is known). Priority joiners placed ahead meanwhile add to n, in proportion to
 -- t (priority_ahead_rate). The estimate is the t at which both bounds allow n(t) (bisection; n is never
 -- taken as more than twice the walk-free count). Until a slot has been given back once, how long
 -- sessions last is not known, and neither is the wait of a visitor who needs more slots than are free:
@@ -114,6 +114,125 @@ end
 -- claimed by now: the page hands over at once); the other slots come back at the site's pace, r_cap for
 -- all the slots less the late ones. Returns k -> seconds until k slots have come back (no late admission:
 -- nil, the pace alone). Only for a visitor within HEAD_SLOTS of a slot: one ranged read of the claims.
+-- How slots come back when every one is taken (seen in the simulator: a sale's first burst fills the
+-- free slots at once, and they come back only after the shortest session, not at capacity / the mean
+-- hold from the first second). From the holds given back
+-- ('svh', a histogram over HOLD_EDGES, each one's weight falling by 1/SERVICE_SPAN with every later one)
+-- and the ages of the slots held now (the tick looks at HOLD_SAMPLES of them; a claim's score is its
+-- admission plus claim_ttl, a session's its admission plus session_ttl), the tick works out how many
+-- slots have come back by t (each held slot of age a: P(hold <= a + t | hold > a)), and, for a line that
+-- refills each slot as it comes back, those refilled that come back again (the renewal equation, on
+-- RETURN_POINTS steps over RETURN_HOLDS mean holds). 'svr': "<tick ms> <step s> R1 .. Rn"; polls read it.
+local HOLD_EDGES = {0, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1800, 3600}
+local HOLD_NB = #HOLD_EDGES - 1  -- bin b: [HOLD_EDGES[b], HOLD_EDGES[b + 1]) seconds; longer holds in the last
+local SERVICE_SPAN, HOLD_SAMPLES, RETURN_POINTS, RETURN_HOLDS = 50, 24, 24, 2
+
+local function hold_bins(svh)
+  local h = {}
+  for x in string.gmatch(svh or '', '%S+') do h[#h + 1] = tonumber(x) or 0 end
+  if #h ~= HOLD_NB then return nil end
+  return h
+end
+
+local function hold_note(sample_ms)  -- a slot given back after sample_ms
+  local h = hold_bins(redis.call('HGET', K_ST, 'svh') or nil)
+  if h == nil then
+    h = {}
+    for b = 1, HOLD_NB do h[b] = 0 end
+  end
+  local kept, seconds, at = 1 - 1 / SERVICE_SPAN, math.max(0, sample_ms / 1000), HOLD_NB
+  while at > 1 and seconds < HOLD_EDGES[at] do at = at - 1 end
+  local out = {}
+  for b = 1, HOLD_NB do
+    h[b] = h[b] * kept + (b == at and 1 or 0)
+    out[b] = string.format('%.4g', h[b])
+  end
+  redis.call('HSET', K_ST, 'svh', table.concat(out, ' '))
+end
+
+-- F(x): the share of holds given back within x seconds (uniform within a bin), from the histogram h.
+local function hold_cdf(h)
+  local total = 0
+  for b = 1, HOLD_NB do total = total + h[b] end
+  if total <= 0 then return nil end
+  return function(x)
+    local below = 0
+    for b = 1, HOLD_NB do
+      local lo, hi = HOLD_EDGES[b], HOLD_EDGES[b + 1]
+      if x < hi then return (below + h[b] * math.max(0, x - lo) / (hi - lo)) / total end
+      below = below + h[b]
+    end
+    return 1
+  end
+end
+
+local function returns_look(p, st, now, used)
+  local h = hold_bins(st.svh)
+  local F = h and hold_cdf(h)
+  local mean_s = num(st, 'ema_service_ms', 0) / 1000
+  if F == nil or mean_s <= 0 or p.capacity_source == 'reported' or line_count() == 0 then  -- none to tell
+    if st.svr then redis.call('HDEL', K_ST, 'svr') end
+    return
+  end
+  local n_claims = redis.call('ZCARD', K_CLAIMS)
+  local held = n_claims + redis.call('ZCARD', K_SESSIONS)
+  local ages, weight = {}, 0
+  if held > 0 then
+    local count = math.min(held, HOLD_SAMPLES)
+    local shift = (now % 991) / 991
+    weight = held / count
+    for i = 0, count - 1 do
+      local rank = math.floor((i + shift) * held / count)
+      local key, ttl = K_CLAIMS, p.claim_ttl
+      if rank >= n_claims then key, ttl, rank = K_SESSIONS, p.session_ttl, rank - n_claims end
+      local row = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
+      if row[2] then ages[#ages + 1] = math.max(0, (now - (tonumber(row[2]) - ttl * 1000)) / 1000) end
+    end
+  end
+  local free = math.max(0, p.capacity - (used or held))  -- filled at once by the line: holders of age 0
+  local step = RETURN_HOLDS * mean_s / RETURN_POINTS
+  local function gone(a, t)  -- a slot held for a seconds: the chance it is back within t more
+    local left = 1 - F(a)
+    if left < 0.02 then return 1 - math.exp(-t / mean_s) end  -- older than the holds seen: at the mean's pace
+    return math.min(1, (F(a + t) - F(a)) / left)
+  end
+  local first, f = {}, {}  -- first[k]: back by k steps, of those held now; f[k]: a fresh hold's, in step k
+  for k = 1, RETURN_POINTS do
+    local t, sum = k * step, free * F(k * step)
+    for _, a in ipairs(ages) do sum = sum + weight * gone(a, t) end
+    first[k] = sum
+    f[k] = F(k * step) - F((k - 1) * step)
+  end
+  local r, total, out = {}, 0, {fmt(now), string.format('%.4g', step)}
+  for k = 1, RETURN_POINTS do
+    local rate = first[k] - (first[k - 1] or 0)
+    for j = 1, k - 1 do rate = rate + r[j] * f[k - j] end  -- refilled at step j, back in k - j steps
+    r[k] = rate
+    total = total + rate
+    out[#out + 1] = string.format('%.4g', total)
+  end
+  redis.call('HSET', K_ST, 'svr', table.concat(out, ' '))
+end
+
+-- Seconds from now until k slots have come back, by the tick's curve (past its end, at the pace r_cap);
+-- nil when there is none.
+local function returns_after(st, now, k, r_cap)
+  if not st.svr then return nil end
+  local v = {}
+  for x in string.gmatch(st.svr, '%S+') do v[#v + 1] = tonumber(x) or 0 end
+  if #v ~= RETURN_POINTS + 2 then return nil end
+  local since, step, before = (now - v[1]) / 1000, v[2], 0
+  for k_ = 1, RETURN_POINTS do
+    local back = v[k_ + 2]
+    if back >= k then
+      local share = back > before and (k - before) / (back - before) or 1
+      return math.max(0, (k_ - 1 + share) * step - since)
+    end
+    before = back
+  end
+  return math.max(0, RETURN_POINTS * step + (k - before) / r_cap - since)
+end
+
 local CLAIM_LATE_S, HEAD_SLOTS = 10, 32
 local function slots_back(p, now, r_cap)
   local cutoff = now + (p.claim_ttl - CLAIM_LATE_S) * 1000
@@ -157,7 +276,7 @@ local function estimate_wait(p, st, ahead, now, used, level, own_s)
     local t = (n - tokens) / r_out
     if n > free then  -- this visitor needs a slot that is not free yet: when do slots come back?
       if r_cap == nil or r_cap <= 0 then return nil end  -- no slot has come back yet: nobody can know
-      t = math.max(t, back and back(n - free) or (n - free) / r_cap)
+      t = math.max(t, back and back(n - free) or returns_after(st, now, n - free, r_cap) or (n - free) / r_cap)
     end
     return math.max(0, t)
   end

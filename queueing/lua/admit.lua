@@ -78,7 +78,10 @@ end
 if #LAPSED > 0 then hazard_lapsed(LAPSED) end
 bucket_save(tokens, ts)
 rate_update(st, now, #admitted, admitting(p, now) and waiting > 0)
-if token ~= '' then silent_look(p, st, now) end  -- the leader's tick, once a second
+if token ~= '' then  -- the leader's tick, once a second
+  silent_look(p, st, now)
+  returns_look(p, st, now)
+end
 
 local moves = moves_reply()
 st = hash_table(K_ST)
