@@ -317,8 +317,8 @@ def test_slots_filled_at_once_come_back_after_a_session_not_at_the_average_pace(
     assert all(t.status is store.TicketStatus.ADMITTED for t in burst)
     for ticket in burst:  # at the site at once (an admission unclaimed for 10 s is taken to lapse instead)
         assert services.session_verify(slug=slug, raw_token=access_token(slug, ticket), now=t1).valid
-    tick(slug, t1)  # the tick looks at the slots held: ten, just taken
     line = [join(slug, f"w{i}", now=t1) for i in range(6)]
+    tick(slug, t1)  # the tick looks at the slots held: ten, just taken
     last = status(slug, line[-1], now=t1)
     assert last.rank == 5
     one_rate = math.ceil(6 * 25 / 10 + 0.5)
