@@ -115,7 +115,8 @@ async def visit(
     answer = joined.json()
     ticket = answer["ticket"]
     visitor.told, visitor.told_range = answer.get("estimated_wait_seconds"), answer.get("estimated_wait_range")
-    visitor.ahead = answer.get("ahead")
+    position = answer.get("position")  # the join's answer carries its place; "ahead" only where the page shows it
+    visitor.ahead = answer["ahead"] if answer.get("ahead") is not None else (position - 1 if position else None)
     auth = {"Authorization": f"Bearer {ticket}"}
     while answer["status"] == "waiting":
         pause = float(answer.get("poll_after_seconds") or 2.0)
