@@ -44,10 +44,17 @@ end
 local HAZARD_BANDS = {0, 10, 30, 90, 300}
 local HAZARD_NB = #HAZARD_BANDS
 
+-- The numbers of a counter kept as 'x y z' (thetas, hz, hzl, svh, svr), or nil when it holds other than n.
+local function numbers(text, n)
+  local v = {}
+  for x in string.gmatch(text or '', '%S+') do v[#v + 1] = tonumber(x) or 0 end
+  if #v ~= n then return nil end
+  return v
+end
+
 local function hazard_curve(st)
-  local rates = {}
-  for x in string.gmatch(st.thetas or '', '%S+') do rates[#rates + 1] = tonumber(x) or 0 end
-  if #rates ~= HAZARD_NB then return nil end
+  local rates = numbers(st.thetas, HAZARD_NB)
+  if rates == nil then return nil end
   local at, any = {0}, false  -- at[b]: H at the start of band b
   for b = 1, HAZARD_NB do
     if rates[b] > 0 then any = true end
@@ -128,10 +135,7 @@ local HOLD_NB = #HOLD_EDGES - 1  -- bin b: [HOLD_EDGES[b], HOLD_EDGES[b + 1]) se
 local SERVICE_SPAN, HOLD_SAMPLES, RETURN_POINTS, RETURN_HOLDS = 50, 24, 24, 2
 
 local function hold_bins(svh)
-  local h = {}
-  for x in string.gmatch(svh or '', '%S+') do h[#h + 1] = tonumber(x) or 0 end
-  if #h ~= HOLD_NB then return nil end
-  return h
+  return numbers(svh, HOLD_NB)
 end
 
 local function hold_note(sample_ms)  -- a slot given back after sample_ms
@@ -170,12 +174,15 @@ local function returns_look(p, st, now, used)
   local h = hold_bins(st.svh)
   local F = h and hold_cdf(h)
   local mean_s = num(st, 'ema_service_ms', 0) / 1000
-  if F == nil or mean_s <= 0 or p.capacity_source == 'reported' or line_count() == 0 then  -- none to tell
+  local n_claims = F and redis.call('ZCARD', K_CLAIMS) or 0
+  local held = F and n_claims + redis.call('ZCARD', K_SESSIONS) or 0
+  local free = math.max(0, p.capacity - (used or held))  -- filled at once by the line: holders of age 0
+  -- None to tell, or nobody will need a slot back: an estimate takes at most 2 (line + 1) admissions.
+  local waiting = F and line_count() or 0
+  if F == nil or mean_s <= 0 or p.capacity_source == 'reported' or waiting == 0 or free >= 2 * (waiting + 1) then
     if st.svr then redis.call('HDEL', K_ST, 'svr') end
     return
   end
-  local n_claims = redis.call('ZCARD', K_CLAIMS)
-  local held = n_claims + redis.call('ZCARD', K_SESSIONS)
   local ages, weight = {}, 0
   if held > 0 then
     local count = math.min(held, HOLD_SAMPLES)
@@ -189,7 +196,6 @@ local function returns_look(p, st, now, used)
       if row[2] then ages[#ages + 1] = math.max(0, (now - (tonumber(row[2]) - ttl * 1000)) / 1000) end
     end
   end
-  local free = math.max(0, p.capacity - (used or held))  -- filled at once by the line: holders of age 0
   local step = RETURN_HOLDS * mean_s / RETURN_POINTS
   local function gone(a, t)  -- a slot held for a seconds: the chance it is back within t more
     local left = 1 - F(a)
@@ -217,10 +223,8 @@ end
 -- Seconds from now until k slots have come back, by the tick's curve (past its end, at the pace r_cap);
 -- nil when there is none.
 local function returns_after(st, now, k, r_cap)
-  if not st.svr then return nil end
-  local v = {}
-  for x in string.gmatch(st.svr, '%S+') do v[#v + 1] = tonumber(x) or 0 end
-  if #v ~= RETURN_POINTS + 2 then return nil end
+  local v = numbers(st.svr, RETURN_POINTS + 2)
+  if v == nil then return nil end
   local since, step, before = (now - v[1]) / 1000, v[2], 0
   for k_ = 1, RETURN_POINTS do
     local back = v[k_ + 2]
@@ -379,9 +383,8 @@ local function band_of(waited)
 end
 
 local function hazard_load(st)
-  local h = {}
-  for x in string.gmatch(st.hz or '', '%S+') do h[#h + 1] = tonumber(x) or 0 end
-  if #h == 2 * HAZARD_NB then return h end
+  local h = numbers(st.hz, 2 * HAZARD_NB)
+  if h then return h end
   h = {}  -- nothing learnt yet (or the sums of one rate for every wait, before the bands): the prior
   for b = 1, HAZARD_NB do h[2 * b - 1], h[2 * b] = 0, HAZARD_PRIOR * band_seconds(b, HAZARD_PRIOR_S) end
   return h
@@ -411,10 +414,7 @@ end
 
 -- The line's sums (silent_look), in the same form as the head's: {} when there are none.
 local function hazard_line(hzl)
-  local hl = {}
-  for x in string.gmatch(hzl or '', '%S+') do hl[#hl + 1] = tonumber(x) or 0 end
-  if #hl ~= 2 * HAZARD_NB then return {} end
-  return hl
+  return numbers(hzl, 2 * HAZARD_NB) or {}
 end
 
 -- Saves the head's sums h, and the bands' rates from them and the line's sums hl (read when not given).
@@ -440,13 +440,12 @@ local function waited_s(rec, now, walked)
   return (now - rec[R_JOINED]) / 1000
 end
 
-local function hazard_lapsed(ages)  -- walks only: their seconds were counted when they were admitted
-  local h = hazard_stored()
+local function hazard_lapsed(h, ages)  -- walks only: their seconds were counted when they were admitted
   for _, waited in ipairs(ages) do
     local b = band_of(math.max(0, waited))
     h[2 * b - 1] = h[2 * b - 1] + 1
   end
-  hazard_save(h)
+  return h
 end
 
 -- Who has gone silent in the line already, before the head reaches them: the share of SILENT_SAMPLES
@@ -460,7 +459,7 @@ end
 -- LINE_FADED (the line has been empty a while): they speak for the line as it is now.
 local SILENT_SAMPLES = 24
 local LINE_KEPT, LINE_FADED = 0.9, 0.01
-local function silent_look(p, st, now)
+local function silent_look(p, st, now, h)  -- h: the head's sums as the tick left them; saved here
   local n = line_count()
   local seen, silent, head_js = 0, 0, now
   local hl, any = hazard_line(st.hzl), false
@@ -501,5 +500,5 @@ local function silent_look(p, st, now)
     hl = {}
     redis.call('HDEL', K_ST, 'hzl')
   end
-  hazard_save(hazard_stored(), hl)
+  hazard_save(h, hl)
 end

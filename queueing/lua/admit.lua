@@ -38,12 +38,12 @@ local waiting = line_count()
 local tokens, ts = bucket_tokens(p, st, now)
 local admitted = {}
 local spent = 0
+local hazard, learnt = hazard_load(st), false  -- walking away, from the departures at the head
 if admitting(p, now) and waiting > 0 then
   local free = math.min(capacity_now(p, st, now) - used_slots(p, st), max_admit)
   local budget = whole_tokens(tokens)
   local present_since = math.floor(now / 1000) - p.presence_timeout
   local offset, scanned, chunk, done = 0, 0, 64, free <= 0
-  local hazard = hazard_load(st)
   while not done do
     local batch, scores = line_range(offset, offset + chunk - 1)
     if #batch == 0 then break end
@@ -73,14 +73,16 @@ if admitting(p, now) and waiting > 0 then
     offset = offset + #batch
   end
   tokens = math.max(tokens - spent, math.min(tokens, -p.burst))
-  if scanned > 0 then hazard_save(hazard) end
+  learnt = scanned > 0
 end
-if #LAPSED > 0 then hazard_lapsed(LAPSED) end
+if #LAPSED > 0 then hazard, learnt = hazard_lapsed(hazard, LAPSED), true end
 bucket_save(tokens, ts)
 rate_update(st, now, #admitted, admitting(p, now) and waiting > 0)
 if token ~= '' then  -- the leader's tick, once a second
-  silent_look(p, st, now)
+  silent_look(p, st, now, hazard)  -- saves the head's sums with the line's
   returns_look(p, st, now)
+elseif learnt then
+  hazard_save(hazard)
 end
 
 local moves = moves_reply()
