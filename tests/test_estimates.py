@@ -329,6 +329,35 @@ def test_slots_filled_at_once_come_back_after_a_session_not_at_the_average_pace(
     assert later.est_wait_s is not None and 12 <= later.est_wait_s <= 16
 
 
+def test_the_long_holds_still_out_count_when_only_the_short_ones_have_come_back(make_queue, clock):
+    """Seen in the simulator's half-walk-away sale (sessions of 20-60 s): 55 s in, the holds given back were
+    the short ones, their mean 28 s against 40 s, and the line behind was told 0.73 of its waits. Ten
+    slots at once: five are given back at 20 s, five are still held at 30 s (sessions of 60 s: the mean is
+    40 s). The mean hold must count the five still out (by the rate per band of time held, their seconds
+    too), not be the 20 s of the five given back; and thirty behind the full slots wait for thirty slots
+    back, about 10 / 40 a second (120 s), where 10 / 20 a second says 60 s."""
+    queue = make_queue(capacity=10, outflow_per_minute=600, burst=10, session_ttl=3600)
+    slug, t0 = queue.slug, clock.now
+    first = [join(slug, f"a{i}", now=t0) for i in range(10)]
+    assert all(t.status is store.TicketStatus.ADMITTED for t in first)
+    for ticket in first:
+        assert services.session_verify(slug=slug, raw_token=access_token(slug, ticket), now=t0).valid
+    for second in range(31):  # the beat's tick, once a second
+        if second == 20:
+            for ticket in first[:5]:
+                services.session_complete(slug=slug, claims=access_claims(slug, ticket), now=t0 + 20)
+            refill = [join(slug, f"b{i}", now=t0 + 20) for i in range(5)]
+            for ticket in refill:
+                assert services.session_verify(slug=slug, raw_token=access_token(slug, ticket), now=t0 + 20).valid
+        tick(slug, t0 + second)
+    assert stat(slug, "ema_service_ms") == pytest.approx(20_000, abs=1)  # the five given back
+    assert 30_000 <= stat(slug, "svm") <= 50_000  # counting the five still out at 30 s
+    line = [join(slug, f"w{i}", now=t0 + 30) for i in range(30)]
+    last = status(slug, line[-1], now=t0 + 30)
+    assert last.rank == 29
+    assert last.est_wait_s is not None and 90 <= last.est_wait_s <= 160, last.est_wait_s
+
+
 def test_the_time_a_slot_is_held_is_the_mean_of_the_last_fifty_not_of_the_last_few(make_queue, clock):
     """After a burst, slots come back shortest first. Twenty sessions of 5 to 24 s, given back in that
     order: the slot time is their mean, 14.5 s (an average weighing the last ten or so, as it was, said

@@ -44,12 +44,19 @@ end
 local HAZARD_BANDS = {0, 10, 30, 90, 300}
 local HAZARD_NB = #HAZARD_BANDS
 
--- The numbers of a counter kept as 'x y z' (thetas, hz, hzl, svh, svr), or nil when it holds other than n.
+-- The numbers of a counter kept as 'x y z' (thetas, hz, hzl, svh, svx, svr), or nil when it holds other than n.
 local function numbers(text, n)
   local v = {}
   for x in string.gmatch(text or '', '%S+') do v[#v + 1] = tonumber(x) or 0 end
   if #v ~= n then return nil end
   return v
+end
+
+-- A counter's numbers as numbers() reads them.
+local function fmt_all(v)
+  local out = {}
+  for i = 1, #v do out[#out + 1] = string.format('%.6g', v[i]) end
+  return table.concat(out, ' ')
 end
 
 local function hazard_curve(st)
@@ -123,66 +130,114 @@ end
 -- nil, the pace alone). Only for a visitor within HEAD_SLOTS of a slot: one ranged read of the claims.
 -- How slots come back when every one is taken (seen in the simulator: a sale's first burst fills the
 -- free slots at once, and they come back only after the shortest session, not at capacity / the mean
--- hold from the first second). From the holds given back
--- ('svh', a histogram over HOLD_EDGES, each one's weight falling by 1/SERVICE_SPAN with every later one)
--- and the ages of the slots held now (the tick looks at HOLD_SAMPLES of them; a claim's score is its
--- admission plus claim_ttl, a session's its admission plus session_ttl), the tick works out how many
--- slots have come back by t (each held slot of age a: P(hold <= a + t | hold > a)), and, for a line that
--- refills each slot as it comes back, those refilled that come back again (the renewal equation, on
--- RETURN_POINTS steps over RETURN_HOLDS mean holds). 'svr': "<tick ms> <step s> R1 .. Rn"; polls read it.
+-- hold from the first second). How long a slot is held is learnt as a rate per band of time held
+-- (HOLD_EDGES), the way walking away is: the holds given back in each band ('svh', each one's weight
+-- falling by 1/SERVICE_SPAN with every later one) over the slot-seconds spent in it ('svx': the tick
+-- adds the time the slots held now spent in each band since its last look, from the ages of HOLD_SAMPLES
+-- of them: a claim's score is its admission plus claim_ttl, a session's its admission plus session_ttl;
+-- the same fading). Slots still held count too, so early in a sale, when only the shortest holds have
+-- come back, the long ones still out are not forgotten (a histogram of the holds given back told the
+-- half-walk-away sale a mean hold of 28 s, 55 s in, against 40 s). From those rates the tick works out
+-- the mean hold ('svm', what polls take for capacity / r_cap) and how many slots have come back by t
+-- (each held slot of age a: P(hold <= a + t | hold > a)), and, for a line that refills each slot as it
+-- comes back, those refilled that come back again (the renewal equation, on RETURN_POINTS steps over
+-- RETURN_HOLDS mean holds). 'svr': "<tick ms> <step s> R1 .. Rn"; polls read it.
 local HOLD_EDGES = {0, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1800, 3600}
 local HOLD_NB = #HOLD_EDGES - 1  -- bin b: [HOLD_EDGES[b], HOLD_EDGES[b + 1]) seconds; longer holds in the last
 local SERVICE_SPAN, HOLD_SAMPLES, RETURN_POINTS, RETURN_HOLDS = 50, 24, 24, 2
+local HOLD_SHRINK = 2  -- a band's rate leans on the band before it as if HOLD_SHRINK holds had passed through it
 
-local function hold_bins(svh)
-  return numbers(svh, HOLD_NB)
+local function hold_bin(seconds)
+  local at = HOLD_NB
+  while at > 1 and seconds < HOLD_EDGES[at] do at = at - 1 end
+  return at
 end
 
-local function hold_note(sample_ms)  -- a slot given back after sample_ms
-  local h = hold_bins(redis.call('HGET', K_ST, 'svh') or nil)
+-- The slot-seconds spent in each band by the holds of histogram h, for a queue whose holds were kept
+-- before their exposure was: each passed the bands below its own, and half of its own.
+local function exposure_of(h)
+  local x = {}
+  for b = 1, HOLD_NB do x[b] = 0 end
+  for b = 1, HOLD_NB do
+    for c = 1, b do
+      x[c] = x[c] + h[b] * (HOLD_EDGES[c + 1] - HOLD_EDGES[c]) * (c == b and 0.5 or 1)
+    end
+  end
+  return x
+end
+
+-- The holds' sums: h (given back per band), x (slot-seconds per band) and when x last grew (ms; 0: never).
+local function hold_sums(svh, svx)
+  local h, x = numbers(svh, HOLD_NB), numbers(svx, HOLD_NB + 1)
   if h == nil then
     h = {}
     for b = 1, HOLD_NB do h[b] = 0 end
   end
-  local kept, seconds, at = 1 - 1 / SERVICE_SPAN, math.max(0, sample_ms / 1000), HOLD_NB
-  while at > 1 and seconds < HOLD_EDGES[at] do at = at - 1 end
-  local out = {}
+  if x == nil then return h, exposure_of(h), 0 end
+  return h, {unpack(x, 2)}, x[1]
+end
+
+-- Adds w slot-seconds for each second of [from, to] (seconds held) to the bands' x.
+local function expose(x, from, to, w)
+  for b = hold_bin(from), hold_bin(to) do
+    local lo, hi = math.max(from, HOLD_EDGES[b]), math.min(to, HOLD_EDGES[b + 1] or to)
+    x[b] = x[b] + w * math.max(0, hi - lo)
+  end
+end
+
+-- A slot given back after sample_ms, at now: a hold in its band, and the part of it the tick's looks did
+-- not see (since the last look, or all of it) to the slot-seconds.
+local function hold_note(sample_ms, now)
+  local b = redis.call('HMGET', K_ST, 'svh', 'svx')
+  local h, x, ts = hold_sums(b[1] or nil, b[2] or nil)
+  local seconds = math.max(0, sample_ms / 1000)
+  local kept, at = 1 - 1 / SERVICE_SPAN, hold_bin(seconds)
+  for i = 1, HOLD_NB do
+    h[i] = h[i] * kept + (i == at and 1 or 0)
+    x[i] = x[i] * kept
+  end
+  expose(x, math.max(0, seconds - math.max(0, now - ts) / 1000), seconds, 1)
+  redis.call('HSET', K_ST, 'svh', fmt_all(h), 'svx', fmt(ts) .. ' ' .. fmt_all(x))
+end
+
+-- S(x), the share of holds not given back within x seconds, and the mean hold (seconds): a life table over
+-- the bands. A band's rate r (holds given back in it over its slot-seconds) says the share of those who
+-- reach it that are given back in it, r w / (1 + r w / 2) for a band w seconds wide (the actuarial
+-- estimate: the holds given back in a band spread across it, as the histogram read them before), and S
+-- falls linearly across it. A band with few slot-seconds in it leans on the band before it, as if
+-- HOLD_SHRINK holds had passed through it at that rate (the first, on the rate over all bands): holds
+-- longer than any seen yet go on at the rate the longest seen did. No slot is held longer than its
+-- session (or its claim) lasts. nil before any slot came back.
+local function hold_survival(p, h, x)
+  local given, spent = 0, 0
+  for b = 1, HOLD_NB do given, spent = given + h[b], spent + x[b] end
+  if given <= 0 then return nil end
+  local longest = math.max(p.session_ttl, p.claim_ttl)
+  local before, edge, q, width, mean = given / math.max(1, spent), {1}, {}, {}, 0
   for b = 1, HOLD_NB do
-    h[b] = h[b] * kept + (b == at and 1 or 0)
-    out[b] = string.format('%.4g', h[b])
+    local lo = HOLD_EDGES[b]
+    width[b] = (b < HOLD_NB and HOLD_EDGES[b + 1] or math.max(HOLD_EDGES[b + 1], longest)) - lo
+    local k = HOLD_SHRINK * width[b]
+    before = (h[b] + k * before) / (x[b] + k)
+    local rw = before * width[b]
+    q[b] = math.min(1, rw / (1 + rw / 2))  -- of the holds that reach the band, the share given back in it
+    edge[b + 1] = edge[b] * (1 - q[b])
+    local upto = math.min(width[b], longest - lo)  -- S falls linearly across the band
+    if upto > 0 then mean = mean + upto * edge[b] * (1 - q[b] * upto / width[b] / 2) end
   end
-  redis.call('HSET', K_ST, 'svh', table.concat(out, ' '))
+  local function S(a)
+    if a >= longest then return 0 end
+    local b = hold_bin(a)
+    return edge[b] * (1 - q[b] * math.min(1, (a - HOLD_EDGES[b]) / width[b]))
+  end
+  return S, mean
 end
 
--- F(x): the share of holds given back within x seconds (uniform within a bin), from the histogram h.
-local function hold_cdf(h)
-  local total = 0
-  for b = 1, HOLD_NB do total = total + h[b] end
-  if total <= 0 then return nil end
-  return function(x)
-    local below = 0
-    for b = 1, HOLD_NB do
-      local lo, hi = HOLD_EDGES[b], HOLD_EDGES[b + 1]
-      if x < hi then return (below + h[b] * math.max(0, x - lo) / (hi - lo)) / total end
-      below = below + h[b]
-    end
-    return 1
-  end
-end
-
-local function returns_look(p, st, now, used)
-  local h = hold_bins(st.svh)
-  local F = h and hold_cdf(h)
-  local mean_s = num(st, 'ema_service_ms', 0) / 1000
-  local n_claims = F and redis.call('ZCARD', K_CLAIMS) or 0
-  local held = F and n_claims + redis.call('ZCARD', K_SESSIONS) or 0
-  local free = math.max(0, p.capacity - (used or held))  -- filled at once by the line: holders of age 0
-  -- None to tell, or nobody will need a slot back: an estimate takes at most 2 (line + 1) admissions.
-  local waiting = F and line_count() or 0
-  if F == nil or mean_s <= 0 or p.capacity_source == 'reported' or waiting == 0 or free >= 2 * (waiting + 1) then
-    if st.svr then redis.call('HDEL', K_ST, 'svr') end
-    return
-  end
+-- The ages (seconds) of up to HOLD_SAMPLES of the slots held now, spread over them, each standing for
+-- weight slots; and the count of slots held.
+local function held_ages(p, now)
+  local n_claims = redis.call('ZCARD', K_CLAIMS)
+  local held = n_claims + redis.call('ZCARD', K_SESSIONS)
   local ages, weight = {}, 0
   if held > 0 then
     local count = math.min(held, HOLD_SAMPLES)
@@ -196,11 +251,37 @@ local function returns_look(p, st, now, used)
       if row[2] then ages[#ages + 1] = math.max(0, (now - (tonumber(row[2]) - ttl * 1000)) / 1000) end
     end
   end
+  return ages, weight, held
+end
+
+-- The admission tick's look at the slots held (once a second, on the leader's tick): adds the time they
+-- spent in each band since the last look to 'svx', saves the mean hold ('svm'), and when somebody will
+-- need a slot back draws the curve of slots back ('svr').
+local function returns_look(p, st, now, used)
+  if p.capacity_source == 'reported' then return end  -- the site counts its sessions: no holds seen here
+  local ages, weight, held = held_ages(p, now)
+  local h, x, ts = hold_sums(st.svh, st.svx)
+  local since = math.max(0, now - ts) / 1000  -- each slot's seconds since the last look (all, before one)
+  if held > 0 then  -- (none held: nothing to add, and every slot held later is seen from its start)
+    for _, a in ipairs(ages) do expose(x, math.max(0, a - since), a, weight) end
+    redis.call('HSET', K_ST, 'svx', fmt(now) .. ' ' .. fmt_all(x))
+  end
+  local S, mean_s = hold_survival(p, h, x)
+  if S == nil then return end
+  redis.call('HSET', K_ST, 'svm', fmt(mean_s * 1000))
+  local free = math.max(0, p.capacity - (used or held))  -- filled at once by the line: holders of age 0
+  -- Nobody will need a slot back: an estimate takes at most 2 (line + 1) admissions.
+  local waiting = line_count()
+  if mean_s <= 0 or waiting == 0 or free >= 2 * (waiting + 1) then
+    if st.svr then redis.call('HDEL', K_ST, 'svr') end
+    return
+  end
+  local function F(a) return 1 - S(a) end
   local step = RETURN_HOLDS * mean_s / RETURN_POINTS
   local function gone(a, t)  -- a slot held for a seconds: the chance it is back within t more
-    local left = 1 - F(a)
+    local left = S(a)
     if left < 0.02 then return 1 - math.exp(-t / mean_s) end  -- older than the holds seen: at the mean's pace
-    return math.min(1, (F(a + t) - F(a)) / left)
+    return math.min(1, (left - S(a + t)) / left)
   end
   local first, f = {}, {}  -- first[k]: back by k steps, of those held now; f[k]: a fresh hold's, in step k
   for k = 1, RETURN_POINTS do
@@ -268,6 +349,7 @@ local function estimate_wait(p, st, ahead, now, used, level, own_s)
   local r_cap = nil
   local service_ms = num(st, 'ema_service_ms', 0)
   if service_ms > 0 then
+    service_ms = num(st, 'svm', service_ms)  -- the mean hold by the bands' rates, slots still held counted
     r_cap = p.capacity / (service_ms / 1000)
   elseif p.capacity_source == 'reported' and num(st, 'ema_ts', 0) > 0 then
     -- the site counts its own sessions, so their length is never seen here: the observed pace
@@ -493,9 +575,7 @@ local function silent_look(p, st, now, h)  -- h: the head's sums as the tick lef
   local old = tonumber(st.silent) or share
   redis.call('HSET', K_ST, 'silent', fmt(old * 0.5 + share * 0.5), 'head_js', head_js)
   if any then
-    local sums = {}
-    for i = 1, #hl do sums[i] = string.format('%.6g', hl[i]) end
-    redis.call('HSET', K_ST, 'hzl', table.concat(sums, ' '))
+    redis.call('HSET', K_ST, 'hzl', fmt_all(hl))
   else
     hl = {}
     redis.call('HDEL', K_ST, 'hzl')

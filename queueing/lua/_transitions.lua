@@ -36,8 +36,8 @@ end
 -- last ~SERVICE_SPAN slots given back (the mean of all of them until there are that many). Slots come
 -- back shortest first after a burst, then the long ones: an average weighing the last ten (as it was)
 -- followed that order, low and then high (tests/test_estimates.py: 16.2 s for sessions of 14.5 s).
-local function service_note(sample)  -- SERVICE_SPAN: _estimates.lua; and the holds' histogram (hold_note)
-  hold_note(sample)
+local function service_note(sample, now)  -- SERVICE_SPAN: _estimates.lua; and the holds' bands (hold_note)
+  hold_note(sample, now)
   local b = redis.call('HMGET', K_ST, 'ema_service_ms', 'svc_n')
   local n = (tonumber(b[2]) or (b[1] and 10 or 0)) + 1  -- a queue from before the count: as if ten
   local old = tonumber(b[1]) or sample
@@ -56,7 +56,7 @@ local function finish(tid, rec, status, reason, now)
   elseif held then
     redis.call('ZREM', K_CLAIMS, tid)
     redis.call('ZREM', K_SESSIONS, tid)
-    service_note(math.max(0, now - rec[R_ADMITTED]))
+    service_note(math.max(0, now - rec[R_ADMITTED]), now)
   end
   while #rec < R_REASON do rec[#rec + 1] = 0 end
   for i = #rec, R_LINE_SCORE, -1 do rec[i] = nil end  -- the parked place, the status limiter's bucket
