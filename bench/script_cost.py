@@ -151,7 +151,8 @@ def measure(tickets: int, calls: int, rounds: int = 3) -> dict[str, Any]:
     # wait (lua/_estimates.lua estimate_wait).
     services.queue_configure(slug="bench", changes={"state": "open"}, actor_label="bench")
     now_ms = int(time.time() * 1000)
-    learnt = ("0.05 0.01 0.002 0.002 0.002", now_ms - 60_000)  # walking away by time waited; the head's join
+    # walking away by time waited (a rate per band, lua/_estimates.lua HAZARD_BANDS); the head's join
+    learnt = ("0.05 0.02 0.01 0.005 0.002 0.002 0.002 0.002", now_ms - 60_000)
     client.hset(
         keys.st, mapping={"thetas": learnt[0], "head_js": learnt[1], "silent": "0.1", "pri": f"0.05 0.1 0 {now_ms}"}
     )

@@ -31,7 +31,16 @@ def stat(slug: str, name: str) -> float:
     return float(store.snapshot(slug).stats.get(name, 0) or 0)
 
 
-BANDS = (0, 10, 30, 90, 300)  # lua/_estimates.lua HAZARD_BANDS: walking away is learnt per band of time waited
+BANDS = (
+    0,
+    10,
+    20,
+    30,
+    45,
+    60,
+    90,
+    300,
+)  # lua/_estimates.lua HAZARD_BANDS: walking away is learnt per band of time waited
 GL_U = (0.0694318442, 0.3300094782, 0.6699905218, 0.9305681558)
 GL_W = (0.1739274226, 0.3260725774, 0.3260725774, 0.1739274226)
 
@@ -257,6 +266,32 @@ def test_walking_away_is_learnt_as_a_rate_from_the_departures_at_the_head(make_q
     admit(slug, t0 + 35)  # none of the six admitted came: their claims lapse
     assert hazard_sums(slug)[0][0] == pytest.approx(sums[0][0] + 5, abs=1e-3)  # the five walked away at once
     assert hazard_sums(slug)[band_of(11)][0] == pytest.approx(1)  # the present one, after it was last seen at 11 s
+
+
+def test_a_queue_learnt_over_the_bands_before_keeps_its_record(make_queue, clock):
+    """The bands were 0-10-30-90-300 s until the first minute was split finer. A queue's sums kept in that
+    form are spread over the bands it now has by the seconds they share, not dropped for the prior."""
+    queue = make_queue(capacity=1000, outflow_per_minute=60, burst=5)
+    slug, t0 = queue.slug, clock.now
+    old = [(2.0, 100.0), (6.0, 400.0), (3.0, 600.0), (0.5, 1000.0), (0.0, 50.0)]  # 0-10, 10-30, 30-90, 90-300, on
+    store.client().hset(store.queue_keys(slug).st, "hz", " ".join(f"{w} {x}" for w, x in old))
+    tick(slug, t0 + 1)  # reads the sums, saves them and the bands' rates
+    sums = hazard_sums(slug)
+    assert len(sums) == len(BANDS)
+    want = [
+        (2.0, 100.0),
+        (3.0, 200.0),
+        (3.0, 200.0),
+        (0.75, 150.0),
+        (0.75, 150.0),
+        (1.5, 300.0),
+        (0.5, 1000.0),
+        (0.0, 50.0),
+    ]
+    assert BANDS == (0, 10, 20, 30, 45, 60, 90, 300)
+    for got, expected in zip(sums, want, strict=True):
+        assert got == pytest.approx(expected, rel=1e-4)
+    assert len(rates_of(slug)) == len(BANDS)
 
 
 def test_a_visitor_who_leaves_the_line_counts_as_walking_away(make_queue, clock):

@@ -39,9 +39,12 @@ end
 -- their first twenty seconds, those who have waited a minute stay. The hazard is learnt per band of time
 -- waited (HAZARD_BANDS, seconds; hazard_save), and st.thetas holds each band's rate. hazard_curve makes
 -- it the cumulative hazard H(a), walk-aways expected of one who has waited a seconds: of those who have
--- waited a, e^-(H(a + s) - H(a)) are still there s seconds later. (Eleven narrower bands, 0-5-10-20-30-45-
--- 60-90-120-180-300 s, were tried in the simulator: no better, bench/RESULTS.md.)
-local HAZARD_BANDS = {0, 10, 30, 90, 300}
+-- waited a, e^-(H(a + s) - H(a)) are still there s seconds later. The bands are narrow in the first
+-- minute, where people give up: with 10-30 s as one band, a sale whose walk-aways all came by 20 s took
+-- those who had waited half a minute to go on walking away at the 10-30 s rate, and its later bursts
+-- were told 0.8 of their waits (bench/RESULTS.md; eleven bands, to 300 s in eight, were no better
+-- before the line was learnt from too).
+local HAZARD_BANDS = {0, 10, 20, 30, 45, 60, 90, 300}
 local HAZARD_NB = #HAZARD_BANDS
 
 -- The numbers of a counter kept as 'x y z' (thetas, hz, hzl, svh, svx, svr), or nil when it holds other than n.
@@ -464,8 +467,30 @@ local function band_of(waited)
   return b
 end
 
+-- Sums kept over the bands before these (0-10-30-90-300 s), spread over these by the seconds they share:
+-- a queue learnt before an upgrade keeps its record.
+local OLD_BANDS = {0, 10, 30, 90, 300}
+local function sums_moved(text)
+  local old = numbers(text, 2 * #OLD_BANDS)
+  if old == nil then return nil end
+  local h = {}
+  for b = 1, HAZARD_NB do
+    h[2 * b - 1], h[2 * b] = 0, 0
+    local lo, hi = HAZARD_BANDS[b], HAZARD_BANDS[b + 1] or math.huge
+    for o = 1, #OLD_BANDS do
+      local o_lo, o_hi = OLD_BANDS[o], OLD_BANDS[o + 1] or math.huge
+      local shared = math.min(hi, o_hi) - math.max(lo, o_lo)
+      if shared > 0 then
+        local part = o_hi == math.huge and 1 or shared / (o_hi - o_lo)
+        h[2 * b - 1], h[2 * b] = h[2 * b - 1] + old[2 * o - 1] * part, h[2 * b] + old[2 * o] * part
+      end
+    end
+  end
+  return h
+end
+
 local function hazard_load(st)
-  local h = numbers(st.hz, 2 * HAZARD_NB)
+  local h = numbers(st.hz, 2 * HAZARD_NB) or sums_moved(st.hz)
   if h then return h end
   h = {}  -- nothing learnt yet (or the sums of one rate for every wait, before the bands): the prior
   for b = 1, HAZARD_NB do h[2 * b - 1], h[2 * b] = 0, HAZARD_PRIOR * band_seconds(b, HAZARD_PRIOR_S) end
@@ -496,7 +521,7 @@ end
 
 -- The line's sums (silent_look), in the same form as the head's: {} when there are none.
 local function hazard_line(hzl)
-  return numbers(hzl, 2 * HAZARD_NB) or {}
+  return numbers(hzl, 2 * HAZARD_NB) or sums_moved(hzl) or {}
 end
 
 -- Saves the head's sums h, and the bands' rates from them and the line's sums hl (read when not given).
