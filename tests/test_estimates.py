@@ -393,6 +393,38 @@ def test_the_long_holds_still_out_count_when_only_the_short_ones_have_come_back(
     assert last.est_wait_s is not None and 90 <= last.est_wait_s <= 160, last.est_wait_s
 
 
+def test_sessions_longer_than_an_hour_count_every_second_they_were_held(make_queue, clock):
+    """Time held past an hour (the holds' last band) was not counted while the holds given back in it were:
+    sessions of 5,000 s came to a mean hold of 4,660 s. Ten sessions of 5,000 s, looked at a second in
+    and given back: the mean hold is 5,000 s, give or take the last band's linear reading (1,800-7,200 s)."""
+    queue = make_queue(capacity=10, outflow_per_minute=600, burst=10, session_ttl=7200, claim_ttl=60)
+    slug, t0 = queue.slug, clock.now
+    sessions = [join(slug, f"s{i}", now=t0) for i in range(10)]
+    for ticket in sessions:
+        assert services.session_verify(slug=slug, raw_token=access_token(slug, ticket), now=t0).valid
+    tick(slug, t0 + 1)
+    for ticket in sessions:
+        services.session_complete(slug=slug, claims=access_claims(slug, ticket), now=t0 + 5000)
+    tick(slug, t0 + 5001)
+    assert 4900 <= stat(slug, "svm") / 1000 <= 5400, stat(slug, "svm")
+
+
+def test_a_site_that_counts_its_own_sessions_has_no_slot_curve_of_ours(make_queue, clock):
+    """Switched to reported capacity, the queue's own curve of slots back and mean hold are dropped: the
+    site's count is all there is, and a curve left from before would run down to nothing."""
+    queue = make_queue(capacity=2, outflow_per_minute=600, burst=10, session_ttl=3600)
+    slug, t0 = queue.slug, clock.now
+    held = [join(slug, f"h{i}", now=t0) for i in range(2)]
+    services.session_complete(slug=slug, claims=access_claims(slug, held[0]), now=t0 + 10)
+    join(slug, "refill", now=t0 + 10)
+    join(slug, "waits", now=t0 + 10)
+    tick(slug, t0 + 11)
+    assert stat(slug, "svm") > 0 and store.snapshot(slug).stats.get("svr")
+    services.queue_configure(slug=slug, changes={"capacity_source": "reported"}, actor_label="test")
+    tick(slug, t0 + 12)
+    assert "svm" not in store.snapshot(slug).stats and "svr" not in store.snapshot(slug).stats
+
+
 def test_the_time_a_slot_is_held_is_the_mean_of_the_last_fifty_not_of_the_last_few(make_queue, clock):
     """After a burst, slots come back shortest first. Twenty sessions of 5 to 24 s, given back in that
     order: the slot time is their mean, 14.5 s (an average weighing the last ten or so, as it was, said

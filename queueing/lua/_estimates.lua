@@ -183,7 +183,7 @@ end
 -- Adds w slot-seconds for each second of [from, to] (seconds held) to the bands' x.
 local function expose(x, from, to, w)
   for b = hold_bin(from), hold_bin(to) do
-    local lo, hi = math.max(from, HOLD_EDGES[b]), math.min(to, HOLD_EDGES[b + 1] or to)
+    local lo, hi = math.max(from, HOLD_EDGES[b]), math.min(to, b < HOLD_NB and HOLD_EDGES[b + 1] or math.huge)
     x[b] = x[b] + w * math.max(0, hi - lo)
   end
 end
@@ -261,7 +261,10 @@ end
 -- spent in each band since the last look to 'svx', saves the mean hold ('svm'), and when somebody will
 -- need a slot back draws the curve of slots back ('svr').
 local function returns_look(p, st, now, used)
-  if p.capacity_source == 'reported' then return end  -- the site counts its sessions: no holds seen here
+  if p.capacity_source == 'reported' then  -- the site counts its sessions: no holds seen here
+    if st.svr or st.svm then redis.call('HDEL', K_ST, 'svr', 'svm') end
+    return
+  end
   local ages, weight, held = held_ages(p, now)
   local h, x, ts = hold_sums(st.svh, st.svx)
   local since = math.max(0, now - ts) / 1000  -- each slot's seconds since the last look (all, before one)
