@@ -55,6 +55,18 @@ local function numbers(text, n)
   return v
 end
 
+-- The band of x among the bands that start at edges[1 .. nb]: the last to start at or below x (the first,
+-- below them all).
+local function band_in(edges, nb, x)
+  local b = nb
+  while b > 1 and x < edges[b] do b = b - 1 end
+  return b
+end
+
+local function band_of(waited)  -- of time waited (walking away)
+  return band_in(HAZARD_BANDS, HAZARD_NB, waited)
+end
+
 -- A counter's numbers as numbers() reads them.
 local function fmt_all(v)
   local out = {}
@@ -72,8 +84,7 @@ local function hazard_curve(st)
   end
   if not any then return nil end
   return function(a)
-    local b = HAZARD_NB
-    while b > 1 and a < HAZARD_BANDS[b] do b = b - 1 end
+    local b = band_of(a)
     return at[b] + rates[b] * (a - HAZARD_BANDS[b])
   end
 end
@@ -150,10 +161,8 @@ local HOLD_NB = #HOLD_EDGES - 1  -- bin b: [HOLD_EDGES[b], HOLD_EDGES[b + 1]) se
 local SERVICE_SPAN, HOLD_SAMPLES, RETURN_POINTS, RETURN_HOLDS = 50, 24, 24, 2
 local HOLD_SHRINK = 2  -- a band's rate leans on the band before it as if HOLD_SHRINK holds had passed through it
 
-local function hold_bin(seconds)
-  local at = HOLD_NB
-  while at > 1 and seconds < HOLD_EDGES[at] do at = at - 1 end
-  return at
+local function hold_bin(seconds)  -- of time held
+  return band_in(HOLD_EDGES, HOLD_NB, seconds)
 end
 
 -- The slot-seconds spent in each band by the holds of histogram h, for a queue whose holds were kept
@@ -260,7 +269,7 @@ end
 -- The admission tick's look at the slots held (once a second, on the leader's tick): adds the time they
 -- spent in each band since the last look to 'svx', saves the mean hold ('svm'), and when somebody will
 -- need a slot back draws the curve of slots back ('svr').
-local function returns_look(p, st, now, used)
+local function returns_look(p, st, now)
   if p.capacity_source == 'reported' then  -- the site counts its sessions: no holds seen here
     if st.svr or st.svm then redis.call('HDEL', K_ST, 'svr', 'svm') end
     return
@@ -274,8 +283,9 @@ local function returns_look(p, st, now, used)
   end
   local S, mean_s = hold_survival(p, h, x)
   if S == nil then return end
-  redis.call('HSET', K_ST, 'svm', fmt(mean_s * 1000))
-  local free = math.max(0, p.capacity - (used or held))  -- filled at once by the line: holders of age 0
+  local svm = fmt(mean_s * 1000)
+  if svm ~= st.svm then redis.call('HSET', K_ST, 'svm', svm) end
+  local free = math.max(0, p.capacity - held)  -- filled at once by the line: holders of age 0
   -- Nobody will need a slot back: an estimate takes at most 2 (line + 1) admissions.
   local waiting = line_count()
   if mean_s <= 0 or waiting == 0 or free >= 2 * (waiting + 1) then
@@ -462,12 +472,6 @@ local HAZARD_SPAN, HAZARD_PRIOR, HAZARD_PRIOR_S, HAZARD_SHRINK_S = 50, 5, 20, 30
 
 local function band_seconds(b, waited)  -- of a wait of `waited` seconds, those spent in band b
   return math.max(0, math.min(waited, HAZARD_BANDS[b + 1] or waited) - HAZARD_BANDS[b])
-end
-
-local function band_of(waited)
-  local b = HAZARD_NB
-  while b > 1 and waited < HAZARD_BANDS[b] do b = b - 1 end
-  return b
 end
 
 -- Sums kept over the bands before these (0-10-30-90-300 s), spread over these by the seconds they share:
