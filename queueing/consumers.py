@@ -58,7 +58,7 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
     wire: Any = None  # its protocol, when frames may go straight to its transport (wsserver.wire)
     groups_joined: tuple[str, ...] = ()
 
-    timer: asyncio.TimerHandle | None = None  # the hello deadline, then the catch-up read
+    timer: asyncio.TimerHandle | None = None  # the hello deadline, then the catch-up read (and its retries)
     greeted = False
     quiet_until = -1e9  # no status asked by the client is read before then (once a second, or limited)
 
@@ -135,7 +135,12 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         wsserver.collector.ensure()
         loopwatch.watch.ensure(roll.describe)
         if self.mode.keeps_visitors:
-            self.timer = asyncio.get_running_loop().call_later(random.uniform(*CATCH_UP_SECONDS), self._catch_up)
+            self._read_later(random.uniform(*CATCH_UP_SECONDS))
+
+    def _read_later(self, seconds: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = asyncio.get_running_loop().call_later(seconds, self._catch_up)
 
     def _catch_up(self) -> None:
         wsserver.spawn(self.send_status())
@@ -193,7 +198,9 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         """Send the visitor's status: `position`, or `admitted` / `expired` when that is the news.
 
         Read in the ticket's "status" limiter, whether the client asked or the server reads it: a
-        visitor's status reads are limited alike over HTTP and over any of its sockets."""
+        visitor's status reads are limited alike over HTTP and over any of its sockets. A read the server
+        started (the catch-up, the roll call's news) that the limiter refuses is tried again when it allows:
+        that news (an admission made before the socket joined its groups) comes no other way."""
         claims = self.claims
         if claims is None:
             return  # closed meanwhile
@@ -204,6 +211,8 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
             self.quiet_until = time.monotonic() + wait
             if asked:
                 await self.send_json({"type": "error", "code": "rate_limited", "retry_after": wait})
+            elif self.claims is not None:
+                self._read_later(wait)
             return
         except selectors.TicketGone:
             await self.send_json({"type": "expired", "ticket_id": claims.ticket_id, "reason": "expired"})

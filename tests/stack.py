@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -53,6 +54,37 @@ def redis_server(
     return process
 
 
+class ThreadClients:
+    """One httpx.Client per thread, closed together. Threads sharing one Client's connection pool were seen
+    to read from a connection another thread had closed (`httpx.ReadError: [Errno 9] Bad file descriptor`,
+    32 threads joining at once): the test's client failing, not the server."""
+
+    def __init__(self, make: Any) -> None:
+        self._make, self._local, self._lock = make, threading.local(), threading.Lock()
+        self._all: list[httpx.Client] = []
+
+    def _own(self) -> httpx.Client:
+        client: httpx.Client | None = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = self._make()
+            with self._lock:
+                self._all.append(client)
+        return client
+
+    def get(self, *args: Any, **kwargs: Any) -> httpx.Response:
+        return self._own().get(*args, **kwargs)
+
+    def post(self, *args: Any, **kwargs: Any) -> httpx.Response:
+        return self._own().post(*args, **kwargs)
+
+    def __enter__(self) -> ThreadClients:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for client in self._all:
+            client.close()
+
+
 @dataclass
 class Stack:
     url: str
@@ -85,6 +117,10 @@ class Stack:
 
     def client(self, **kwargs: Any) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=15, **kwargs)
+
+    def thread_clients(self) -> ThreadClients:
+        """A client for a pool of threads: each thread its own httpx.Client."""
+        return ThreadClients(self.client)
 
     def configure(self, slug: str, **options: Any) -> dict[str, Any]:
         args = ["configure_queue", slug]

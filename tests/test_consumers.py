@@ -555,6 +555,31 @@ async def test_status_asked_over_the_socket_is_limited_with_the_tickets_polls_an
     await communicator.disconnect()
 
 
+async def test_an_admission_made_before_the_socket_opened_is_heard_though_the_limiter_refused_the_catch_up(
+    queue, settings, monkeypatch
+):
+    """A socket opened after its ticket was admitted hears it only from its catch-up read. The page's own
+    HTTP polls had used up the ticket's status limiter, so that read was refused and never tried again: the
+    socket waited for `admitted` for good (seen in the cluster test, one socket of 36). Now it reads again
+    when the limiter allows."""
+    settings.WR_RATE_LIMITS = {
+        **settings.WR_RATE_LIMITS,
+        "status": {"algorithm": "token_bucket", "capacity": 2, "refill_per_second": 0.5},
+    }
+    monkeypatch.setattr(consumers, "CATCH_UP_SECONDS", (0.2, 0.3))
+    monkeypatch.setattr(wsserver, "ROLL_CALL_SECONDS", 600.0)  # the roll call's news is not the path here
+    ticket = await waiting_visitor(queue.slug, "late")
+    await sync_to_async(services.queue_configure)(slug=queue.slug, changes={"capacity": 1, "state": "open"})
+    await sync_to_async(services.queue_admit)(slug=queue.slug)
+    statuses = [(await sync_to_async(answers.status_answer)(f"Bearer {ticket}", queue.slug)).status for _ in range(3)]
+    assert statuses == [200, 200, 429]  # the page's polls used up the bucket
+    communicator, ready, _ = await open_socket(queue.slug, ticket)
+    assert ready
+    admitted = await next_event(communicator, "admitted", timeout=5)  # refused at 0.3 s, the bucket refills by 2
+    assert admitted["access_token"]
+    await communicator.disconnect()
+
+
 async def test_the_sockets_status_reads_run_on_the_event_loop_and_in_a_thread_only_when_the_policy_is_lost(
     queue, monkeypatch
 ):

@@ -266,6 +266,7 @@ class Socket(threading.Thread):
         self.heard_at: float | None = None
         self.error = ""
         self.stopping = threading.Event()
+        self.ready = threading.Event()  # the server joined it to its ticket's events (it answers hello after)
 
     def run(self) -> None:
         from websockets.sync.client import connect
@@ -278,6 +279,8 @@ class Socket(threading.Thread):
                         event = json.loads(socket_.recv(timeout=0.5))
                     except TimeoutError:
                         continue
+                    if event.get("type") == "ready":
+                        self.ready.set()
                     if event.get("type") == "admitted" and event.get("ticket_id") == self.ticket_id:
                         self.heard_at = time.time()
                         return
@@ -319,7 +322,11 @@ def test_two_of_every_process_on_the_cluster_keep_the_policy_and_every_socket_he
     sockets = []
     for load in loads.values():
         sockets += sockets_for(farm, load.join_all(24), 6)
-    time.sleep(1.5)  # every socket said hello
+    # Every socket heard: a socket whose hello the server took after its ticket's admission (a busy
+    # machine: 36 opened at once) would hear it only from its catch-up read, by when the load may have
+    # used and completed the session: it heard `expired`, and the test waited for `admitted` for good.
+    assert wait_for(lambda: all(s.ready.is_set() or s.error for s in sockets), 30)
+    assert [s.error for s in sockets if s.error] == []
     opened = open_all(farm, slugs)
     began = time.time()
     for load in loads.values():

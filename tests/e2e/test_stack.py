@@ -41,7 +41,7 @@ def test_the_worker_and_beat_admit_at_the_configured_rate(stack):
 
 def test_200_parallel_http_joins_get_200_distinct_consecutive_positions(stack):
     stack.configure("crowd", target_url="https://shop.example/", state="paused")
-    with stack.client() as client, ThreadPoolExecutor(max_workers=32) as pool:
+    with stack.thread_clients() as client, ThreadPoolExecutor(max_workers=32) as pool:
         responses = list(pool.map(lambda _: join(client, "crowd"), range(200)))
     assert [r.status_code for r in responses] == [201] * 200
     bodies = [r.json() for r in responses]
@@ -53,7 +53,7 @@ def test_200_parallel_http_joins_get_200_distinct_consecutive_positions(stack):
 def test_20_parallel_http_joins_from_one_visitor_get_one_ticket(stack):
     stack.configure("same", target_url="https://shop.example/", state="paused")
     visitor = str(uuid.uuid4())
-    with stack.client() as client, ThreadPoolExecutor(max_workers=20) as pool:
+    with stack.thread_clients() as client, ThreadPoolExecutor(max_workers=20) as pool:
         responses = list(pool.map(lambda _: join(client, "same", visitor), range(20)))
     assert sorted(r.status_code for r in responses) == [200] * 19 + [201]
     assert len({r.json()["ticket_id"] for r in responses}) == 1
@@ -72,7 +72,7 @@ def test_a_priority_code_is_never_used_beyond_its_limit_under_parallel_joins(sta
             f"PriorityCode.objects.create(queue=Queue.objects.get(slug='codes'), code='{code}', level=2, max_uses=3)"
         ),
     )
-    with stack.client() as client, ThreadPoolExecutor(max_workers=12) as pool:
+    with stack.thread_clients() as client, ThreadPoolExecutor(max_workers=12) as pool:
         responses = list(pool.map(lambda _: join(client, "codes", body={"priority_code": code}), range(12)))
     codes = sorted(r.status_code for r in responses)
     assert codes.count(201) == 3 and codes.count(400) == 9
@@ -190,7 +190,7 @@ def test_a_queue_whose_redis_state_is_lost_mid_sale_loses_nobody_under_parallel_
     """The queue's keys vanish (what a flush or an empty replica does to it) while the real worker and beat
     run; then returning pollers and new joiners arrive at once, over several web workers and threads."""
     slug = stack.new_queue(state="paused", capacity=5)
-    with stack.client() as client, ThreadPoolExecutor(max_workers=16) as pool:
+    with stack.thread_clients() as client, ThreadPoolExecutor(max_workers=16) as pool:
         old = list(pool.map(lambda _: join(client, slug).json(), range(30)))
         positions = {t["ticket_id"]: t["position"] for t in old}
         keys = list(stack.redis.scan_iter(match=f"{stack.prefix}:{{{slug}}}:*"))
