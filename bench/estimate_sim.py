@@ -179,9 +179,12 @@ def priority_codes(product: Product, slug: str, scenario: dict[str, Any]) -> lis
     return [code]
 
 
-def run_scenario(product: Product, scenario: dict[str, Any], *, seed: int = 1, slug: str = "") -> dict[str, Any]:
+def run_scenario(
+    product: Product, scenario: dict[str, Any], *, seed: int = 1, slug: str = "", others: int = 0
+) -> dict[str, Any]:
     """One sale, on a queue of its own or on `slug`'s (a later sale of a queue that has run one); what the
-    visitors were told and had, summarised."""
+    visitors were told and had, summarised. `others`: queues of this product that have run sales before
+    (a new queue begins its record of walking away from theirs)."""
     later_sale = bool(slug)
     if later_sale:
         time.sleep(LINE_CLEARS_S)
@@ -220,7 +223,7 @@ def run_scenario(product: Product, scenario: dict[str, Any], *, seed: int = 1, s
         summary["drawn_at"] = round(started + schedule["starts_after"])
         summary.update(at_the_draw(crowd, summary["drawn_at"]))
     summary.update(name=scenario["name"], slug=slug, visitors=len(crowd), seconds=round(time.monotonic() - began))
-    summary["sale"] = "later" if later_sale else "first"
+    summary["sale"] = "later" if later_sale else "new" if others else "first"
     summary["crowd"] = [dataclasses.asdict(visitor) for visitor in crowd]  # to study (written, not printed)
     return summary
 
@@ -317,11 +320,16 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
+# A queue's first sale on a product that has run none ("first"), a later sale of one queue, and the first
+# sale of a new queue on a product whose other queues have run sales.
+SALES = {"later": " (a later sale)", "new": " (a new queue)"}
+
+
 def row(result: dict[str, Any]) -> str:
     def pct(value: float | None) -> str:
         return "—" if value is None else f"{value * 100:.0f} %"
 
-    name = f"{result['name']} (a later sale)" if result.get("sale") == "later" else result["name"]
+    name = result["name"] + SALES.get(result.get("sale", "first"), "")
     return (
         f"| {name} | {result['visitors']} | {result['counted']} ({result['told_nothing']}) "
         f"| {result['wait_median_s']} s "
@@ -377,7 +385,7 @@ def own_product(work: Path) -> tuple[Product, Callable[[], None]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenarios", type=Path, default=SCENARIOS)
-    parser.add_argument("--only", action="append", default=[], help="run only these scenarios (by name)")
+    parser.add_argument("--only", action="append", default=[], help="run only these scenarios (by name), in this order")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--repeat",
@@ -400,16 +408,19 @@ def main() -> None:
         again(args.again)
         return
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: still stop the product, drop its keys
-    scenarios = [s for s in json.loads(args.scenarios.read_text()) if not args.only or s["name"] in args.only]
+    every = json.loads(args.scenarios.read_text())
+    # in the order --only names them: which queues ran sales before a new one makes its start
+    scenarios = [s for name in args.only for s in every if s["name"] == name] if args.only else every
     args.out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="wrsim-"))
     product, close = own_product(work)
-    results = []
+    results: list[dict[str, Any]] = []
     try:
         for scenario in scenarios:
             slug = ""
             for run in range(args.repeat):
-                result = run_scenario(product, scenario, seed=args.seed + run, slug=slug)
+                others = len({r["slug"] for r in results})
+                result = run_scenario(product, scenario, seed=args.seed + run, slug=slug, others=others)
                 results.append(result)
                 if args.same_queue:
                     slug = result["slug"]
@@ -436,7 +447,7 @@ def pooled(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """The runs of each scenario that ran more than once, by name."""
     runs: dict[str, list[dict[str, Any]]] = {}
     for result in results:
-        name = result["name"] if result.get("sale", "first") == "first" else f"{result['name']} (later sales)"
+        name = result["name"] + SALES.get(result.get("sale", "first"), "").replace("a later sale", "later sales")
         runs.setdefault(name, []).append(result)
     return {name: group for name, group in runs.items() if len(group) > 1}
 

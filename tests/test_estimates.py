@@ -10,8 +10,9 @@ import math
 
 import pytest
 
-from queueing import services, store, tokens
+from queueing import selectors, services, store, tokens
 from queueing.selectors.tickets import sighting_ceiling
+from queueing.services import recovery
 
 from .factories import access_claims, access_token, join, status, status_reply
 
@@ -294,6 +295,69 @@ def test_a_queue_learnt_over_the_bands_before_keeps_its_record(make_queue, clock
     assert len(rates_of(slug)) == len(BANDS)
 
 
+def test_a_new_queue_begins_from_how_the_operators_crowds_walked_away(make_queue, clock):
+    """Issue 18's forty-percent sale, as a first sale: a new queue had seen nobody go, so the burst that
+    opened it was told waits in which nobody walks away (1.10 of its waits). A new queue now begins its
+    record from the operator's queues that have admitted anyone: their sums pooled, scaled to
+    WALK_PRIOR_SECONDS of waiting, so its first crowd is told the waits that record gives. A queue with a
+    record of its own keeps it; one whose state was lost begins from the others' again."""
+    policy = {
+        "capacity": 1000,
+        "outflow_per_minute": 60,
+        "burst": 1,
+        "presence_timeout": 5,
+        "abandon_timeout": 3600,
+        "claim_ttl": 600,
+    }
+    idle = make_queue(**policy)  # admitted nobody: what it holds is the prior alone, not a record
+    tick(idle.slug, clock.now)
+    assert "hz" in store.snapshot(idle.slug).stats
+    teacher = make_queue(**policy)
+    slug, t0 = teacher.slug, clock.now
+    crowd = [join(slug, f"t{i}", now=t0) for i in range(41)][1:]  # the first takes the bucket's token
+    for second in range(1, 51):  # a third stop polling after 2 s, the others stay until admitted
+        for index, ticket in enumerate(crowd):
+            if index % 3 != 0 or second <= 2:
+                status_reply(slug, ticket, now=t0 + second)
+        tick(slug, t0 + second)
+    learnt = hazard_sums(slug)
+    waited = sum(seconds for _, seconds in learnt)
+    assert sum(walks for walks, _ in learnt) > 5 and waited > recovery.WALK_PRIOR_SECONDS
+
+    fresh = make_queue(**policy)
+    scale = recovery.WALK_PRIOR_SECONDS / waited
+    begun = hazard_sums(fresh.slug)
+    assert begun == [pytest.approx((walks * scale, seconds * scale), rel=1e-4) for walks, seconds in learnt]
+    assert rates_of(fresh.slug) == pytest.approx(rates_from(begun)[1], rel=1e-3)
+    t1 = t0 + 100
+    first = [join(fresh.slug, f"n{i}", now=t1) for i in range(41)]  # the first takes the bucket's token
+    last = first[-1]
+    ahead = last.rank or 0
+    assert last.est_wait_s == told(ahead, r_out=1, rates=rates_of(fresh.slug), lag=presence_lag(fresh))
+    assert last.est_wait_s < told(ahead, r_out=1) - 4  # the walk-free wait, what it was told before
+
+    # Its own record is kept: a change of policy, or a seed offered again, leaves it.
+    services.queue_configure(slug=fresh.slug, changes={"capacity": 999})
+    assert not store.walk_prior_seed(fresh.slug, [1.0] * 2 * len(BANDS))
+    assert hazard_sums(fresh.slug) == [pytest.approx(band, rel=1e-6) for band in begun]
+    # Its state lost: the next epoch begins from the teacher's record again (and not from its own, gone).
+    store.queue_delete(fresh.slug)
+    recovery.queue_live_state_ensure(fresh.pk)
+    assert hazard_sums(fresh.slug) == [pytest.approx(band, rel=1e-4) for band in begun]
+
+
+def test_a_queue_of_an_operator_with_no_record_begins_from_nobody_walking_away(make_queue, clock):
+    """No other queue has admitted anyone, or their records are in a form of the bands before: a new queue
+    begins as it always did, with no record ('hz' absent until its first departure or look)."""
+    other = make_queue(capacity=1000, outflow_per_minute=60)
+    old_form = " ".join(["1 100"] * 5)  # the bands before the first minute was split finer
+    store.client().hset(store.queue_keys(other.slug).st, mapping={"hz": old_form, "admitted": 3})
+    assert recovery.walk_prior(other) is None
+    fresh = make_queue(capacity=1000, outflow_per_minute=60)
+    assert recovery.walk_prior(fresh) is None
+    assert "hz" not in store.snapshot(fresh.slug).stats
+
+
 def test_a_visitor_who_leaves_the_line_counts_as_walking_away(make_queue, clock):
     queue = make_queue(state="paused", capacity=1000, outflow_per_minute=60)
     t0 = clock.now
@@ -387,6 +451,8 @@ def test_the_long_holds_still_out_count_when_only_the_short_ones_have_come_back(
         tick(slug, t0 + second)
     assert stat(slug, "ema_service_ms") == pytest.approx(20_000, abs=1)  # the five given back
     assert 30_000 <= stat(slug, "svm") <= 50_000  # counting the five still out at 30 s
+    # The operator's figure is the one the estimates take (it showed the 20 s of the five given back).
+    assert selectors.queue_stats_get(slug=slug)["average_service_seconds"] == round(stat(slug, "svm") / 1000, 1)
     line = [join(slug, f"w{i}", now=t0 + 30) for i in range(30)]
     last = status(slug, line[-1], now=t0 + 30)
     assert last.rank == 29

@@ -74,7 +74,12 @@ def queue_stats_get(*, slug: str, now: float | None = None) -> dict[str, Any]:
         "adaptive_outflow": cfg.get("adaptive_outflow") == "1",
         "site_health": site.payload(),
         "average_wait_seconds": round(float(st["ema_wait_ms"]) / 1000, 1) if "ema_wait_ms" in st else None,
-        "average_service_seconds": (round(float(st["ema_service_ms"]) / 1000, 1) if "ema_service_ms" in st else None),
+        # the mean hold the estimates take (svm: slots still held counted), else that of the holds given back
+        "average_service_seconds": (
+            round(float(st.get("svm") or st["ema_service_ms"]) / 1000, 1)
+            if "svm" in st or "ema_service_ms" in st
+            else None
+        ),
         "totals": {
             "joined": count("joined"),
             "admitted": count("admitted"),

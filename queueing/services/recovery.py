@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import redis
 from django.conf import settings
 from django.db import transaction
 
@@ -176,7 +177,7 @@ def _live_epoch_start(queue: Queue, *, floor: int, lost: bool, moved: bool = Fal
             now_ms=clock.now_ms(now),
         )
     queue.save(update_fields=["epoch", "seq_reserved"])
-    return store.epoch_start(
+    started = store.epoch_start(
         queue.slug,
         epoch=queue.epoch,
         floor=floor,
@@ -187,6 +188,45 @@ def _live_epoch_start(queue: Queue, *, floor: int, lost: bool, moved: bool = Fal
         # Tickets noted finished before the loss get no place or session back (a few seconds' worst).
         finished=list(queue.finished_tickets.values_list("seq", flat=True)) if lost else (),
     )
+    if started:
+        _walk_prior_seed(queue)
+    return started
+
+
+# A queue that has seen nobody go would tell its first crowd waits in which nobody walks away (its first
+# burst was told 1.10 of its waits where 40 % walked away, bench/RESULTS.md). So a queue's record of walking
+# away begins from those of the operator's WALK_PRIOR_QUEUES most recently changed queues that have admitted
+# anyone (lua/walk_prior.lua): their sums pooled, so each band of time waited has their rate, scaled to
+# WALK_PRIOR_SECONDS of waiting, a few visitors' weight that the queue's own departures and line outweigh
+# within its first minute. A queue whose state was lost begins from them too. With no such queue, it
+# begins as before: nobody walks away.
+WALK_PRIOR_QUEUES = 50
+WALK_PRIOR_SECONDS = 300.0
+WALK_SUMS = 2 * 8  # lua/_estimates.lua: walked away and seconds waited, per band of HAZARD_BANDS
+
+
+def walk_prior(queue: Queue) -> list[float] | None:
+    """The pooled, scaled sums a queue's record of walking away begins from; None when no other queue has
+    one."""
+    others = Queue.objects.exclude(pk=queue.pk).order_by("-updated_at").values_list("slug", flat=True)
+    found = store.walk_records(list(others[:WALK_PRIOR_QUEUES]))
+    records = [[float(x) for x in sums.split()] for sums in found.values()]
+    # (a record in the form of the bands before, not pooled: its queue rewrites it at its next departure)
+    pooled = [sum(column) for column in zip(*(sums for sums in records if len(sums) == WALK_SUMS), strict=True)]
+    waited = sum(pooled[1::2])
+    if not pooled or waited <= 0:
+        return None
+    scale = min(1.0, WALK_PRIOR_SECONDS / waited)
+    return [x * scale for x in pooled]
+
+
+def _walk_prior_seed(queue: Queue) -> None:
+    try:
+        prior = walk_prior(queue)
+        if prior is not None:
+            store.walk_prior_seed(queue.slug, prior)
+    except redis.RedisError as exc:  # the queue begins from nobody walking away, as it would alone
+        logger.warning("queue %s: no record of walking away from the other queues: %s", queue.slug, exc)
 
 
 def restore_hold_seconds(queue: Queue) -> float:

@@ -83,6 +83,8 @@ from .state import (
     queue_delete,
     queue_slugs,
     record_hashes,
+    walk_prior_seed,
+    walk_records,
 )
 from .tracked import (
     NO_MOVES,
@@ -233,6 +235,8 @@ __all__ = [
     "viewers_count",
     "wait_samples_drop",
     "wait_samples_read",
+    "walk_prior_seed",
+    "walk_records",
     "window_capacity_report",
     "window_config_write",
     "window_epoch_start",

@@ -70,6 +70,26 @@ def epoch_start(
     return bool(int(run("epoch", queue_keys(slug).script_keys(), args)))
 
 
+def walk_records(slugs: Sequence[str]) -> dict[str, str]:
+    """The record of walking away ('hz', lua/_estimates.lua) of each of these queues that has admitted
+    anyone, by slug: one round trip (a pipeline; on a cluster, one per master)."""
+    if not slugs:
+        return {}
+    pipe = client().pipeline(transaction=False)
+    for slug in slugs:
+        pipe.hmget(queue_keys(slug).st, "hz", "admitted")
+    found = {}
+    for slug, (sums, admitted) in zip(slugs, pipe.execute(), strict=True):
+        if sums and int(admitted or 0) > 0:
+            found[slug] = sums
+    return found
+
+
+def walk_prior_seed(slug: str, sums: Sequence[float]) -> bool:
+    """Begin the queue's record of walking away from these sums, unless it has one (lua/walk_prior.lua)."""
+    return bool(int(run("walk_prior", queue_keys(slug).script_keys(), [f"{x:.6g}" for x in sums])))
+
+
 def config_read(slug: str) -> dict[str, str]:
     return cast(dict[str, str], client().hgetall(queue_keys(slug).cfg))
 
