@@ -2,17 +2,27 @@
 -- walking away as a hazard by time waited (from the head and from the line), the slots that come back, the
 -- range from told-versus-had (part of the library: _lib.lua). Issue 18; bench/estimate_sim.py measures it.
 
+-- Priority joiners' arrival rates per level, two ways: 'pri' = "f1 f2 f3 <ms> s1 s2 s3", each an EMA of
+-- joins a second, f over RATE_TAU_S (the rate now) and s over PRIORITY_SLOW_S (the sale's, started from
+-- none). A form without s (before they were kept) reads s as f, the rate now kept for good, as it was.
+local PRIORITY_SLOW_S = 300
 local function priority_rates(st, now)
   if not st.pri then return nil end
-  local r1, r2, r3, ts = string.match(st.pri, '^(%S+) (%S+) (%S+) (%S+)$')
-  local decay = math.exp(-math.max(0, now - (tonumber(ts) or now)) / 1000 / RATE_TAU_S)
-  return {(tonumber(r1) or 0) * decay, (tonumber(r2) or 0) * decay, (tonumber(r3) or 0) * decay}
+  local v = {}
+  for x in string.gmatch(st.pri, '%S+') do v[#v + 1] = tonumber(x) or 0 end
+  if #v ~= 4 and #v ~= 7 then return nil end
+  local age_s = math.max(0, now - v[4]) / 1000
+  local fast, slow = math.exp(-age_s / RATE_TAU_S), math.exp(-age_s / PRIORITY_SLOW_S)
+  local r = {v[1] * fast, v[2] * fast, v[3] * fast}
+  if #v == 7 then return r, {v[5] * slow, v[6] * slow, v[7] * slow} end
+  return r, {r[1], r[2], r[3]}
 end
 
 local function priority_note(st, level, now)
-  local r = priority_rates(st, now) or {0, 0, 0}
-  r[level] = r[level] + 1 / RATE_TAU_S
-  st.pri = string.format('%.6g %.6g %.6g %d', r[1], r[2], r[3], now)
+  local r, s = priority_rates(st, now)
+  r, s = r or {0, 0, 0}, s or {0, 0, 0}
+  r[level], s[level] = r[level] + 1 / RATE_TAU_S, s[level] + 1 / PRIORITY_SLOW_S
+  st.pri = string.format('%.6g %.6g %.6g %d %.6g %.6g %.6g', r[1], r[2], r[3], now, s[1], s[2], s[3])
   redis.call('HSET', K_ST, 'pri', st.pri)
 end
 
@@ -20,19 +30,31 @@ end
 -- with `ahead` in front, averaged over its wait: a joiner of a higher level goes ahead while the visitor
 -- is further back than that level's place, (1 - fraction) of the line; as the visitor moves up linearly
 -- from `ahead` to the head, that is the first 1 - (1 - fraction) * line / ahead of its wait. (One of its
--- own level or lower goes behind it: behind the last earlier joiner of its level or higher.)
+-- own level or lower goes behind it: behind the last earlier joiner of its level or higher.) Two rates,
+-- now's and the sale's: priority_cutters.
 local function priority_ahead_rate(p, st, ahead, level, now)
-  local rates = priority_rates(st, now)
-  if rates == nil or ahead <= 0 then return 0 end
+  local rates, slow = priority_rates(st, now)
+  if rates == nil or ahead <= 0 then return 0, 0 end
   local line = line_count()
-  local rate = 0
+  local rate, rate_slow = 0, 0
   for higher = level + 1, 3 do
-    if rates[higher] > 0 then
+    if rates[higher] > 0 or slow[higher] > 0 then
       local share = 1 - (1 - (p.fractions[higher] or 0)) * line / ahead
-      if share > 0 then rate = rate + rates[higher] * math.min(1, share) end
+      if share > 0 then
+        rate, rate_slow = rate + rates[higher] * math.min(1, share), rate_slow + slow[higher] * math.min(1, share)
+      end
     end
   end
-  return rate
+  return rate, rate_slow
+end
+
+-- Priority joiners placed ahead over the next t seconds, at the rate now (f) falling back to the sale's
+-- (s) over RATE_TAU_S: s t + (f - s) RATE_TAU_S (1 - e^(-t / RATE_TAU_S)). Sales open with a rush, codes
+-- and all: in the simulator's forty-percent sale ten joined with a code in its first five seconds and five
+-- more over the next minute, and the rate of the rush kept for the whole wait told the back of the first
+-- burst twenty joiners ahead of it, where ten came. Joiners who keep coming at one rate have f = s.
+local function priority_cutters(fast, slow, t)
+  return slow * t + (fast - slow) * RATE_TAU_S * (1 - math.exp(-t / RATE_TAU_S))
 end
 
 -- Walking away depends on how long one has waited: in a sale where everyone who gives up does so in
@@ -130,8 +152,9 @@ end
 -- reaches over the next t seconds stay(t) are still there: n admissions, this visitor's included. By a
 -- time t from now at most B + r_out * t are admitted (the bucket's tokens B, the outflow in force r_out
 -- a second) and at most F + the slots back by t (the free slots F; the slots back by the tick's curve,
--- returns_after, or at r_cap = capacity / the mean time a slot is held, once that is known). Priority joiners placed ahead meanwhile add to n, in proportion to
--- t (priority_ahead_rate). The estimate is the t at which both bounds allow n(t) (bisection; n is never
+-- returns_after, or at r_cap = capacity / the mean time a slot is held, once that is known). Priority
+-- joiners placed ahead meanwhile add to n (priority_cutters: at the rate they come now, falling back to
+-- the sale's). The estimate is the t at which both bounds allow n(t) (bisection; n is never
 -- taken as more than twice the walk-free count). Until a slot has been given back once, how long
 -- sessions last is not known, and neither is the wait of a visitor who needs more slots than are free:
 -- -1, unknown (the queue keeps its record across sales). A site that reports its own count: the
@@ -385,12 +408,12 @@ local function estimate_wait(p, st, ahead, now, used, level, own_s)
   local t = drained(present + 1)
   if t == nil then return -1 end
   local stay = present > 0 and hazard_stay(p, st, now, math.max(0, own_s or 0)) or nil
-  local cutting = priority_ahead_rate(p, st, ahead, level or 0, now)
-  if stay ~= nil or cutting > 0 then
+  local cutting, cutting_slow = priority_ahead_rate(p, st, ahead, level or 0, now)
+  if stay ~= nil or cutting > 0 or cutting_slow > 0 then
     local cap = 2 * (present + 1)
     if r_cap == nil or r_cap <= 0 then cap = math.min(cap, free) end  -- known only within the free slots
     local function admissions(t)  -- n(t): those ahead still there when reached, cutters, and itself
-      return math.min(cap, (present + cutting * t) * (stay and stay(t) or 1) + 1)
+      return math.min(cap, (present + priority_cutters(cutting, cutting_slow, t)) * (stay and stay(t) or 1) + 1)
     end
     local lo, hi = 0, drained(cap)
     for _ = 1, 14 do  -- drained(n(t)) - t falls from >= 0 at 0 to <= 0 at hi

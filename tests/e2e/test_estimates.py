@@ -52,17 +52,25 @@ def test_a_short_sale_with_silent_walk_aways_is_told_waits_that_come_true(stack)
     assert estimate_sim.summarise(estimate_sim.crowd_of(result))["error_median"] == result["error_median"]
 
 
-def test_a_queue_s_next_sale_is_told_its_first_waits_by_the_record_of_the_last(stack):
+def test_a_queue_s_next_sale_and_a_new_queue_are_told_their_first_waits_by_the_record_of_the_last(tmp_path):
     """A queue keeps its record across sales (walking away by time waited, how long slots are held, the
-    range). Its first sale's first burst joins before anyone has walked away and is told the walk-free wait;
-    the next sale's first burst is told by the record of the last, and the estimate says so."""
-    product = estimate_sim.Product(stack.url, stack.manage)
-    first = estimate_sim.run_scenario(product, SALE, seed=11)
-    later = estimate_sim.run_scenario(product, SALE, seed=12, slug=first["slug"])
-    print(first["by_burst"], later["by_burst"])
+    range), and a new queue begins its record of walking away from the operator's other queues. On a product
+    of its own, started as bin/run starts it (the session's stack has queues with records of their own):
+    its first queue's first burst joins before anyone has walked away and is told the walk-free wait; that
+    queue's next sale, and a second queue's first sale, are told by the record of the first sale."""
+    product, close = estimate_sim.own_product(tmp_path)
+    try:
+        first = estimate_sim.run_scenario(product, SALE, seed=11)
+        later = estimate_sim.run_scenario(product, SALE, seed=12, slug=first["slug"])
+        new = estimate_sim.run_scenario(product, SALE, seed=13, others=1)
+    finally:
+        close()
+    print(first["by_burst"], later["by_burst"], new["by_burst"])
     assert first["sale"] == "first" and later["sale"] == "later" and later["slug"] == first["slug"]
-    first_burst, first_burst_later = first["by_burst"][0], later["by_burst"][0]
-    assert first_burst["counted"] >= 10 and first_burst_later["counted"] >= 10
+    assert new["sale"] == "new" and new["slug"] != first["slug"]
+    first_burst, first_burst_later, first_burst_new = (sale["by_burst"][0] for sale in (first, later, new))
+    assert min(burst["counted"] for burst in (first_burst, first_burst_later, first_burst_new)) >= 10
     assert first_burst["told_over_had_median"] >= 1.15, first  # 40 % walk away, and it could not know
-    assert 0.8 <= first_burst_later["told_over_had_median"] <= 1.15, later
-    assert first_burst_later["error_median"] < first_burst["error_median"]
+    for sale, burst in ((later, first_burst_later), (new, first_burst_new)):
+        assert 0.8 <= burst["told_over_had_median"] <= 1.15, sale
+        assert burst["error_median"] < first_burst["error_median"], sale
