@@ -212,13 +212,15 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
             if asked:
                 await self.send_json({"type": "error", "code": "rate_limited", "retry_after": wait})
             elif self.claims is not None:
-                self._read_later(wait)
+                self._read_later(wait + random.uniform(0, ASK_STATUS_EVERY_SECONDS))  # (sockets refused together)
             return
         except selectors.TicketGone:
             await self.send_json({"type": "expired", "ticket_id": claims.ticket_id, "reason": "expired"})
             return
         except redis.RedisError:
             return  # Redis is away: the client's own polling notices
+        if self.timer is not None:  # a read to come (the catch-up, or one the limiter put off) is not needed now
+            self.timer.cancel()
         if view.access_token:
             await self.send_json(
                 {

@@ -573,10 +573,19 @@ async def test_an_admission_made_before_the_socket_opened_is_heard_though_the_li
     await sync_to_async(services.queue_admit)(slug=queue.slug)
     statuses = [(await sync_to_async(answers.status_answer)(f"Bearer {ticket}", queue.slug)).status for _ in range(3)]
     assert statuses == [200, 200, 429]  # the page's polls used up the bucket
+    later: list[float] = []
+    read_later = consumers.QueueConsumer._read_later
+
+    def noted(self: consumers.QueueConsumer, seconds: float) -> None:
+        later.append(seconds)
+        read_later(self, seconds)
+
+    monkeypatch.setattr(consumers.QueueConsumer, "_read_later", noted)
     communicator, ready, _ = await open_socket(queue.slug, ticket)
     assert ready
     admitted = await next_event(communicator, "admitted", timeout=5)  # refused at 0.3 s, the bucket refills by 2
     assert admitted["access_token"]
+    assert len(later) >= 2 and later[1] >= 1  # the catch-up, then again once the refusal's wait had passed
     await communicator.disconnect()
 
 

@@ -329,6 +329,8 @@ def test_a_new_queue_begins_from_how_the_operators_crowds_walked_away(make_queue
     waited = sum(seconds for _, seconds in learnt)
     assert sum(walks for walks, _ in learnt) > 5 and waited > recovery.WALK_PRIOR_SECONDS
 
+    broken = make_queue(**policy)  # a record that does not read as numbers is left out, and breaks nothing
+    store.client().hset(store.queue_keys(broken.slug).st, mapping={"hz": " ".join(["x"] * 16), "admitted": 9})
     fresh = make_queue(**policy)
     scale = recovery.WALK_PRIOR_SECONDS / waited
     begun = hazard_sums(fresh.slug)
@@ -341,6 +343,10 @@ def test_a_new_queue_begins_from_how_the_operators_crowds_walked_away(make_queue
     assert last.est_wait_s == told(ahead, r_out=1, rates=rates_of(fresh.slug), lag=presence_lag(fresh))
     assert last.est_wait_s < told(ahead, r_out=1) - 4  # the walk-free wait, what it was told before
 
+    # A queue that has admitted nobody holds the prior a tick saved, not a record: it takes a seed (a tick
+    # may run between a new epoch's start and the seed).
+    assert store.walk_prior_seed(idle.slug, recovery.walk_prior(idle) or [])
+    assert hazard_sums(idle.slug)[0][0] > 0
     # Its own record is kept: a change of policy, or a seed offered again, leaves it.
     services.queue_configure(slug=fresh.slug, changes={"capacity": 999})
     assert not store.walk_prior_seed(fresh.slug, [1.0] * 2 * len(BANDS))
@@ -611,12 +617,13 @@ def test_priority_joiners_placed_ahead_lengthen_the_wait_of_those_behind(make_qu
     newcomer = join(slug, "late", now=t0 + 10)
     ahead = newcomer.rank or 0
     assert ahead == 50
-    # ten in the last ten seconds, an EMA over 30 s: ~0.28 a second now, falling to the sale's (an EMA over
-    # 300 s: 0.033), placed ahead for the first half (1 - 0.5 * 51 / 50) of the newcomer's wait; the
-    # bucket holds the 4 tokens owed after 10 s without a tick (the leader's TTL, 3 s, and one)
+    # ten in the last ten seconds, an EMA over 30 s: ~0.28 a second now, falling to the sale's (ten over the
+    # minute it is read over at least: 0.16), placed ahead for the first half (1 - 0.5 * 51 / 50) of the
+    # newcomer's wait; the bucket holds the 4 tokens owed after 10 s without a tick (the leader's TTL, 3 s, and one)
     share = 1 - 0.5 * 51 / 50
     rate = sum(math.exp(-(10 - i) / 30) for i in range(10)) / 30 * share
-    slow = sum(math.exp(-(10 - i) / 300) for i in range(10)) / 300 * share
+    # (read over a minute: the first of them joined 10 s before, less than the minute it is read over at least)
+    slow = sum(math.exp(-(10 - i) / 300) for i in range(10)) / 300 / 0.2 * share
     assert newcomer.est_wait_s == told(ahead, r_out=1, tokens=4, cutting=rate, cutting_slow=slow)
     assert newcomer.est_wait_s > told(ahead, r_out=1, tokens=4) + 2  # without them: 48
     # Not the ten seconds' rate for the whole wait (54 s): a sale's rush of codes is not kept up. Seen in

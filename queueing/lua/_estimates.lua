@@ -2,27 +2,44 @@
 -- walking away as a hazard by time waited (from the head and from the line), the slots that come back, the
 -- range from told-versus-had (part of the library: _lib.lua). Issue 18; bench/estimate_sim.py measures it.
 
--- Priority joiners' arrival rates per level, two ways: 'pri' = "f1 f2 f3 <ms> s1 s2 s3", each an EMA of
--- joins a second, f over RATE_TAU_S (the rate now) and s over PRIORITY_SLOW_S (the sale's, started from
--- none). A form without s (before they were kept) reads s as f, the rate now kept for good, as it was.
-local PRIORITY_SLOW_S = 300
-local function priority_rates(st, now)
+-- Priority joiners' arrival rates per level, two ways: 'pri' = "f1 f2 f3 <ms> s1 s2 s3 <first ms>", each
+-- an EMA of joins a second, f over RATE_TAU_S (the rate now) and s over PRIORITY_SLOW_S (the sale's). An
+-- EMA begun from none reads low until it has run its span (a steady stream at r reads 0.18 r a minute in),
+-- so s is read over the time since the first priority joiner, but never less than PRIORITY_SLOW_MIN_S:
+-- a rush of codes in a sale's first seconds is not a rate for minutes. The form without s (before it was
+-- kept) reads s as f, the rate now kept for good, as it was.
+local PRIORITY_SLOW_S, PRIORITY_SLOW_MIN_S = 300, 60
+local function priority_fields(st)
   if not st.pri then return nil end
   local v = {}
   for x in string.gmatch(st.pri, '%S+') do v[#v + 1] = tonumber(x) or 0 end
-  if #v ~= 4 and #v ~= 7 then return nil end
+  if #v ~= 4 and #v ~= 8 then return nil end
+  return v
+end
+
+local function priority_rates(st, now)
+  local v = priority_fields(st)
+  if v == nil then return nil end
   local age_s = math.max(0, now - v[4]) / 1000
-  local fast, slow = math.exp(-age_s / RATE_TAU_S), math.exp(-age_s / PRIORITY_SLOW_S)
+  local fast = math.exp(-age_s / RATE_TAU_S)
   local r = {v[1] * fast, v[2] * fast, v[3] * fast}
-  if #v == 7 then return r, {v[5] * slow, v[6] * slow, v[7] * slow} end
-  return r, {r[1], r[2], r[3]}
+  if #v == 4 then return r, {r[1], r[2], r[3]} end
+  local since_s = math.max(0, now - v[8]) / 1000
+  local slow = math.exp(-age_s / PRIORITY_SLOW_S)
+  slow = slow / math.max(1 - math.exp(-since_s / PRIORITY_SLOW_S), PRIORITY_SLOW_MIN_S / PRIORITY_SLOW_S)
+  return r, {v[5] * slow, v[6] * slow, v[7] * slow}
 end
 
 local function priority_note(st, level, now)
-  local r, s = priority_rates(st, now)
-  r, s = r or {0, 0, 0}, s or {0, 0, 0}
+  local v = priority_fields(st)
+  local r = priority_rates(st, now) or {0, 0, 0}
+  local s, first = {0, 0, 0}, now  -- the EMAs as kept (priority_rates reads them over the time since the first)
+  if v and #v == 8 then
+    local slow = math.exp(-math.max(0, now - v[4]) / 1000 / PRIORITY_SLOW_S)
+    s, first = {v[5] * slow, v[6] * slow, v[7] * slow}, v[8]
+  end
   r[level], s[level] = r[level] + 1 / RATE_TAU_S, s[level] + 1 / PRIORITY_SLOW_S
-  st.pri = string.format('%.6g %.6g %.6g %d %.6g %.6g %.6g', r[1], r[2], r[3], now, s[1], s[2], s[3])
+  st.pri = string.format('%.6g %.6g %.6g %d %.6g %.6g %.6g %d', r[1], r[2], r[3], now, s[1], s[2], s[3], first)
   redis.call('HSET', K_ST, 'pri', st.pri)
 end
 

@@ -229,8 +229,8 @@ local function figures(p, st)
 end
 
 -- Priority joiners placed ahead (join.lua: a level's joiner goes in at its placement fraction from the
--- back): st.pri holds each level's recent arrival rate (an EMA, a second's worth per RATE_TAU_S) as
--- 'r1 r2 r3 ts'; a queue nobody joined with a code has none and pays nothing for this.
+-- back): st.pri holds each level's arrival rates (_estimates.lua priority_rates); a queue nobody joined
+-- with a code has none and pays nothing for this.
 -- Where a visitor of level `pri` goes in a line of `n` (seed 003; join.lua's header tells the rule): the
 -- score `seq` for level 0, or when the level's placement fraction is 0 or the line is empty; else ahead of
 -- the last `fraction` of the line, but never ahead of an earlier joiner of its level or higher (tL in st)

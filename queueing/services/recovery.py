@@ -5,6 +5,7 @@ reserved ahead, and, after a loss, earlier tickets given back their places."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -177,6 +178,7 @@ def _live_epoch_start(queue: Queue, *, floor: int, lost: bool, moved: bool = Fal
             now_ms=clock.now_ms(now),
         )
     queue.save(update_fields=["epoch", "seq_reserved"])
+    prior = _walk_prior_or_none(queue)
     started = store.epoch_start(
         queue.slug,
         epoch=queue.epoch,
@@ -188,8 +190,11 @@ def _live_epoch_start(queue: Queue, *, floor: int, lost: bool, moved: bool = Fal
         # Tickets noted finished before the loss get no place or session back (a few seconds' worst).
         finished=list(queue.finished_tickets.values_list("seq", flat=True)) if lost else (),
     )
-    if started:
-        _walk_prior_seed(queue)
+    if started and prior is not None:
+        try:
+            store.walk_prior_seed(queue.slug, prior)
+        except redis.RedisError as exc:  # the queue begins from nobody walking away, as it would alone
+            logger.warning("queue %s: no record of walking away taken: %s", queue.slug, exc)
     return started
 
 
@@ -207,26 +212,40 @@ WALK_SUMS = 2 * 8  # lua/_estimates.lua: walked away and seconds waited, per ban
 
 def walk_prior(queue: Queue) -> list[float] | None:
     """The pooled, scaled sums a queue's record of walking away begins from; None when no other queue has
-    one."""
-    others = Queue.objects.exclude(pk=queue.pk).order_by("-updated_at").values_list("slug", flat=True)
-    found = store.walk_records(list(others[:WALK_PRIOR_QUEUES]))
-    records = [[float(x) for x in sums.split()] for sums in found.values()]
-    # (a record in the form of the bands before, not pooled: its queue rewrites it at its next departure)
-    pooled = [sum(column) for column in zip(*(sums for sums in records if len(sums) == WALK_SUMS), strict=True)]
+    one. A record that does not read as WALK_SUMS finite numbers is left out (one in the form of the bands
+    before: its queue rewrites it at its next departure)."""
+    others = Queue.objects.filter(mode=Queue.Mode.TRACKED).exclude(pk=queue.pk).order_by("-updated_at")
+    found = store.walk_records(list(others.values_list("slug", flat=True)[:WALK_PRIOR_QUEUES]))
+    records = [sums for sums in map(_walk_sums, found.values()) if sums is not None]
+    if not records:
+        return None
+    pooled = [sum(column) for column in zip(*records, strict=True)]
     waited = sum(pooled[1::2])
-    if not pooled or waited <= 0:
+    if waited <= 0:
         return None
     scale = min(1.0, WALK_PRIOR_SECONDS / waited)
     return [x * scale for x in pooled]
 
 
-def _walk_prior_seed(queue: Queue) -> None:
+def _walk_sums(text: str) -> list[float] | None:
     try:
-        prior = walk_prior(queue)
-        if prior is not None:
-            store.walk_prior_seed(queue.slug, prior)
-    except redis.RedisError as exc:  # the queue begins from nobody walking away, as it would alone
-        logger.warning("queue %s: no record of walking away from the other queues: %s", queue.slug, exc)
+        sums = [float(x) for x in text.split()]
+    except ValueError:
+        return None
+    if len(sums) != WALK_SUMS or not all(math.isfinite(x) and x >= 0 for x in sums):
+        return None
+    return sums
+
+
+def _walk_prior_or_none(queue: Queue) -> list[float] | None:
+    """walk_prior, or None when it cannot be had: it is a head start, never a reason for a queue's live state
+    not to start (worked out before the epoch starts, in a savepoint of its own)."""
+    try:
+        with transaction.atomic():
+            return walk_prior(queue)
+    except Exception:  # anything: the queue then begins from nobody walking away
+        logger.warning("queue %s: no record of walking away from the other queues", queue.slug, exc_info=True)
+        return None
 
 
 def restore_hold_seconds(queue: Queue) -> float:

@@ -80,13 +80,15 @@ def walk_records(slugs: Sequence[str]) -> dict[str, str]:
         pipe.hmget(queue_keys(slug).st, "hz", "admitted")
     found = {}
     for slug, (sums, admitted) in zip(slugs, pipe.execute(), strict=True):
-        if sums and int(admitted or 0) > 0:
+        count = admitted or "0"
+        if sums and count.isdigit() and int(count) > 0:
             found[slug] = sums
     return found
 
 
 def walk_prior_seed(slug: str, sums: Sequence[float]) -> bool:
-    """Begin the queue's record of walking away from these sums, unless it has one (lua/walk_prior.lua)."""
+    """Begin the queue's record of walking away from these sums, unless it has one of its own
+    (lua/walk_prior.lua)."""
     return bool(int(run("walk_prior", queue_keys(slug).script_keys(), [f"{x:.6g}" for x in sums])))
 
 
