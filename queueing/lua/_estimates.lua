@@ -9,37 +9,34 @@
 -- a rush of codes in a sale's first seconds is not a rate for minutes. The form without s (before it was
 -- kept) reads s as f, the rate now kept for good, as it was.
 local PRIORITY_SLOW_S, PRIORITY_SLOW_MIN_S = 300, 60
-local function priority_fields(st)
+-- The EMAs as kept, decayed to now: f, s (nil for the form without s), the first joiner's ms.
+local function priority_kept(st, now)
   if not st.pri then return nil end
   local v = {}
   for x in string.gmatch(st.pri, '%S+') do v[#v + 1] = tonumber(x) or 0 end
   if #v ~= 4 and #v ~= 8 then return nil end
-  return v
+  local age_s = math.max(0, now - v[4]) / 1000
+  local fast = math.exp(-age_s / RATE_TAU_S)
+  local f = {v[1] * fast, v[2] * fast, v[3] * fast}
+  if #v == 4 then return f, nil, now end
+  local slow = math.exp(-age_s / PRIORITY_SLOW_S)
+  return f, {v[5] * slow, v[6] * slow, v[7] * slow}, v[8]
 end
 
 local function priority_rates(st, now)
-  local v = priority_fields(st)
-  if v == nil then return nil end
-  local age_s = math.max(0, now - v[4]) / 1000
-  local fast = math.exp(-age_s / RATE_TAU_S)
-  local r = {v[1] * fast, v[2] * fast, v[3] * fast}
-  if #v == 4 then return r, {r[1], r[2], r[3]} end
-  local since_s = math.max(0, now - v[8]) / 1000
-  local slow = math.exp(-age_s / PRIORITY_SLOW_S)
-  slow = slow / math.max(1 - math.exp(-since_s / PRIORITY_SLOW_S), PRIORITY_SLOW_MIN_S / PRIORITY_SLOW_S)
-  return r, {v[5] * slow, v[6] * slow, v[7] * slow}
+  local f, s, first = priority_kept(st, now)
+  if f == nil then return nil end
+  if s == nil then return f, {f[1], f[2], f[3]} end
+  local since_s = math.max(0, now - first) / 1000
+  local over = math.max(1 - math.exp(-since_s / PRIORITY_SLOW_S), PRIORITY_SLOW_MIN_S / PRIORITY_SLOW_S)
+  return f, {s[1] / over, s[2] / over, s[3] / over}
 end
 
 local function priority_note(st, level, now)
-  local v = priority_fields(st)
-  local r = priority_rates(st, now) or {0, 0, 0}
-  local s, first = {0, 0, 0}, now  -- the EMAs as kept (priority_rates reads them over the time since the first)
-  if v and #v == 8 then
-    local slow = math.exp(-math.max(0, now - v[4]) / 1000 / PRIORITY_SLOW_S)
-    s, first = {v[5] * slow, v[6] * slow, v[7] * slow}, v[8]
-  end
-  r[level], s[level] = r[level] + 1 / RATE_TAU_S, s[level] + 1 / PRIORITY_SLOW_S
-  st.pri = string.format('%.6g %.6g %.6g %d %.6g %.6g %.6g %d', r[1], r[2], r[3], now, s[1], s[2], s[3], first)
+  local f, s, first = priority_kept(st, now)
+  f, s, first = f or {0, 0, 0}, s or {0, 0, 0}, first or now
+  f[level], s[level] = f[level] + 1 / RATE_TAU_S, s[level] + 1 / PRIORITY_SLOW_S
+  st.pri = string.format('%.6g %.6g %.6g %d %.6g %.6g %.6g %d', f[1], f[2], f[3], now, s[1], s[2], s[3], first)
   redis.call('HSET', K_ST, 'pri', st.pri)
 end
 
