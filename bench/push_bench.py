@@ -10,8 +10,9 @@ ports of their own, against Redis under a prefix of its own. It then
 1. creates a paused queue, joins N visitors over HTTP and opens N websocket clients with their tickets,
    spread evenly over the websocket servers, in `--client-procs` processes of their own
    (bench/push_clients.py), so that the clients' CPU is reported apart from the servers';
-2. reads each server's RSS before the first socket and once all are open and settled, and their CPU
-   over `--idle` seconds at rest (the queue paused, then open);
+2. reads each server's RSS before the first socket and once all are open and settled (every socket has
+   heard its catch-up read, then `--settle` seconds), and their CPU over `--idle` seconds at rest (the
+   queue paused, then open);
 3. opens the queue and, from this process (Django set up on the same Redis, prefix and database), runs
    admission rounds for `--duration` seconds: `services.queue_admit` admitting `--per-round` visitors,
    which publishes their private `admitted` events and one `queue_move` to every socket. Latency of a
@@ -452,7 +453,13 @@ def measure(
         result["connect_cpu"] = window.result()
         result["connected"], result["connect_failures"] = opened, failures
         log(f"N={n}: {opened} sockets open in {result['connect_seconds']} s; settling")
-        time.sleep(args.settle)  # every socket's catch-up read comes 0.5-2 s after it opens
+        # Every socket reads its status once, 0.5-2 s after its hello; at 18,000 the server is still
+        # answering hellos when the clients have all connected, and those reads would fall in the idle window.
+        caught_up = time.monotonic() + 120
+        while clients.positions() < opened and time.monotonic() < caught_up:
+            time.sleep(1)
+        result["catch_up_seconds"] = round(time.monotonic() - started - result["connect_seconds"], 1)
+        time.sleep(args.settle)
         result["idle_paused"] = idle_window(args, clients, stack)
         rss_after = [rss_bytes(pid) for pid in stack.ws_pids]
         per_server = max(1, opened // len(stack.ws_pids))
@@ -463,7 +470,7 @@ def measure(
         )
         log(
             f"N={n}: RSS {[round(b / 2**20, 1) for b in rss_before]} -> {[round(a / 2**20, 1) for a in rss_after]} MiB "
-            f"({result['bytes_per_socket']} B/socket); "
+            f"({result['bytes_per_socket']} B/socket); catch-up reads done {result['catch_up_seconds']} s after; "
             f"idle (paused): server CPU {result['idle_paused']['ws_servers_cpu_pct']}%"
         )
         services.queue_configure(slug=slug, changes={"state": "open"})

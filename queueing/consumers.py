@@ -127,6 +127,8 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         private = self.mode.private_group(claims)
         self.groups_joined = (realtime.queue_group(self.slug), *((private,) if private else ()))
         server = wsserver.router()
+        if self.wire is not None:
+            self.wire.watch = self._lane_changed
         for group in self.groups_joined:
             await server.join(group, self)
         await self.send_json({"type": "ready", "ticket_id": claims.ticket_id})
@@ -152,7 +154,12 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         await self._release()
         await self.close(code=code)  # waits for room in the socket's buffer (the server's send does)
 
+    def _lane_changed(self) -> None:
+        wsserver.router().refresh(self)
+
     async def _release(self) -> None:
+        if self.wire is not None:
+            self.wire.watch = None  # (the protocol and this consumer would hold each other)
         if self.timer is not None:
             self.timer.cancel()
         if self.claims is None:

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -180,9 +181,14 @@ class LeanSansIOProtocol(WebSocketsSansIOProtocol):
     over thousands of sockets reads one attribute a socket. uvicorn also closes a transport without a
     close of its own (the client's close answered, a shutdown, the client's end of file, the app's end):
     a writer must still ask the transport whether it is closing, since a frame written after a close
-    would follow the close frame out (RFC 6455 5.5.1 forbids it); the two it knows of clear `direct`."""
+    would follow the close frame out (RFC 6455 5.5.1 forbids it); the two it knows of clear `direct`.
+
+    `watch`, when set (by the app that reads `direct`: consumers.py), is called after each change of it, so
+    that a fan-out can keep the transports it writes to by group and not look at each socket (wsserver.Router);
+    the app clears it when it is done with the socket."""
 
     direct: Any = None
+    watch: Callable[[], None] | None = None
     _answered = False
     _close_sent = False
 
@@ -201,15 +207,21 @@ class LeanSansIOProtocol(WebSocketsSansIOProtocol):
     def close_sent(self, value: bool) -> None:  # uvicorn sets it wherever it sends or fails a close
         self._close_sent = value
         if value:
-            self.direct = None
+            self._direct(None)
+
+    def _direct(self, transport: Any) -> None:
+        if transport is not self.direct:
+            self.direct = transport
+            if self.watch is not None:
+                self.watch()
 
     def _writable_directly(self) -> None:
         ready = self._answered and not self._close_sent and not self.disconnected and self.writable.is_set()
-        self.direct = self.transport if ready else None
+        self._direct(self.transport if ready else None)
 
     def pause_writing(self) -> None:
         super().pause_writing()
-        self.direct = None
+        self._direct(None)
 
     def resume_writing(self) -> None:
         super().resume_writing()
@@ -217,16 +229,22 @@ class LeanSansIOProtocol(WebSocketsSansIOProtocol):
             self._writable_directly()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.direct = None
+        self._direct(None)
         super().connection_lost(exc)
 
+    # These two clear `direct` once uvicorn has closed the transport, so that the watcher sees a transport
+    # closing (a fan-out skips those) rather than a socket gone slow, which it must look at again.
     def handle_close(self, event: Any) -> None:
-        self.direct = None
-        super().handle_close(event)
+        try:
+            super().handle_close(event)
+        finally:
+            self._direct(None)
 
     def shutdown(self) -> None:
-        self.direct = None
-        super().shutdown()
+        try:
+            super().shutdown()
+        finally:
+            self._direct(None)
 
     def start_keepalive(self) -> None:
         # uvicorn calls this once it has written the handshake's answer (101), the last use of the request

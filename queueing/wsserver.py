@@ -45,6 +45,7 @@ class Socket(Protocol):
     pending: deque[dict[str, Any]] | None  # frames waiting for a slow reader, oldest first
     known: int  # the ticket status its visitor was last told of (roll_call.lua's codes)
     wire: LeanSansIOProtocol | None  # its protocol, when frames may go straight to its transport (wire())
+    groups_joined: tuple[str, ...]  # the router's groups it is in
 
     base_send: Any  # the server's ASGI send
 
@@ -96,6 +97,11 @@ def wire(send: Any) -> LeanSansIOProtocol | None:
     return None
 
 
+def lane(socket: Socket) -> Any:
+    """The transport a frame for this socket may be written to straight (write()'s common case), or None."""
+    return socket.wire.direct if socket.wire is not None and socket.pending is None else None
+
+
 def write(socket: Socket, event: Event) -> None:
     """Write an event to a socket without waiting for it.
 
@@ -114,6 +120,7 @@ def write(socket: Socket, event: Event) -> None:
         started = _start(socket.base_send(message))
         if started is not None:
             socket.pending = deque()
+            router().refresh(socket)
             spawn(_drain(socket, *started))
     elif len(socket.pending) >= MAX_PENDING:
         socket.pending = deque(maxlen=0)  # nothing more is kept for it
@@ -166,6 +173,7 @@ async def _drain(socket: Socket, coroutine: Generator[Any, None, None], waiting:
         logger.debug("a slow socket's sends ended early", exc_info=True)
     finally:
         socket.pending = None
+        router().refresh(socket)
 
 
 _tasks: set[asyncio.Future[Any]] = set()  # tasks started and not awaited, held until they end
@@ -191,10 +199,22 @@ class Router:
     are written at once; a big one's (a queue watched by thousands) by a writer task of the group, in
     order, yielding every FANOUT_YIELD_EVERY sockets so that a private event (an admission) is not held
     behind a fan-out. No write waits for a slow client (write()).
+
+    Each group keeps its sockets with their lanes (lane(): the transport a frame goes to straight, or None),
+    and apart those without one (`slow`), brought up to date as they change (refresh(), from the protocol's
+    `watch` and a slow socket's frames held and drained). A fan-out then writes to a list of transports,
+    as the framework-free reference does, without reading each socket's objects: reading them was a third
+    of its time over the writes themselves at 8,000 sockets (bench/RESULTS.md). A lane lost while a
+    fan-out runs by a socket whose transport is not closing (its client reads too slowly, the server sent
+    a close) is noted in `lost`, and a fan-out that finds it grew when it yields writes that socket's
+    event through write() instead (behind the frames it holds). A lane whose transport closes is only
+    skipped.
     """
 
     def __init__(self) -> None:
-        self.groups: dict[str, dict[Socket, None]] = {}
+        self.groups: dict[str, dict[Socket, Any]] = {}  # group -> its sockets -> their lanes
+        self.slow: dict[str, dict[Socket, None]] = {}  # group -> its sockets without a lane
+        self.lost: list[tuple[Socket, Any]] = []  # lanes lost while fan-outs run: (socket, its transport)
         self.subscribed: set[str] = set()  # the groups the server's channel is in
         self.syncing: set[str] = set()
         self.writers: dict[str, deque[Event]] = {}  # a big group's events not yet written, and its writer runs
@@ -207,15 +227,44 @@ class Router:
         return len(self.groups.get(group, ()))
 
     async def join(self, group: str, socket: Socket) -> None:
-        self.groups.setdefault(group, {})[socket] = None
+        self._lane(group, socket, lane(socket))
         await self._listening()
         await self._sync(group)
+
+    def _lane(self, group: str, socket: Socket, now: Any) -> None:
+        self.groups.setdefault(group, {})[socket] = now
+        if now is None:
+            self.slow.setdefault(group, {})[socket] = None
+        else:
+            self._fast(group, socket)
+
+    def _fast(self, group: str, socket: Socket) -> None:
+        slow = self.slow.get(group)
+        if slow is not None and socket in slow:
+            del slow[socket]
+            if not slow:
+                del self.slow[group]
+
+    def refresh(self, socket: Socket) -> None:
+        """The socket's lane changed (or may have): keep it in its groups."""
+        now, lost = lane(socket), None
+        for group in socket.groups_joined:
+            members = self.groups.get(group)
+            if members is None or socket not in members:
+                continue
+            before = members[socket]
+            self._lane(group, socket, now)
+            if now is None and before is not None:
+                lost = before
+        if lost is not None and self.writers and not lost.is_closing():
+            self.lost.append((socket, lost))
 
     async def leave(self, group: str, socket: Socket) -> None:
         members = self.groups.get(group)
         if members is None or socket not in members:
             return
         del members[socket]
+        self._fast(group, socket)
         if not members:
             del self.groups[group]
             with contextlib.suppress(Exception):  # Redis away: the subscription goes with the connection
@@ -273,21 +322,32 @@ class Router:
         try:
             while backlog:
                 event = backlog.popleft()
-                frame, sockets = event.frame, list(self.groups.get(group, ()))
-                for start in range(0, len(sockets), FANOUT_YIELD_EVERY):
+                frame, lanes, seen = event.frame, list(self.groups.get(group, {}).values()), len(self.lost)
+                for socket in list(self.slow.get(group, ())):
+                    write(socket, event)
+                for start in range(0, len(lanes), FANOUT_YIELD_EVERY):
                     if start:
                         await asyncio.sleep(0)
-                    for socket in sockets[start : start + FANOUT_YIELD_EVERY]:
-                        # write(socket, event), its common case inlined: thousands of sockets an event, and
-                        # the checks were a fifth of the fan-out's time (py-spy, bench/RESULTS.md)
-                        wire_ = socket.wire
-                        transport = wire_.direct if wire_ is not None and socket.pending is None else None
+                        if len(self.lost) != seen:  # a socket here lost its lane meanwhile
+                            lanes[start:] = self._lost_since(seen, lanes[start:], event)
+                            seen = len(self.lost)
+                    for transport in lanes[start : start + FANOUT_YIELD_EVERY]:
                         if transport is not None and not transport.is_closing():
                             transport.write(frame)
-                        else:
-                            write(socket, event)
         finally:
             del self.writers[group]
+            if not self.writers:
+                self.lost.clear()
+
+    def _lost_since(self, seen: int, rest: list[Any], event: Event) -> list[Any]:
+        """The lanes not yet written of those lost since `seen`: their sockets' event through write(), the
+        rest of the lanes returned."""
+        lost = {transport: socket for socket, transport in self.lost[seen:]}
+        ahead = set(rest)
+        for transport, socket in lost.items():
+            if transport in ahead:
+                write(socket, event)
+        return [transport for transport in rest if transport not in lost]
 
 
 # --- The roll call ----------------------------------------------------------------------------------------

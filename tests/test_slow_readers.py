@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import deque
+from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -132,3 +134,89 @@ async def test_closed_sockets_leave_no_cyclic_garbage_for_the_frozen_generation(
             gc.set_debug(0)
             gc.garbage.clear()
     assert ours == []
+
+
+# --- The fan-out's lanes ---------------------------------------------------------------------------------
+
+
+class _Socket:
+    """What the router reads of a socket (wsserver.Socket), around a real transport of a real TCP socket."""
+
+    def __init__(self, transport: asyncio.Transport, group: str) -> None:
+        self.wire = type("Wire", (), {"direct": transport})()
+        self.pending: Any = None
+        self.groups_joined = (group,)
+        self.sent: list[Any] = []
+
+    async def base_send(self, message: Any) -> None:
+        self.sent.append(message)
+
+
+async def test_a_socket_that_falls_behind_while_a_fan_out_yields_gets_the_rest_behind_its_held_frames(
+    monkeypatch,
+):
+    """A group keeps its sockets' transports (lanes), so that a fan-out writes to transports without
+    looking at each socket. A socket whose lane is lost while the fan-out yields (its frames now held behind
+    a slow client's, wsserver.write) must not have the event written straight to its transport, ahead of
+    the frames it holds: it gets it through write(). One that closes meanwhile is skipped."""
+    monkeypatch.setattr(wsserver, "FANOUT_YIELD_EVERY", 1)
+    accepted: list[asyncio.Transport] = []
+
+    class Accept(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            accepted.append(transport)
+
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(Accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    clients = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+    try:
+        while len(accepted) < 4:
+            await asyncio.sleep(0.01)
+        router, group = wsserver.router(), "wr.test.lanes"
+        sockets: list[Any] = [_Socket(transport, group) for transport in accepted]  # (wsserver.Socket in part)
+        for socket in sockets:
+            await router.join(group, socket)
+        assert list(router.groups[group].values()) == accepted and group not in router.slow
+        fast, told, untold, behind = sockets
+
+        def meanwhile() -> None:  # while the fan-out yields after its first socket
+            told.wire.direct.close()  # closed, and its protocol said so: its lane is gone, nothing to redo
+            told.wire.direct = None
+            router.refresh(told)
+            untold.wire.direct.close()  # closed where its protocol could not say (uvicorn's own close)
+            behind.pending = deque([{"type": "websocket.send", "text": "held"}])  # its client fell behind
+            router.refresh(behind)
+
+        text = '{"type":"queue_move","seq":1}'
+        router.writers[group] = deque([wsserver.Event(text)])
+        fan_out = asyncio.ensure_future(router._write_out(group))  # its first step, then meanwhile()
+        loop.call_soon(meanwhile)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert router.lost == [(behind, behind.wire.direct)]  # the closed ones are only skipped
+        await fan_out
+        assert router.lost == [] and router.writers == {}
+        assert router.groups[group][told] is None and router.groups[group][behind] is None
+        assert list(router.slow[group]) == [told, behind]
+        frame = wsserver.Event(text).frame
+        assert await asyncio.wait_for(clients[0][0].readexactly(len(frame)), 5) == frame  # fast's, straight
+        assert fast.sent == [] and fast.pending is None
+        assert told.sent == untold.sent == [] and untold.pending is None  # closing: skipped
+        # Behind: the event after the frame it held, not straight to its transport.
+        assert [m["text"] for m in behind.pending] == ["held", text]
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(clients[3][0].read(1), 0.3)
+
+        # The next event: the sockets without a lane through write() (told: the ASGI send), in order.
+        router.writers[group] = deque([wsserver.Event("next")])
+        await router._write_out(group)
+        assert [m["text"] for m in behind.pending] == ["held", text, "next"]
+        assert [m["text"] for m in told.sent] == ["next"]
+        for socket in sockets:
+            await router.leave(group, socket)
+        assert group not in router.groups and group not in router.slow
+    finally:
+        for _, writer in clients:
+            writer.close()
+        server.close()
