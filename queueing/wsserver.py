@@ -204,17 +204,17 @@ class Router:
     and apart those without one (`slow`), brought up to date as they change (refresh(), from the protocol's
     `watch` and a slow socket's frames held and drained). A fan-out then writes to a list of transports,
     as the framework-free reference does, without reading each socket's objects: reading them was a third
-    of its time over the writes themselves at 8,000 sockets (bench/RESULTS.md). A lane lost while a
-    fan-out runs by a socket whose transport is not closing (its client reads too slowly, the server sent
-    a close) is noted in `lost`, and a fan-out that finds it grew when it yields writes that socket's
-    event through write() instead (behind the frames it holds). A lane whose transport closes is only
-    skipped.
+    of its time over the writes themselves at 8,000 sockets (bench/RESULTS.md). A socket that loses its lane
+    while its group's fan-out runs, its transport not closing (its client reads too slowly, the server
+    sent a close), or that leaves the group then, is noted in that fan-out's `losses`; when it yields, the
+    fan-out writes such a socket's event through write() (behind the frames it holds, or not at all after
+    a close), as it did before lanes. A lane whose transport closes is only skipped.
     """
 
     def __init__(self) -> None:
         self.groups: dict[str, dict[Socket, Any]] = {}  # group -> its sockets -> their lanes
         self.slow: dict[str, dict[Socket, None]] = {}  # group -> its sockets without a lane
-        self.lost: list[tuple[Socket, Any]] = []  # lanes lost while fan-outs run: (socket, its transport)
+        self.losses: dict[str, list[tuple[Socket, Any]]] = {}  # group -> lanes lost since its fan-out's event began
         self.subscribed: set[str] = set()  # the groups the server's channel is in
         self.syncing: set[str] = set()
         self.writers: dict[str, deque[Event]] = {}  # a big group's events not yet written, and its writer runs
@@ -247,7 +247,7 @@ class Router:
 
     def refresh(self, socket: Socket) -> None:
         """The socket's lane changed (or may have): keep it in its groups."""
-        now, lost = lane(socket), None
+        now = lane(socket)
         for group in socket.groups_joined:
             members = self.groups.get(group)
             if members is None or socket not in members:
@@ -255,16 +255,21 @@ class Router:
             before = members[socket]
             self._lane(group, socket, now)
             if now is None and before is not None:
-                lost = before
-        if lost is not None and self.writers and not lost.is_closing():
-            self.lost.append((socket, lost))
+                self._lost(group, socket, before)
+
+    def _lost(self, group: str, socket: Socket, transport: Any) -> None:
+        losses = self.losses.get(group)
+        if losses is not None and not transport.is_closing():
+            losses.append((socket, transport))
 
     async def leave(self, group: str, socket: Socket) -> None:
         members = self.groups.get(group)
         if members is None or socket not in members:
             return
-        del members[socket]
+        before = members.pop(socket)
         self._fast(group, socket)
+        if before is not None:  # a fan-out's event may have it still to write: its close may come first
+            self._lost(group, socket, before)
         if not members:
             del self.groups[group]
             with contextlib.suppress(Exception):  # Redis away: the subscription goes with the connection
@@ -318,36 +323,43 @@ class Router:
                         socket.known = known  # told: the roll call need not read it (RollCall.call)
 
     async def _write_out(self, group: str) -> None:
-        backlog = self.writers[group]
+        backlog, losses = self.writers[group], self.losses.setdefault(group, [])
         try:
             while backlog:
                 event = backlog.popleft()
-                frame, lanes, seen = event.frame, list(self.groups.get(group, {}).values()), len(self.lost)
-                for socket in list(self.slow.get(group, ())):
-                    write(socket, event)
-                for start in range(0, len(lanes), FANOUT_YIELD_EVERY):
+                frame, lanes, where = event.frame, list(self.groups.get(group, {}).values()), None
+                losses.clear()
+                slow = list(self.slow.get(group, ()))
+                for start in range(0, len(slow), FANOUT_YIELD_EVERY):
                     if start:
                         await asyncio.sleep(0)
-                        if len(self.lost) != seen:  # a socket here lost its lane meanwhile
-                            lanes[start:] = self._lost_since(seen, lanes[start:], event)
-                            seen = len(self.lost)
+                    for socket in slow[start : start + FANOUT_YIELD_EVERY]:
+                        write(socket, event)
+                for start in range(0, len(lanes), FANOUT_YIELD_EVERY):
+                    if start or slow:
+                        await asyncio.sleep(0)
+                    if losses:  # sockets that lost their lanes (or left) meanwhile: through write()
+                        where = where or {transport: at for at, transport in enumerate(lanes) if transport is not None}
+                        self._lost_since(losses, lanes, where, start, event)
                     for transport in lanes[start : start + FANOUT_YIELD_EVERY]:
                         if transport is not None and not transport.is_closing():
                             transport.write(frame)
         finally:
             del self.writers[group]
-            if not self.writers:
-                self.lost.clear()
+            del self.losses[group]
 
-    def _lost_since(self, seen: int, rest: list[Any], event: Event) -> list[Any]:
-        """The lanes not yet written of those lost since `seen`: their sockets' event through write(), the
-        rest of the lanes returned."""
-        lost = {transport: socket for socket, transport in self.lost[seen:]}
-        ahead = set(rest)
-        for transport, socket in lost.items():
-            if transport in ahead:
+    @staticmethod
+    def _lost_since(
+        losses: list[tuple[Socket, Any]], lanes: list[Any], where: dict[Any, int], start: int, event: Event
+    ) -> None:
+        """Of the lanes lost, those not yet written (at `start` or after): taken out of `lanes`, and their
+        sockets' event written through write()."""
+        for socket, transport in losses:
+            at = where.get(transport)
+            if at is not None and at >= start and lanes[at] is not None:
+                lanes[at] = None
                 write(socket, event)
-        return [transport for transport in rest if transport not in lost]
+        losses.clear()
 
 
 # --- The roll call ----------------------------------------------------------------------------------------

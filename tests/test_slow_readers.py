@@ -158,7 +158,8 @@ async def test_a_socket_that_falls_behind_while_a_fan_out_yields_gets_the_rest_b
     """A group keeps its sockets' transports (lanes), so that a fan-out writes to transports without
     looking at each socket. A socket whose lane is lost while the fan-out yields (its frames now held behind
     a slow client's, wsserver.write) must not have the event written straight to its transport, ahead of
-    the frames it holds: it gets it through write(). One that closes meanwhile is skipped."""
+    the frames it holds: it gets it through write(), as does one that leaves the group (its close may be
+    sent before the fan-out reaches it). One whose transport closes meanwhile is skipped."""
     monkeypatch.setattr(wsserver, "FANOUT_YIELD_EVERY", 1)
     accepted: list[asyncio.Transport] = []
 
@@ -169,34 +170,36 @@ async def test_a_socket_that_falls_behind_while_a_fan_out_yields_gets_the_rest_b
     loop = asyncio.get_running_loop()
     server = await loop.create_server(Accept, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    clients = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+    clients = [await asyncio.open_connection("127.0.0.1", port) for _ in range(5)]
     try:
-        while len(accepted) < 4:
+        while len(accepted) < 5:
             await asyncio.sleep(0.01)
         router, group = wsserver.router(), "wr.test.lanes"
         sockets: list[Any] = [_Socket(transport, group) for transport in accepted]  # (wsserver.Socket in part)
         for socket in sockets:
             await router.join(group, socket)
         assert list(router.groups[group].values()) == accepted and group not in router.slow
-        fast, told, untold, behind = sockets
+        fast, told, untold, behind, leaver = sockets
+        noted: list[Any] = []
 
-        def meanwhile() -> None:  # while the fan-out yields after its first socket
+        async def meanwhile() -> None:  # while the fan-out yields after its first socket
             told.wire.direct.close()  # closed, and its protocol said so: its lane is gone, nothing to redo
             told.wire.direct = None
             router.refresh(told)
             untold.wire.direct.close()  # closed where its protocol could not say (uvicorn's own close)
             behind.pending = deque([{"type": "websocket.send", "text": "held"}])  # its client fell behind
             router.refresh(behind)
+            await router.leave(group, leaver)  # released (its consumer no longer told of its lane)...
+            leaver.wire.direct = None  # ...then a close sent: nothing may follow the close frame
+            noted.extend(router.losses[group])
 
         text = '{"type":"queue_move","seq":1}'
         router.writers[group] = deque([wsserver.Event(text)])
         fan_out = asyncio.ensure_future(router._write_out(group))  # its first step, then meanwhile()
-        loop.call_soon(meanwhile)
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        assert router.lost == [(behind, behind.wire.direct)]  # the closed ones are only skipped
+        await asyncio.ensure_future(meanwhile())
         await fan_out
-        assert router.lost == [] and router.writers == {}
+        assert noted == [(behind, accepted[3]), (leaver, accepted[4])]  # the closed ones are only skipped
+        assert router.losses == {} and router.writers == {}
         assert router.groups[group][told] is None and router.groups[group][behind] is None
         assert list(router.slow[group]) == [told, behind]
         frame = wsserver.Event(text).frame
@@ -205,12 +208,20 @@ async def test_a_socket_that_falls_behind_while_a_fan_out_yields_gets_the_rest_b
         assert told.sent == untold.sent == [] and untold.pending is None  # closing: skipped
         # Behind: the event after the frame it held, not straight to its transport.
         assert [m["text"] for m in behind.pending] == ["held", text]
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(clients[3][0].read(1), 0.3)
+        assert [m["text"] for m in leaver.sent] == [text]  # the ASGI send, which refuses after a close
+        for reader in (clients[3][0], clients[4][0]):
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(reader.read(1), 0.3)
 
-        # The next event: the sockets without a lane through write() (told: the ASGI send), in order.
+        # The next event: the sockets without a lane through write() (told: the ASGI send), in order, with
+        # a yield between them as between lanes.
+        seen_at_yield: list[int] = []
         router.writers[group] = deque([wsserver.Event("next")])
-        await router._write_out(group)
+        fan_out = asyncio.ensure_future(router._write_out(group))
+        await asyncio.sleep(0)
+        seen_at_yield.append(len(told.sent) + len(behind.pending))
+        await fan_out
+        assert seen_at_yield == [1 + 2]  # told's "next" written, behind's not yet
         assert [m["text"] for m in behind.pending] == ["held", text, "next"]
         assert [m["text"] for m in told.sent] == ["next"]
         for socket in sockets:
