@@ -197,6 +197,7 @@ local HOLD_EDGES = {0, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1800, 
 local HOLD_NB = #HOLD_EDGES - 1  -- bin b: [HOLD_EDGES[b], HOLD_EDGES[b + 1]) seconds; longer holds in the last
 local SERVICE_SPAN, HOLD_SAMPLES, RETURN_POINTS, RETURN_HOLDS = 50, 24, 24, 2
 local HOLD_SHRINK = 2  -- a band's rate leans on the band before it as if HOLD_SHRINK holds had passed through it
+local HOLDS_FIRST = 3  -- holds given back before the tick works out the mean hold and the curve of slots back
 
 local function hold_bin(seconds)  -- of time held
   return band_in(HOLD_EDGES, HOLD_NB, seconds)
@@ -320,6 +321,12 @@ local function returns_look(p, st, now)
   end
   local S, mean_s = hold_survival(p, h, x)
   if S == nil then return end
+  -- The first holds given back say little of the rest: one claim that lapsed at 15 s, 30 s into a sale
+  -- whose 40 slots were all still held, read as a mean hold of 360 s (the half-walk-away sale, seed 12:
+  -- its second burst told 2-3.7 times its waits). Until HOLDS_FIRST have come back, polls take the mean
+  -- of those given back (ema_service_ms), as before the life table.
+  local n = tonumber(redis.call('HGET', K_ST, 'svc_n')) or (st.ema_service_ms and SERVICE_SPAN or 0)
+  if n < HOLDS_FIRST then return end
   local svm = fmt(mean_s * 1000)
   if svm ~= st.svm then redis.call('HSET', K_ST, 'svm', svm) end
   local free = math.max(0, p.capacity - held)  -- filled at once by the line: holders of age 0
