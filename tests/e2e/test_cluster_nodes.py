@@ -397,8 +397,11 @@ def cut_replica(farm: Farm, master_port: int) -> int:
 def test_a_master_killed_under_load_fails_over_with_503s_only_and_its_lost_tickets_come_back(farm):
     slugs = queues_on_every_master(farm)
     # A claim or a session whose end the lost writes took (an admission told to its visitor, a completion
-    # the site made) holds its slot until its time runs out: short times, so that the run ends soon.
-    api_keys = open_queues(farm, slugs, claim_ttl=15, session_ttl=20)
+    # the site made) holds its slot until its time runs out: short times, so that the run ends soon. The
+    # claim's 30 s (and the session's, which may not be shorter): one poller goes round 30-60 tickets, and
+    # the failover takes 3-5 s of the window; at 15 s, on a slow host, the first three admitted at the
+    # opening were once polled only after their claims had lapsed (the load's fault, not the product's).
+    api_keys = open_queues(farm, slugs, claim_ttl=30, session_ttl=30)
     bases = [node.base for node in farm.nodes]
     loads = {slug: Load(bases, slug, api_keys[slug], farm.connect, farm.prefix) for slug in slugs}
     for load in loads.values():
