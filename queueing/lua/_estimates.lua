@@ -257,11 +257,14 @@ end
 -- falls linearly across it. A band with few slot-seconds in it leans on the band before it, as if
 -- HOLD_SHRINK holds had passed through it at that rate (the first, on the rate over all bands): holds
 -- longer than any seen yet go on at the rate the longest seen did. No slot is held longer than its
--- session (or its claim) lasts. nil before any slot came back.
+-- session (or its claim) lasts. nil until HOLDS_FIRST slots have come back: the first say little of the
+-- rest (one claim that lapsed at 15 s, 30 s into a sale whose 40 slots were all still held, read as a mean
+-- hold of 360 s, and the burst joining then was told 2-3.7 times its waits); polls take the mean of those
+-- given back meanwhile (ema_service_ms).
 local function hold_survival(p, h, x)
   local given, spent = 0, 0
   for b = 1, HOLD_NB do given, spent = given + h[b], spent + x[b] end
-  if given <= 0 then return nil end
+  if given < HOLDS_FIRST - 0.5 then return nil end  -- (each faded by 1/SERVICE_SPAN: three come to 2.94)
   local longest = math.max(p.session_ttl, p.claim_ttl)
   local before, edge, q, width, mean = given / math.max(1, spent), {1}, {}, {}, 0
   for b = 1, HOLD_NB do
@@ -321,12 +324,6 @@ local function returns_look(p, st, now)
   end
   local S, mean_s = hold_survival(p, h, x)
   if S == nil then return end
-  -- The first holds given back say little of the rest: one claim that lapsed at 15 s, 30 s into a sale
-  -- whose 40 slots were all still held, read as a mean hold of 360 s (the half-walk-away sale, seed 12:
-  -- its second burst told 2-3.7 times its waits). Until HOLDS_FIRST have come back, polls take the mean
-  -- of those given back (ema_service_ms), as before the life table.
-  local n = tonumber(redis.call('HGET', K_ST, 'svc_n')) or (st.ema_service_ms and SERVICE_SPAN or 0)
-  if n < HOLDS_FIRST then return end
   local svm = fmt(mean_s * 1000)
   if svm ~= st.svm then redis.call('HSET', K_ST, 'svm', svm) end
   local free = math.max(0, p.capacity - held)  -- filled at once by the line: holders of age 0
