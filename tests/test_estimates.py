@@ -62,11 +62,13 @@ def told(
     cutting: float = 0.0,
     cutting_slow: float | None = None,
     lag: float = 0.0,
+    waits: list[tuple[float, float]] | None = None,
 ) -> int:
     """lua/_estimates.lua estimate_wait, for a queue the outflow alone bounds: the t at which the admissions
     allowed by then (tokens + r_out t) reach those ahead still there when reached, and itself. Those ahead
     have waited from head_s (the head) down to own_s (this visitor), and walk away at their band's rate;
-    those who look present are known to have been there only lag seconds ago (presence_lag)."""
+    those who look present are known to have been there only lag seconds ago (presence_lag); `waits`, the
+    tick's look at the line (line_waits): the waits at its places, linear between them."""
     present = ahead * (1 - min(0.9, silent))
 
     def drained(n: float) -> float:
@@ -79,7 +81,15 @@ def told(
             h += (rates or [0.0] * len(BANDS))[b] * max(0.0, min(a, upper) - edge)
         return h
 
-    ages = [head_s - (head_s - own_s) * u for u in GL_U]
+    points = [(0.0, head_s), *((r, w) for r, w in waits or [] if 0 < r < ahead), (float(ahead), own_s)]
+
+    def wait_at(u: float) -> float:  # of the one at a share u of the way from the head to this visitor
+        x = u * ahead
+        j = next((k for k in range(1, len(points)) if points[k][0] >= x), len(points) - 1)
+        (r0, a0), (r1, a1) = points[j - 1], points[j]
+        return a1 if r1 <= r0 else a0 + (a1 - a0) * (x - r0) / (r1 - r0)
+
+    ages = [wait_at(u) for u in GL_U]
 
     def stay(t: float) -> float:
         if not rates or not any(rates) or present <= 0:
@@ -107,6 +117,13 @@ def told(
                 hi = t
         t = (lo + hi) / 2
     return math.ceil(t + 0.5)
+
+
+def line_waits(slug: str, now: float) -> list[tuple[float, float]]:
+    """The tick's look at the line ('lj'): (place, seconds waited by `now`) of the tickets it looked at."""
+    tick_ms, *pairs = (float(x) for x in store.snapshot(slug).stats["lj"].split())
+    since = max(0.0, now * 1000 - tick_ms) / 1000
+    return [(pairs[i], pairs[i + 1] + since) for i in range(0, len(pairs), 2)]
 
 
 def presence_lag(queue) -> float:
@@ -178,10 +195,47 @@ def test_those_who_have_waited_past_the_time_people_walk_away_are_counted_as_sta
     newcomer = join(slug, "newcomer", now=t1)
     ahead, rates = newcomer.rank or 0, rates_of(slug)  # (the tick admitted some of them: their waits count)
     lag = presence_lag(queue)
-    assert newcomer.est_wait_s == told(ahead, r_out=1, silent=stat(slug, "silent"), rates=rates, head_s=60, lag=lag)
+    waits = line_waits(slug, t1)
+    assert len(waits) == 24 and all(abs(wait - 60) < 0.1 for _, wait in waits)  # each it looked at joined a minute ago
+    assert newcomer.est_wait_s == told(
+        ahead, r_out=1, silent=stat(slug, "silent"), rates=rates, head_s=60, lag=lag, waits=waits
+    )
     walk_free = told(ahead, r_out=1)
     assert newcomer.est_wait_s >= walk_free - 2  # they stay
     assert told(ahead, r_out=1, rates=record, head_s=0) < walk_free - 4  # a line that has just come: some go
+
+
+def test_the_waits_ahead_are_taken_from_the_line_not_drawn_straight_from_the_head(make_queue, clock):
+    """Issue 18's half-walk-away sale: a burst joins behind what is left of an earlier one. The waits of
+    those ahead went in a straight line from the head's to the newcomer's own, so half a burst that had
+    waited a minute was taken to have waited 20 s or less, and to walk away at those rates; the burst
+    was told 0.73 of its waits. The tick's look at the line notes the waits of those it looks at ('lj'),
+    and the estimate takes them: forty who have waited a minute and will stay, thirty who have just come,
+    some of whom will go."""
+    queue = make_queue(
+        capacity=1000, outflow_per_minute=60, burst=1, presence_timeout=5, abandon_timeout=3600, claim_ttl=600
+    )
+    slug, t0 = queue.slug, clock.now
+    teachers = [join(slug, f"t{i}", now=t0) for i in range(61)][1:]  # a third walk away after 2 s
+    for second in range(1, 81):
+        for index, ticket in enumerate(teachers):
+            if index % 3 != 0 or second <= 2:
+                status_reply(slug, ticket, now=t0 + second)
+        tick(slug, t0 + second)
+    t1 = t0 + 200
+    old = [join(slug, f"o{i}", now=t1 - 60) for i in range(41)][1:]  # the first takes the bucket's token
+    young = [join(slug, f"y{i}", now=t1 - 1) for i in range(30)]
+    for ticket in old + young:
+        status_reply(slug, ticket, now=t1)
+    tick(slug, t1)
+    waits = line_waits(slug, t1)
+    assert {round(wait) for _, wait in waits} == {60, 1}
+    newcomer = join(slug, "newcomer", now=t1)
+    ahead, rates, lag = newcomer.rank or 0, rates_of(slug), presence_lag(queue)
+    assert ahead >= 60  # (the tick admitted a few)
+    common = dict(r_out=1, silent=stat(slug, "silent"), rates=rates, head_s=60, lag=lag)
+    assert newcomer.est_wait_s == told(ahead, **common, waits=waits)
+    assert told(ahead, **common) - newcomer.est_wait_s >= 2  # the straight line took the young for older
 
 
 def test_walking_away_in_the_line_is_learnt_before_the_head_reaches_it(make_queue, clock):

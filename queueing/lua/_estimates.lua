@@ -141,14 +141,39 @@ end
 local GL_U = {0.0694318442, 0.3300094782, 0.6699905218, 0.9305681558}
 local GL_W = {0.1739274226, 0.3260725774, 0.3260725774, 0.1739274226}
 
-local function hazard_stay(p, st, now, own_s)
+-- How long those ahead have waited, by their place: the tick's look at the line notes the wait of each
+-- ticket it looks at ('lj': "<tick ms> rank wait rank wait ..."), and between two of them, or the last and
+-- this visitor, the wait goes linearly. Without it (no look yet), linearly from the head to this visitor.
+-- Seen in the simulator: a burst joining behind what is left of an earlier one was told 0.73 of its waits,
+-- the earlier burst's remainder taken to have waited from half a minute down to nothing, and to walk away
+-- at the rates of the first seconds, when all of it had waited half a minute and would stay.
+local function waits_ahead(st, now, head_s, own_s, ahead)
+  local pts = {0, head_s}
+  local v, since = {}, 0
+  for x in string.gmatch(st.lj or '', '%S+') do v[#v + 1] = tonumber(x) or 0 end
+  if #v >= 3 then since = math.max(0, now - v[1]) / 1000 end
+  for i = 2, #v - 1, 2 do
+    if v[i] > 0 and v[i] < ahead then pts[#pts + 1], pts[#pts + 2] = v[i], v[i + 1] + since end
+  end
+  pts[#pts + 1], pts[#pts + 2] = ahead, own_s
+  return function(u)  -- the wait of the one at a share u of the way from the head to this visitor
+    local x, j = u * ahead, 3
+    while j < #pts - 1 and pts[j] < x do j = j + 2 end
+    local r0, a0, r1, a1 = pts[j - 2], pts[j - 1], pts[j], pts[j + 1]
+    if r1 <= r0 then return a1 end
+    return a0 + (a1 - a0) * (x - r0) / (r1 - r0)
+  end
+end
+
+local function hazard_stay(p, st, now, own_s, ahead)
   local H = hazard_curve(st)
   if H == nil then return nil end
   local head_s = math.max(own_s, (now - (tonumber(st.head_js) or now)) / 1000)
+  local wait_at = waits_ahead(st, now, head_s, own_s, ahead)
   local ages, base = {}, {}
   local lag = presence_lag(p)
   for i = 1, 4 do
-    ages[i] = head_s - (head_s - own_s) * GL_U[i]
+    ages[i] = wait_at(GL_U[i])
     base[i] = H(math.max(0, ages[i] - lag))
   end
   return function(t)
@@ -425,7 +450,7 @@ local function estimate_wait(p, st, ahead, now, used, level, own_s)
   end
   local t = drained(present + 1)
   if t == nil then return -1 end
-  local stay = present > 0 and hazard_stay(p, st, now, math.max(0, own_s or 0)) or nil
+  local stay = present > 0 and hazard_stay(p, st, now, math.max(0, own_s or 0), ahead) or nil
   local cutting, cutting_slow = priority_ahead_rate(p, st, ahead, level or 0, now)
   if stay ~= nil or cutting > 0 or cutting_slow > 0 then
     local cap = 2 * (present + 1)
@@ -616,7 +641,7 @@ local SILENT_SAMPLES = 24
 local LINE_KEPT, LINE_FADED = 0.9, 0.01
 local function silent_look(p, st, now, h)  -- h: the head's sums as the tick left them; saved here
   local n = line_count()
-  local seen, silent, head_js = 0, 0, now
+  local seen, silent, head_js, waits = 0, 0, now, {}
   local hl, any = hazard_line(st.hzl), false
   for i = 1, #hl do hl[i] = hl[i] * LINE_KEPT end
   if #hl == 0 then for i = 1, 2 * HAZARD_NB do hl[i] = 0 end end
@@ -634,6 +659,7 @@ local function silent_look(p, st, now, h)  -- h: the head's sums as the tick lef
       if rec and rec[R_STATUS] == WAITING then
         seen = seen + 1
         local joined_s = rec[R_JOINED] / 1000
+        waits[#waits + 1] = rank .. ' ' .. string.format('%.1f', math.max(0, now / 1000 - joined_s))
         if rec[R_SEEN] < present_since then  -- walked away after its wait to its last sighting
           silent = silent + 1
           sums_note(hl, 1, rec[R_SEEN] - joined_s)
@@ -646,7 +672,8 @@ local function silent_look(p, st, now, h)  -- h: the head's sums as the tick lef
   for i = 1, #hl do any = any or hl[i] > LINE_FADED end
   local share = seen > 0 and silent / seen or 0
   local old = tonumber(st.silent) or share
-  redis.call('HSET', K_ST, 'silent', fmt(old * 0.5 + share * 0.5), 'head_js', head_js)
+  redis.call('HSET', K_ST, 'silent', fmt(old * 0.5 + share * 0.5), 'head_js', head_js,
+    'lj', fmt(now) .. (#waits > 0 and ' ' or '') .. table.concat(waits, ' '))
   if any then
     redis.call('HSET', K_ST, 'hzl', fmt_all(hl))
   else
