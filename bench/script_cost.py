@@ -153,11 +153,22 @@ def measure(tickets: int, calls: int, rounds: int = 3) -> dict[str, Any]:
     now_ms = int(time.time() * 1000)
     # walking away by time waited (a rate per band, lua/_estimates.lua HAZARD_BANDS); the head's join
     learnt = ("0.05 0.02 0.01 0.005 0.002 0.002 0.002 0.002", now_ms - 60_000)
+    # the tick's look at the line: 12 places, their waits (a silent one's negative), as silent_look writes it
+    look = [now_ms, tickets]
+    for k in range(12):
+        look += [k * tickets // 12, round((-1 if k % 5 == 4 else 1) * (60 - k * 5), 1)]
     client.hset(
-        keys.st, mapping={"thetas": learnt[0], "head_js": learnt[1], "silent": "0.1", "pri": f"0.05 0.1 0 {now_ms}"}
+        keys.st,
+        mapping={
+            "thetas": learnt[0],
+            "head_js": learnt[1],
+            "silent": "0.1",
+            "pri": f"0.05 0.1 0 {now_ms} 0.04 0.08 0 {now_ms - 120_000}",
+            "lj": json.dumps(look),
+        },
     )
     results["status alone, open: an estimate with walk-aways and priority joiners"] = per_call("status", poll(""))
-    client.hdel(keys.st, "thetas", "pri")
+    client.hdel(keys.st, "thetas", "pri", "lj")
     results["status alone, open: an estimate with neither"] = per_call("status", poll(""))
     return results
 

@@ -6,6 +6,8 @@ tests/e2e/test_estimates.py and bench/estimate_sim.py."""
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 
 import pytest
@@ -63,13 +65,15 @@ def told(
     cutting_slow: float | None = None,
     lag: float = 0.0,
     waits: list[tuple[float, float]] | None = None,
+    present: float | None = None,
 ) -> int:
     """lua/_estimates.lua estimate_wait, for a queue the outflow alone bounds: the t at which the admissions
     allowed by then (tokens + r_out t) reach those ahead still there when reached, and itself. Those ahead
     have waited from head_s (the head) down to own_s (this visitor), and walk away at their band's rate;
     those who look present are known to have been there only lag seconds ago (presence_lag); `waits`, the
     tick's look at the line (line_waits): the waits at its places, linear between them."""
-    present = ahead * (1 - min(0.9, silent))
+    if present is None:  # (present_ahead: a queue the tick has looked at)
+        present = ahead * (1 - min(0.9, silent))
 
     def drained(n: float) -> float:
         return max(0.0, (n - tokens) / r_out)
@@ -95,7 +99,7 @@ def told(
         if not rates or not any(rates) or present <= 0:
             return 1.0
         points = zip(ages, GL_U, GL_W, strict=True)
-        return sum(w * math.exp(hazard(max(0.0, a - lag)) - hazard(a + t * u)) for a, u, w in points)
+        return sum(w * math.exp(hazard(max(0.0, a - lag)) - hazard(max(0.0, a - lag + t * u))) for a, u, w in points)
 
     def cutters(t: float) -> float:  # priority joiners ahead by t: the rate now falling to the sale's over 30 s
         slow = cutting if cutting_slow is None else cutting_slow
@@ -119,11 +123,26 @@ def told(
     return math.ceil(t + 0.5)
 
 
-def line_waits(slug: str, now: float) -> list[tuple[float, float]]:
-    """The tick's look at the line ('lj'): (place, seconds waited by `now`) of the tickets it looked at."""
-    tick_ms, *pairs = (float(x) for x in store.snapshot(slug).stats["lj"].split())
+def line_look(slug: str, now: float) -> tuple[int, list[tuple[float, float, bool]]]:
+    """The tick's look at the line ('lj'): the line's length then, and (place, seconds waited by `now`,
+    found silent) of each ticket it looked at."""
+    tick_ms, n, *pairs = (float(x) for x in json.loads(store.snapshot(slug).stats["lj"]))
     since = max(0.0, now * 1000 - tick_ms) / 1000
-    return [(pairs[i], pairs[i + 1] + since) for i in range(0, len(pairs), 2)]
+    return int(n), [(pairs[i], abs(pairs[i + 1]) + since, pairs[i + 1] < 0) for i in range(0, len(pairs), 2)]
+
+
+def line_waits(slug: str, now: float) -> list[tuple[float, float]]:
+    return [(rank, wait) for rank, wait, _ in line_look(slug, now)[1]]
+
+
+def present_ahead(slug: str, now: float, ahead: int) -> float:
+    """lua/_estimates.lua present_ahead: of the places the look saw ahead, those not found silent (leaning
+    on the line's smoothed share as four looks would); those who joined since it all count."""
+    n, seen = line_look(slug, now)
+    ahead_seen = [silent for rank, _, silent in seen if rank < ahead]
+    share = min(0.9, (sum(ahead_seen) + 4 * min(0.9, stat(slug, "silent"))) / (len(ahead_seen) + 4))
+    covered = min(ahead, n)
+    return covered * (1 - share) + (ahead - covered)
 
 
 def presence_lag(queue) -> float:
@@ -196,7 +215,7 @@ def test_those_who_have_waited_past_the_time_people_walk_away_are_counted_as_sta
     ahead, rates = newcomer.rank or 0, rates_of(slug)  # (the tick admitted some of them: their waits count)
     lag = presence_lag(queue)
     waits = line_waits(slug, t1)
-    assert len(waits) == 24 and all(abs(wait - 60) < 0.1 for _, wait in waits)  # each it looked at joined a minute ago
+    assert len(waits) == 12 and all(abs(wait - 60) < 0.1 for _, wait in waits)  # each it looked at joined a minute ago
     assert newcomer.est_wait_s == told(
         ahead, r_out=1, silent=stat(slug, "silent"), rates=rates, head_s=60, lag=lag, waits=waits
     )
@@ -233,9 +252,77 @@ def test_the_waits_ahead_are_taken_from_the_line_not_drawn_straight_from_the_hea
     newcomer = join(slug, "newcomer", now=t1)
     ahead, rates, lag = newcomer.rank or 0, rates_of(slug), presence_lag(queue)
     assert ahead >= 60  # (the tick admitted a few)
-    common = dict(r_out=1, silent=stat(slug, "silent"), rates=rates, head_s=60, lag=lag)
-    assert newcomer.est_wait_s == told(ahead, **common, waits=waits)
-    assert told(ahead, **common) - newcomer.est_wait_s >= 2  # the straight line took the young for older
+    said = functools.partial(told, ahead, r_out=1, silent=stat(slug, "silent"), rates=rates, head_s=60, lag=lag)
+    assert newcomer.est_wait_s == said(waits=waits)
+    assert said() - newcomer.est_wait_s >= 2  # the straight line took the young for older
+
+
+def test_the_silent_share_is_of_those_ahead_and_a_burst_just_come_is_all_there(make_queue, clock):
+    """Issue 18's half-walk-away sale: the back of a burst was told the silent share of the line as the
+    tick last saw it, before the burst joined (0.38), when a third of those ahead were of its own burst and
+    could not have gone silent yet; three seconds on it was told 7 s more. Now the share is of the places
+    the look saw ahead of the visitor, and those who joined since the look all count."""
+    queue = make_queue(capacity=1000, outflow_per_minute=60, burst=1, presence_timeout=5, abandon_timeout=3600)
+    slug, t1 = queue.slug, clock.now + 100
+    old = [join(slug, f"o{i}", now=t1 - 60) for i in range(41)][1:]  # the first takes the bucket's token
+    for ticket in old[:20]:  # the front half has stayed; the back half went silent a minute ago
+        status_reply(slug, ticket, now=t1)
+    tick(slug, t1)
+    silent = stat(slug, "silent")
+    assert 0.3 < silent < 0.7
+    for i in range(30):  # a burst, since the look
+        join(slug, f"y{i}", now=t1 + 0.5)
+    newcomer = join(slug, "newcomer", now=t1 + 0.5)
+    ahead = newcomer.rank or 0
+    assert ahead >= 60
+    present = present_ahead(slug, t1 + 0.5, ahead)
+    assert present > 29 + 0.4 * 10
+    said = functools.partial(told, ahead, r_out=1, rates=rates_of(slug), head_s=60.5, lag=presence_lag(queue))
+    assert newcomer.est_wait_s == said(waits=line_waits(slug, t1 + 0.5), present=present)
+    assert newcomer.est_wait_s >= said(silent=silent) + 10  # the line's share for them all
+
+
+def test_a_look_at_the_line_that_cannot_be_read_is_no_look(make_queue, clock):
+    """A poll reads the tick's look at the line ('lj'); one it cannot read (not JSON, the wrong shape, an
+    odd count) is as if there were none: the line's share and a straight line of waits, never an error."""
+    queue = make_queue(capacity=1000, outflow_per_minute=60, burst=1, presence_timeout=5)
+    slug, t1 = queue.slug, clock.now
+    tickets = [join(slug, f"o{i}", now=t1) for i in range(21)][1:]
+    store.client().hset(store.queue_keys(slug).st, "silent", "0.5")
+    store.client().hdel(store.queue_keys(slug).st, "lj")
+    none = status(slug, tickets[-1], now=t1 + 1).est_wait_s
+    assert none == math.ceil((19 * 0.5 + 1 - 1) / 1 + 0.5)  # half of 19 ahead, itself; a token in the bucket
+    for bad in ("nonsense", "[1]", '{"a": 1}', "[1, 2, 3]", '[1, 2, "x", 4]', "[]"):
+        store.client().hset(store.queue_keys(slug).st, "lj", bad)
+        assert status(slug, tickets[-1], now=t1 + 1).est_wait_s == none, bad
+
+
+def test_one_who_walks_away_within_a_presence_timeout_of_its_turn_is_admitted_all_the_same(make_queue, clock):
+    """Issue 18's three-burst sale: of those who walked away, most did so less than a presence timeout
+    before the head reached them, so they did not look gone yet and were admitted (an admission, and a
+    slot until the claim lapsed); the estimate counted each walk as a place given up at no cost and told
+    the bursts 0.86 of their waits. Now a walk counts only if it came a presence lag before the head gets
+    there: twenty who have just joined, reached within twenty seconds, all take their admission though
+    a third of people walk away in their first seconds."""
+    queue = make_queue(
+        capacity=1000, outflow_per_minute=60, burst=1, presence_timeout=30, abandon_timeout=3600, claim_ttl=600
+    )
+    slug, t0 = queue.slug, clock.now
+    teachers = [join(slug, f"t{i}", now=t0) for i in range(61)][1:]  # a third walk away after 2 s
+    for second in range(1, 121):
+        for index, ticket in enumerate(teachers):
+            if index % 3 != 0 or second <= 2:
+                status_reply(slug, ticket, now=t0 + second)
+        tick(slug, t0 + second)
+    rates = rates_of(slug)
+    assert rates[0] > 0.01  # the record: walking away in the first ten seconds
+    t1 = t0 + 300
+    assert line_look(slug, t1) == (0, [])  # the line is empty
+    ahead_of = [join(slug, f"n{i}", now=t1) for i in range(20)]
+    newcomer = join(slug, "newcomer", now=t1)
+    ahead, lag = newcomer.rank or 0, presence_lag(queue)
+    assert 10 <= ahead < len(ahead_of) and lag >= ahead  # (the bucket admitted some at once) each reached in the lag
+    assert newcomer.est_wait_s == told(ahead, r_out=1, rates=rates, lag=lag) == told(ahead, r_out=1)
 
 
 def test_walking_away_in_the_line_is_learnt_before_the_head_reaches_it(make_queue, clock):

@@ -141,44 +141,91 @@ end
 local GL_U = {0.0694318442, 0.3300094782, 0.6699905218, 0.9305681558}
 local GL_W = {0.1739274226, 0.3260725774, 0.3260725774, 0.1739274226}
 
--- How long those ahead have waited, by their place: the tick's look at the line notes the wait of each
--- ticket it looks at ('lj': "<tick ms> rank wait rank wait ..."), and between two of them, or the last and
--- this visitor, the wait goes linearly. Without it (no look yet), linearly from the head to this visitor.
+-- The tick's look at the line (silent_look), as polls read it: 'lj' is a JSON array [tick ms, line length,
+-- rank, wait, rank, wait, ...] of every other ticket it looked at (12), a silent one's wait negative
+-- (JSON: cjson parses it in C, where gmatch took four times as long). nil before the first look.
+local function line_look(st, now)
+  local v = cjson.decode(st.lj)
+  if type(v) ~= 'table' or #v < 2 or #v % 2 ~= 0 then return nil end
+  return {v = v, since = math.max(0, now - v[1]) / 1000}
+end
+
+-- How long the ones at the shares GL_U of the way from the head to this visitor have waited (one pass over
+-- the look): the waits the look found, linear between two of them, or the last and this visitor; without a
+-- look, linearly from the head to this visitor.
 -- Seen in the simulator: a burst joining behind what is left of an earlier one was told 0.73 of its waits,
 -- the earlier burst's remainder taken to have waited from half a minute down to nothing, and to walk away
 -- at the rates of the first seconds, when all of it had waited half a minute and would stay.
-local function waits_ahead(st, now, head_s, own_s, ahead)
-  local pts = {0, head_s}
-  local v, since = {}, 0
-  for x in string.gmatch(st.lj or '', '%S+') do v[#v + 1] = tonumber(x) or 0 end
-  if #v >= 3 then since = math.max(0, now - v[1]) / 1000 end
-  for i = 2, #v - 1, 2 do
-    if v[i] > 0 and v[i] < ahead then pts[#pts + 1], pts[#pts + 2] = v[i], v[i + 1] + since end
+local function waits_at_nodes(look, head_s, own_s, ahead)
+  local ages, k, r0, a0 = {}, 1, 0, head_s
+  local function fill(r, a)  -- the nodes up to place r, between (r0, a0) and (r, a)
+    while k <= 4 and GL_U[k] * ahead <= r do
+      ages[k] = r > r0 and a0 + (a - a0) * (GL_U[k] * ahead - r0) / (r - r0) or a
+      k = k + 1
+    end
+    r0, a0 = r, a
   end
-  pts[#pts + 1], pts[#pts + 2] = ahead, own_s
-  return function(u)  -- the wait of the one at a share u of the way from the head to this visitor
-    local x, j = u * ahead, 3
-    while j < #pts - 1 and pts[j] < x do j = j + 2 end
-    local r0, a0, r1, a1 = pts[j - 2], pts[j - 1], pts[j], pts[j + 1]
-    if r1 <= r0 then return a1 end
-    return a0 + (a1 - a0) * (x - r0) / (r1 - r0)
+  if look then
+    local v, since = look.v, look.since
+    for i = 3, #v - 1, 2 do
+      local r = v[i]
+      if r >= ahead or k > 4 then break end
+      if r > 0 then fill(r, math.abs(v[i + 1]) + since) end
+    end
   end
+  fill(math.max(ahead, r0), own_s)
+  return ages
 end
 
-local function hazard_stay(p, st, now, own_s, ahead)
+-- Those ahead who have not gone silent: of the places the look saw, the share it found silent among those
+-- ahead of this visitor (leaning on the line's smoothed share, st.silent, as SILENT_LEAN looks would);
+-- those who joined since the look (past its line's length) all count: none can be silent yet. Seen in the
+-- simulator: the back of a burst was told the share of the line before it joined, 0.38 silent, where a
+-- third of those ahead were of its own burst; three seconds on, it was told 7 s more.
+local SILENT_LEAN = 4
+local function present_ahead(st, look, ahead, s)
+  if look == nil then return ahead * (1 - s) end
+  local v, seen, silent = look.v, 0, 0
+  for i = 3, #v - 1, 2 do
+    if v[i] >= ahead then break end
+    seen = seen + 1
+    if v[i + 1] < 0 then silent = silent + 1 end
+  end
+  local covered = math.min(ahead, v[2])
+  local share = math.min(0.9, (silent + SILENT_LEAN * s) / (seen + SILENT_LEAN))
+  return covered * (1 - share) + (ahead - covered)
+end
+
+-- The look and those ahead who are present, read at once: a look that cannot be read (not the tick's
+-- JSON; its places and waits read as they are used, which these are the first to do) is as if there
+-- were none.
+local function look_and_present(st, now, ahead, s)
+  local look = line_look(st, now)
+  return look, present_ahead(st, look, ahead, s)
+end
+
+local function present_read(st, now, ahead)
+  ahead = math.max(0, ahead)
+  local s = math.min(0.9, num(st, 'silent', 0))
+  if st.lj then
+    local ok, look, present = pcall(look_and_present, st, now, ahead, s)
+    if ok then return present, look end
+  end
+  return ahead * (1 - s), nil
+end
+
+local function hazard_stay(p, st, now, own_s, ahead, look)
   local H = hazard_curve(st)
   if H == nil then return nil end
   local head_s = math.max(own_s, (now - (tonumber(st.head_js) or now)) / 1000)
-  local wait_at = waits_ahead(st, now, head_s, own_s, ahead)
-  local ages, base = {}, {}
+  local ages, base = waits_at_nodes(look, head_s, own_s, ahead), {}
   local lag = presence_lag(p)
-  for i = 1, 4 do
-    ages[i] = wait_at(GL_U[i])
-    base[i] = H(math.max(0, ages[i] - lag))
-  end
+  for i = 1, 4 do base[i] = H(math.max(0, ages[i] - lag)) end
   return function(t)
     local stay = 0
-    for i = 1, 4 do stay = stay + GL_W[i] * math.exp(base[i] - H(ages[i] + t * GL_U[i])) end
+    for i = 1, 4 do  -- skipped only if gone a lag before the head reaches it: else admitted all the same
+      stay = stay + GL_W[i] * math.exp(base[i] - H(math.max(0, ages[i] - lag + t * GL_U[i])))
+    end
     return stay
   end
 end
@@ -425,7 +472,7 @@ local function estimate_wait(p, st, ahead, now, used, level, own_s)
   local until_start = math.max(0, p.starts_at_ms - now) / 1000
   local r_out = p.outflow / 60
   if r_out <= 0 then return -1 end
-  local present = math.max(0, ahead) * (1 - math.min(0.9, num(st, 'silent', 0)))
+  local present, look = present_read(st, now, ahead)
   local tokens = math.max(0, whole_tokens((bucket_tokens(p, st, math.max(now, p.starts_at_ms)))))
   local free = math.max(0, capacity_now(p, st, now) - (used or used_slots(p, st)))
   local r_cap = nil
@@ -450,7 +497,7 @@ local function estimate_wait(p, st, ahead, now, used, level, own_s)
   end
   local t = drained(present + 1)
   if t == nil then return -1 end
-  local stay = present > 0 and hazard_stay(p, st, now, math.max(0, own_s or 0), ahead) or nil
+  local stay = present > 0 and hazard_stay(p, st, now, math.max(0, own_s or 0), ahead, look) or nil
   local cutting, cutting_slow = priority_ahead_rate(p, st, ahead, level or 0, now)
   if stay ~= nil or cutting > 0 or cutting_slow > 0 then
     local cap = 2 * (present + 1)
@@ -637,7 +684,7 @@ end
 -- away after its wait to its last sighting; any other stayed at least until a presence timeout ago (a walk
 -- since would not show yet). The sums fade by LINE_KEPT a look, and are dropped once faded below
 -- LINE_FADED (the line has been empty a while): they speak for the line as it is now.
-local SILENT_SAMPLES = 24
+local SILENT_SAMPLES, LOOK_EVERY = 24, 2
 local LINE_KEPT, LINE_FADED = 0.9, 0.01
 local function silent_look(p, st, now, h)  -- h: the head's sums as the tick left them; saved here
   local n = line_count()
@@ -659,7 +706,10 @@ local function silent_look(p, st, now, h)  -- h: the head's sums as the tick lef
       if rec and rec[R_STATUS] == WAITING then
         seen = seen + 1
         local joined_s = rec[R_JOINED] / 1000
-        waits[#waits + 1] = rank .. ' ' .. string.format('%.1f', math.max(0, now / 1000 - joined_s))
+        if i % LOOK_EVERY == 0 then  -- what polls read of it: every other place (a poll parses them)
+          local wait = math.floor(math.max(1, now / 100 - joined_s * 10) + 0.5) / 10  -- 0.1 s, never 0
+          waits[#waits + 1], waits[#waits + 2] = rank, rec[R_SEEN] < present_since and -wait or wait
+        end
         if rec[R_SEEN] < present_since then  -- walked away after its wait to its last sighting
           silent = silent + 1
           sums_note(hl, 1, rec[R_SEEN] - joined_s)
@@ -673,7 +723,7 @@ local function silent_look(p, st, now, h)  -- h: the head's sums as the tick lef
   local share = seen > 0 and silent / seen or 0
   local old = tonumber(st.silent) or share
   redis.call('HSET', K_ST, 'silent', fmt(old * 0.5 + share * 0.5), 'head_js', head_js,
-    'lj', fmt(now) .. (#waits > 0 and ' ' or '') .. table.concat(waits, ' '))
+    'lj', '[' .. fmt(now) .. ',' .. n .. (#waits > 0 and ',' or '') .. table.concat(waits, ',') .. ']')
   if any then
     redis.call('HSET', K_ST, 'hzl', fmt_all(hl))
   else
