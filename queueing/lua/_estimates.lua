@@ -141,15 +141,6 @@ end
 local GL_U = {0.0694318442, 0.3300094782, 0.6699905218, 0.9305681558}
 local GL_W = {0.1739274226, 0.3260725774, 0.3260725774, 0.1739274226}
 
--- The tick's look at the line (silent_look), as polls read it: 'lj' is a JSON array [tick ms, line length,
--- rank, wait, rank, wait, ...] of every other ticket it looked at (12), a silent one's wait negative
--- (JSON: cjson parses it in C, where gmatch took four times as long). nil before the first look.
-local function line_look(st, now)
-  local v = cjson.decode(st.lj)
-  if type(v) ~= 'table' or #v < 2 or #v % 2 ~= 0 then return nil end
-  return {v = v, since = math.max(0, now - v[1]) / 1000}
-end
-
 -- How long the ones at the shares GL_U of the way from the head to this visitor have waited (one pass over
 -- the look): the waits the look found, linear between two of them, or the last and this visitor; without a
 -- look, linearly from the head to this visitor.
@@ -177,38 +168,37 @@ local function waits_at_nodes(look, head_s, own_s, ahead)
   return ages
 end
 
--- Those ahead who have not gone silent: of the places the look saw, the share it found silent among those
--- ahead of this visitor (leaning on the line's smoothed share, st.silent, as SILENT_LEAN looks would);
--- those who joined since the look (past its line's length) all count: none can be silent yet. Seen in the
--- simulator: the back of a burst was told the share of the line before it joined, 0.38 silent, where a
--- third of those ahead were of its own burst; three seconds on, it was told 7 s more.
-local SILENT_LEAN = 4
-local function present_ahead(st, look, ahead, s)
-  if look == nil then return ahead * (1 - s) end
-  local v, seen, silent = look.v, 0, 0
+-- The tick's look at the line (silent_look), as polls read it: 'lj' is a JSON array [tick ms, line length,
+-- rank, wait, rank, wait, ...] of every other ticket it looked at (12), a silent one's wait negative
+-- (JSON: cjson parses it in C, where gmatch took four times as long). Read with those ahead who have not
+-- gone silent: of the places the look saw, the share it found silent among those ahead of this visitor
+-- (leaning on the line's smoothed share, st.silent, as four looks would); those who joined since the look
+-- (past its line's length) all count: none can be silent yet. Seen in the simulator: the back of a burst
+-- was told the share of the line before it joined, 0.38 silent, where a third of those ahead were of its
+-- own burst; three seconds on, it was told 7 s more. Returns the look ({v, since}, or nil: none yet) and
+-- those present; raises on a look that is not the tick's (a number of 1e13 or more, NaN, places out of
+-- order, anything but numbers), and waits_at_nodes reads no place this has not checked.
+local function line_look(st, now, ahead, s)
+  local v = cjson.decode(st.lj)
+  if type(v) ~= 'table' or #v < 2 or #v % 2 ~= 0 then return nil, ahead * (1 - s) end
+  local max, seen, silent, before = 1e13, 0, 0, -1
+  if not (math.abs(v[1]) < max and math.abs(v[2]) < max) then return nil, ahead * (1 - s) end
   for i = 3, #v - 1, 2 do
+    if not (v[i] > before and math.abs(v[i + 1]) < max) then error('not a look') end
     if v[i] >= ahead then break end
-    seen = seen + 1
+    seen, before = seen + 1, v[i]
     if v[i + 1] < 0 then silent = silent + 1 end
   end
   local covered = math.min(ahead, v[2])
-  local share = math.min(0.9, (silent + SILENT_LEAN * s) / (seen + SILENT_LEAN))
-  return covered * (1 - share) + (ahead - covered)
+  local share = math.min(0.9, (silent + 4 * s) / (seen + 4))
+  return {v = v, since = math.max(0, now - v[1]) / 1000}, covered * (1 - share) + (ahead - covered)
 end
 
--- The look and those ahead who are present, read at once: a look that cannot be read (not the tick's
--- JSON; its places and waits read as they are used, which these are the first to do) is as if there
--- were none.
-local function look_and_present(st, now, ahead, s)
-  local look = line_look(st, now)
-  return look, present_ahead(st, look, ahead, s)
-end
-
-local function present_read(st, now, ahead)
+local function present_read(st, now, ahead, drawn)
   ahead = math.max(0, ahead)
   local s = math.min(0.9, num(st, 'silent', 0))
-  if st.lj then
-    local ok, look, present = pcall(look_and_present, st, now, ahead, s)
+  if st.lj and drawn then
+    local ok, look, present = pcall(line_look, st, now, ahead, s)
     if ok then return present, look end
   end
   return ahead * (1 - s), nil
@@ -223,9 +213,7 @@ local function hazard_stay(p, st, now, own_s, ahead, look)
   for i = 1, 4 do base[i] = H(math.max(0, ages[i] - lag)) end
   return function(t)
     local stay = 0
-    for i = 1, 4 do  -- skipped only if gone a lag before the head reaches it: else admitted all the same
-      stay = stay + GL_W[i] * math.exp(base[i] - H(math.max(0, ages[i] - lag + t * GL_U[i])))
-    end
+    for i = 1, 4 do stay = stay + GL_W[i] * math.exp(base[i] - H(ages[i] + t * GL_U[i])) end
     return stay
   end
 end
@@ -472,7 +460,8 @@ local function estimate_wait(p, st, ahead, now, used, level, own_s)
   local until_start = math.max(0, p.starts_at_ms - now) / 1000
   local r_out = p.outflow / 60
   if r_out <= 0 then return -1 end
-  local present, look = present_read(st, now, ahead)
+  -- (before a shuffled start's draw those ahead will be any of the line, not the look's first places)
+  local present, look = present_read(st, now, ahead, not (p.shuffle_pending and now < p.starts_at_ms))
   local tokens = math.max(0, whole_tokens((bucket_tokens(p, st, math.max(now, p.starts_at_ms)))))
   local free = math.max(0, capacity_now(p, st, now) - (used or used_slots(p, st)))
   local r_cap = nil
@@ -684,7 +673,7 @@ end
 -- away after its wait to its last sighting; any other stayed at least until a presence timeout ago (a walk
 -- since would not show yet). The sums fade by LINE_KEPT a look, and are dropped once faded below
 -- LINE_FADED (the line has been empty a while): they speak for the line as it is now.
-local SILENT_SAMPLES, LOOK_EVERY = 24, 2
+local SILENT_SAMPLES = 24
 local LINE_KEPT, LINE_FADED = 0.9, 0.01
 local function silent_look(p, st, now, h)  -- h: the head's sums as the tick left them; saved here
   local n = line_count()
@@ -706,7 +695,7 @@ local function silent_look(p, st, now, h)  -- h: the head's sums as the tick lef
       if rec and rec[R_STATUS] == WAITING then
         seen = seen + 1
         local joined_s = rec[R_JOINED] / 1000
-        if i % LOOK_EVERY == 0 then  -- what polls read of it: every other place (a poll parses them)
+        if i % 2 == 0 then  -- what polls read of it (line_look): every other place (a poll parses them)
           local wait = math.floor(math.max(1, now / 100 - joined_s * 10) + 0.5) / 10  -- 0.1 s, never 0
           waits[#waits + 1], waits[#waits + 2] = rank, rec[R_SEEN] < present_since and -wait or wait
         end
