@@ -134,8 +134,8 @@ local function presence_lag(p)
 end
 
 -- Of those ahead, the head reaches each in turn over the next t seconds: the one at a share u of the way
--- from the head to this visitor is reached at u t, and has waited (linearly from the head's wait to this
--- visitor's own) A - (A - own) u, and was last known to be there presence_lag(p) ago. stay(t) is the
+-- from the head to this visitor is reached at u t, and has waited what the tick's look found at that
+-- place (waits_at_nodes), and was last known to be there presence_lag(p) ago. stay(t) is the
 -- share still there when reached, e^-(H(age + u t) - H(age - lag)) (4-point Gauss-Legendre over u: H has
 -- few kinks, and the nodes cost four H a step of the bisection).
 local GL_U = {0.0694318442, 0.3300094782, 0.6699905218, 0.9305681558}
@@ -175,14 +175,16 @@ end
 -- (leaning on the line's smoothed share, st.silent, as four looks would); those who joined since the look
 -- (past its line's length) all count: none can be silent yet. Seen in the simulator: the back of a burst
 -- was told the share of the line before it joined, 0.38 silent, where a third of those ahead were of its
--- own burst; three seconds on, it was told 7 s more. Returns the look ({v, since}, or nil: none yet) and
--- those present; raises on a look that is not the tick's (a number of 1e13 or more, NaN, places out of
--- order, anything but numbers), and waits_at_nodes reads no place this has not checked.
+-- own burst; three seconds on, it was told 7 s more. Returns the look ({v, since}) and those present;
+-- raises on a look that is not the tick's (a number of 1e13 or more, NaN, places out of
+-- order, anything but numbers, not an array of pairs), and waits_at_nodes reads no place this has not
+-- checked; present_read takes a look that raises as none.
 local function line_look(st, now, ahead, s)
   local v = cjson.decode(st.lj)
-  if type(v) ~= 'table' or #v < 2 or #v % 2 ~= 0 then return nil, ahead * (1 - s) end
   local max, seen, silent, before = 1e13, 0, 0, -1
-  if not (math.abs(v[1]) < max and math.abs(v[2]) < max) then return nil, ahead * (1 - s) end
+  if type(v) ~= 'table' or #v < 2 or #v % 2 ~= 0 or not (math.abs(v[1]) < max and math.abs(v[2]) < max) then
+    error('not a look')
+  end
   for i = 3, #v - 1, 2 do
     if not (v[i] > before and math.abs(v[i + 1]) < max) then error('not a look') end
     if v[i] >= ahead then break end
@@ -221,7 +223,7 @@ end
 -- Estimated seconds until a visitor with `ahead` tickets in front (of priority `level`, waiting for
 -- own_s seconds so far) is admitted, or -1 when unknown (paused or closed). The line drains from its head,
 -- where each visitor reached is admitted or, gone (stopped polling: parked; or left), skipped at no cost.
--- Of the `ahead`, the share found silent in the line already (st.silent) are gone; each of the others may
+-- Of the `ahead`, the share found silent in the line already (present_read) are gone; each of the others may
 -- still walk away while it waits, at the rate of its time waited (hazard_stay), so of those the head
 -- reaches over the next t seconds stay(t) are still there: n admissions, this visitor's included. By a
 -- time t from now at most B + r_out * t are admitted (the bucket's tokens B, the outflow in force r_out
