@@ -153,10 +153,11 @@ def measure(tickets: int, calls: int, rounds: int = 3) -> dict[str, Any]:
     now_ms = int(time.time() * 1000)
     # walking away by time waited (a rate per band, lua/_estimates.lua HAZARD_BANDS); the head's join
     learnt = ("0.05 0.02 0.01 0.005 0.002 0.002 0.002 0.002", now_ms - 60_000)
-    # the tick's look at the line: 12 places, their waits (a silent one's negative), as silent_look writes it
+    # the tick's look at the line, as silent_look writes it: 12 places of the 48 it looked at, each with its
+    # wait, the tickets looked at up to it and how many of those were found silent (one in five)
     look = [now_ms, tickets]
     for k in range(12):
-        look += [k * tickets // 12, round((-1 if k % 5 == 4 else 1) * (60 - k * 5), 1)]
+        look += [k * tickets // 12, 60 - k * 5, 4 * (k + 1), (4 * (k + 1)) // 5]
     client.hset(
         keys.st,
         mapping={

@@ -177,7 +177,8 @@ def test_before_the_draw_nobody_has_a_place_and_everyone_is_told_the_same_wait_o
     now_ms = int((t0 + 80) * 1000)
     # A look at the line that found its first places silent: before the draw those ahead of anyone will be
     # any of the line, not its first places, so the estimate does not take them from the look.
-    store.client().hset(store.queue_keys(slug).st, "lj", json.dumps([now_ms, 10, 1, -18, 3, -16, 5, -14, 7, -12]))
+    look = [now_ms, 10, 1, 18, 1, 1, 3, 16, 2, 2, 5, 14, 3, 3, 7, 12, 4, 4]  # (place, wait, looked at, silent)
+    store.client().hset(store.queue_keys(slug).st, "lj", json.dumps(look))
     views = [
         selectors.ticket_view(slug, store.status(slug, visitor_key=_vk(t), seq=t.seq, now_ms=now_ms), now_ms=now_ms)
         for t in prequeue

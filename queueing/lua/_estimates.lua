@@ -158,7 +158,7 @@ local function waits_at_nodes(look, head_s, own_s, ahead)
   end
   if look then
     local v, since = look.v, look.since
-    for i = 3, #v - 1, 2 do
+    for i = 3, #v - 3, 4 do
       local r = v[i]
       if r >= ahead or k > 4 then break end
       if r > 0 then fill(r, math.abs(v[i + 1]) + since) end
@@ -169,27 +169,31 @@ local function waits_at_nodes(look, head_s, own_s, ahead)
 end
 
 -- The tick's look at the line (silent_look), as polls read it: 'lj' is a JSON array [tick ms, line length,
--- rank, wait, rank, wait, ...] of every other ticket it looked at (12), a silent one's wait negative
+-- rank, wait, looked at, silent, ...] of every LOOK_EVERY-th ticket it looked at (12 of 48): its place, its
+-- wait, and how many of the tickets looked at up to it there were and how many of them were found silent
 -- (JSON: cjson parses it in C, where gmatch took four times as long). Read with those ahead who have not
--- gone silent: of the places the look saw, the share it found silent among those ahead of this visitor
--- (leaning on the line's smoothed share, st.silent, as four looks would); those who joined since the look
--- (past its line's length) all count: none can be silent yet. Seen in the simulator: the back of a burst
--- was told the share of the line before it joined, 0.38 silent, where a third of those ahead were of its
--- own burst; three seconds on, it was told 7 s more. Returns the look ({v, since}) and those present;
--- raises on a look that is not the tick's (a number of 1e13 or more, NaN, places out of
--- order, anything but numbers, not an array of pairs), and waits_at_nodes reads no place this has not
+-- gone silent: the share found silent among the tickets looked at ahead of this visitor, up to the last
+-- place ahead (leaning on the line's smoothed share, st.silent, as four looks would); those who joined
+-- since the look (past its line's length) all count: none can be silent yet. Seen in the simulator: the
+-- back of a burst was told the share of the line before it joined, 0.38 silent, where a third of those
+-- ahead were of its own burst; three seconds on, it was told 7 s more. The counts are of 48 tickets, not
+-- of the 12 places a poll reads: a share of 12 moved the estimates of a burst joining at once by a quarter
+-- from one tick to the next. Returns the look ({v, since}) and those present; raises on a look that is
+-- not the tick's (a number of 1e13 or more, NaN, places out of order, counts that fall or more silent than
+-- looked at, anything but numbers, not an array of fours), and waits_at_nodes reads no place this has not
 -- checked; present_read takes a look that raises as none.
 local function line_look(st, now, ahead, s)
   local v = cjson.decode(st.lj)
   local max, seen, silent, before = 1e13, 0, 0, -1
-  if type(v) ~= 'table' or #v < 2 or #v % 2 ~= 0 or not (math.abs(v[1]) < max and math.abs(v[2]) < max) then
+  if type(v) ~= 'table' or #v < 2 or (#v - 2) % 4 ~= 0 or not (v[1] > 0 and v[1] < max and v[2] >= 0 and v[2] < max) then
     error('not a look')
   end
-  for i = 3, #v - 1, 2 do
-    if not (v[i] > before and math.abs(v[i + 1]) < max) then error('not a look') end
+  for i = 3, #v - 3, 4 do
+    local n_seen, n_silent = v[i + 2], v[i + 3]
+    if not (v[i] > before and v[i + 1] > 0 and v[i + 1] < max and n_seen >= seen and n_seen < max
+      and n_silent >= silent and n_silent <= n_seen) then error('not a look') end
     if v[i] >= ahead then break end
-    seen, before = seen + 1, v[i]
-    if v[i + 1] < 0 then silent = silent + 1 end
+    seen, silent, before = n_seen, n_silent, v[i]
   end
   local covered = math.min(ahead, v[2])
   local share = math.min(0.9, (silent + 4 * s) / (seen + 4))
@@ -348,25 +352,29 @@ local function hold_survival(p, h, x)
   return S, mean
 end
 
+local CLAIM_LATE_S, HEAD_SLOTS = 10, 32
 -- The ages (seconds) of up to HOLD_SAMPLES of the slots held now, spread over them, each standing for
--- weight slots; and the count of slots held.
+-- weight slots; the count of slots held; and how many of the ages (the first) are of admissions unclaimed
+-- for CLAIM_LATE_S (the claims' lowest scores), which polls take to come back at their deadlines.
 local function held_ages(p, now)
   local n_claims = redis.call('ZCARD', K_CLAIMS)
   local held = n_claims + redis.call('ZCARD', K_SESSIONS)
-  local ages, weight = {}, 0
+  local ages, weight, late = {}, 0, 0
   if held > 0 then
     local count = math.min(held, HOLD_SAMPLES)
     local shift = (now % 991) / 991
+    local n_late = n_claims > 0 and redis.call('ZCOUNT', K_CLAIMS, '-inf', now + (p.claim_ttl - CLAIM_LATE_S) * 1000) or 0
     weight = held / count
     for i = 0, count - 1 do
       local rank = math.floor((i + shift) * held / count)
+      if rank < n_late then late = late + 1 end
       local key, ttl = K_CLAIMS, p.claim_ttl
       if rank >= n_claims then key, ttl, rank = K_SESSIONS, p.session_ttl, rank - n_claims end
       local row = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
       if row[2] then ages[#ages + 1] = math.max(0, (now - (tonumber(row[2]) - ttl * 1000)) / 1000) end
     end
   end
-  return ages, weight, held
+  return ages, weight, held, late
 end
 
 -- The admission tick's look at the slots held (once a second, on the leader's tick): adds the time they
@@ -377,7 +385,7 @@ local function returns_look(p, st, now)
     if st.svr or st.svm then redis.call('HDEL', K_ST, 'svr', 'svm') end
     return
   end
-  local ages, weight, held = held_ages(p, now)
+  local ages, weight, held, late = held_ages(p, now)
   local h, x, ts = hold_sums(st.svh, st.svx)
   local since = math.max(0, now - ts) / 1000  -- each slot's seconds since the last look (all, before one)
   if held > 0 then  -- (none held: nothing to add, and every slot held later is seen from its start)
@@ -405,7 +413,7 @@ local function returns_look(p, st, now)
   local first, f = {}, {}  -- first[k]: back by k steps, of those held now; f[k]: a fresh hold's, in step k
   for k = 1, RETURN_POINTS do
     local t, sum = k * step, free * F(k * step)
-    for _, a in ipairs(ages) do sum = sum + weight * gone(a, t) end
+    for i = late + 1, #ages do sum = sum + weight * gone(ages[i], t) end  -- (the late: slots_back)
     first[k] = sum
     f[k] = F(k * step) - F((k - 1) * step)
   end
@@ -422,8 +430,7 @@ end
 
 -- Seconds from now until k slots have come back, by the tick's curve (past its end, at the pace r_cap);
 -- nil when there is none.
-local function returns_after(st, now, k, r_cap)
-  local v = numbers(st.svr, RETURN_POINTS + 2)
+local function returns_after(v, now, k, r_cap)
   if v == nil then return nil end
   local since, step, before = (now - v[1]) / 1000, v[2], 0
   for k_ = 1, RETURN_POINTS do
@@ -437,8 +444,7 @@ local function returns_after(st, now, k, r_cap)
   return math.max(0, RETURN_POINTS * step + (k - before) / r_cap - since)
 end
 
-local CLAIM_LATE_S, HEAD_SLOTS = 10, 32
-local function slots_back(p, now, r_cap)
+local function slots_back(p, now, r_cap, curve)
   local cutoff = now + (p.claim_ttl - CLAIM_LATE_S) * 1000
   local rows = redis.call('ZRANGEBYSCORE', K_CLAIMS, '-inf', cutoff, 'WITHSCORES', 'LIMIT', 0, HEAD_SLOTS)
   if #rows == 0 then return nil end
@@ -446,14 +452,20 @@ local function slots_back(p, now, r_cap)
   for i = 2, #rows, 2 do late[#late + 1] = math.max(0, (tonumber(rows[i]) - now) / 1000) end
   local late_n = #late
   if late_n == HEAD_SLOTS then late_n = redis.call('ZCOUNT', K_CLAIMS, '-inf', cutoff) end
-  local r_other = r_cap * math.max(0, p.capacity - late_n) / p.capacity
-  return function(k)  -- back by t: r_other t, and each late admission at its deadline
+  local share = math.max(0, p.capacity - late_n) / p.capacity
+  local function others(j)  -- seconds until j of the other slots are back: the tick's curve, or the pace
+    if j <= 0 then return 0 end
+    if share <= 0 then return math.huge end
+    return returns_after(curve, now, j, r_cap) or j / (r_cap * share)
+  end
+  return function(k)  -- back by t: the first i late admissions at their deadlines, k - i of the others
+    local best = others(k)
     for i, d in ipairs(late) do
-      if r_other > 0 and r_other * d + (i - 1) >= k then return (k - (i - 1)) / r_other end
-      if r_other * d + i >= k then return d end
+      if d >= best then break end
+      best = math.min(best, math.max(d, others(k - i)))
     end
-    if r_other > 0 then return (k - #late) / r_other end
-    return late[#late] + (k - #late) / r_cap  -- every slot was a late admission: then the site's pace
+    if best == math.huge then return late[#late] + (k - #late) / r_cap end  -- every slot was a late one
+    return best
   end
 end
 
@@ -476,13 +488,16 @@ local function estimate_wait(p, st, ahead, now, used, level, own_s)
     local age_s = math.max(0, now - num(st, 'ema_ts', 0)) / 1000
     r_cap = num(st, 'ema_rate', 0) * math.exp(-age_s / RATE_TAU_S)
   end
-  local back = nil
-  if r_cap ~= nil and r_cap > 0 and present + 1 - free <= HEAD_SLOTS then back = slots_back(p, now, r_cap) end
+  local back, curve = nil, nil
+  if r_cap ~= nil and r_cap > 0 and 2 * (present + 1) > free then
+    curve = numbers(st.svr, RETURN_POINTS + 2)
+    back = slots_back(p, now, r_cap, curve)
+  end
   local function drained(n)  -- seconds until n admissions are allowed; nil: unknown
     local t = (n - tokens) / r_out
     if n > free then  -- this visitor needs a slot that is not free yet: when do slots come back?
       if r_cap == nil or r_cap <= 0 then return nil end  -- no slot has come back yet: nobody can know
-      t = math.max(t, back and back(n - free) or returns_after(st, now, n - free, r_cap) or (n - free) / r_cap)
+      t = math.max(t, back and back(n - free) or returns_after(curve, now, n - free, r_cap) or (n - free) / r_cap)
     end
     return math.max(0, t)
   end
@@ -565,14 +580,21 @@ end
 -- 1/HAZARD_SPAN with every later one), from a prior of HAZARD_PRIOR departures of HAZARD_PRIOR_S seconds
 -- each in which nobody walked away: a new queue learns from its first departures without one walk-away
 -- making everyone a walk-away, and a queue keeps its record across sales. A band with few seconds in it
--- leans on the band before it (the first, on the rate over all bands, theta): (walks + K rate before) /
--- (seconds + K), K = HAZARD_SHRINK_S, so waits longer than any seen yet go on as the longest seen did.
+-- leans on the band before it (the first, on the rate over all bands, theta, by HAZARD_SHRINK_S): (walks +
+-- K rate before) / (seconds + K), so waits longer than any seen yet go on as the longest seen did. K is the
+-- waiting in which HAZARD_LEAN.walks walks would be seen at the rate before (at least HAZARD_SHRINK_S, at
+-- most HAZARD_LEAN.max_s):
+-- a band in which nobody has been seen to walk away yet is not taken as one where nobody does until its
+-- waiting says so. Seen in the simulator's forty-percent sale (walks 3-40 s after joining), 40 s in: the
+-- band of 20-30 s had 118 s of waiting in it and no walk yet (1.5 were to be expected), and a fixed K of
+-- 30 s took its rate as a fifth of the band before; the burst joining then was told 1.17 of its waits.
 -- 'hz' holds the sums ('walks seconds' per band); 'thetas', the bands' rates, is what polls read; 'theta'
 -- is the overall rate. The head learns late: it meets a burst's walk-aways only once it reaches them (in
 -- the simulator's forty-percent sale, 36 s in, the rates were a tenth of the walk-aways' own). So the tick's
 -- look at the line learns too (silent_look, 'hzl': the same sums, fading by LINE_KEPT a look), and the
 -- rates are taken from both.
 local HAZARD_SPAN, HAZARD_PRIOR, HAZARD_PRIOR_S, HAZARD_SHRINK_S = 50, 5, 20, 30
+local HAZARD_LEAN = {walks = 1.5, max_s = 600}
 
 local function band_seconds(b, waited)  -- of a wait of `waited` seconds, those spent in band b
   return math.max(0, math.min(waited, HAZARD_BANDS[b + 1] or waited) - HAZARD_BANDS[b])
@@ -614,12 +636,12 @@ end
 
 -- Adds one wait of `seconds` to sums in hz's form: its seconds to the bands it crossed, its walk (walked 1) to
 -- the band it walked in.
-local function sums_note(hl, walked, seconds)
-  seconds = math.max(0, seconds)
-  for b = 1, HAZARD_NB do hl[2 * b] = hl[2 * b] + band_seconds(b, seconds) end
+local function sums_note(hl, walked, seconds, w)
+  seconds, w = math.max(0, seconds), w or 1
+  for b = 1, HAZARD_NB do hl[2 * b] = hl[2 * b] + w * band_seconds(b, seconds) end
   if walked > 0 then
     local b = band_of(seconds)
-    hl[2 * b - 1] = hl[2 * b - 1] + walked
+    hl[2 * b - 1] = hl[2 * b - 1] + w * walked
   end
 end
 
@@ -646,7 +668,9 @@ local function hazard_save(h, hl)
   local sums, rates, before = {}, {}, theta
   for b = 1, HAZARD_NB do
     sums[2 * b - 1], sums[2 * b] = string.format('%.6g', h[2 * b - 1]), string.format('%.6g', h[2 * b])
-    before = (all[2 * b - 1] + HAZARD_SHRINK_S * before) / (all[2 * b] + HAZARD_SHRINK_S)
+    local k = b == 1 and HAZARD_SHRINK_S
+      or math.min(HAZARD_LEAN.max_s, math.max(HAZARD_SHRINK_S, HAZARD_LEAN.walks / math.max(before, 1e-9)))
+    before = (all[2 * b - 1] + k * before) / (all[2 * b] + k)
     rates[b] = string.format('%.4g', before)
   end
   redis.call('HSET', K_ST, 'hz', table.concat(sums, ' '), 'thetas', table.concat(rates, ' '), 'theta', fmt(theta))
@@ -673,9 +697,11 @@ end
 -- time waited. The look notes when the head joined too (head_js: hazard_stay's oldest wait ahead), and
 -- adds what each ticket it looks at says of walking away to the line's sums ('hzl'): a silent one walked
 -- away after its wait to its last sighting; any other stayed at least until a presence timeout ago (a walk
--- since would not show yet). The sums fade by LINE_KEPT a look, and are dropped once faded below
--- LINE_FADED (the line has been empty a while): they speak for the line as it is now.
-local SILENT_SAMPLES = 24
+-- since would not show yet), each ticket weighing 24 / SILENT_SAMPLES (the line's weight against the
+-- head's as when a look was of 24). The sums fade by LINE_KEPT a look, and are dropped once faded below
+-- LINE_FADED (the line has been empty a while): they speak for the line as it is now. What polls read of
+-- it: 'lj' (line_look).
+local SILENT_SAMPLES, LOOK_EVERY = 48, 4
 local LINE_KEPT, LINE_FADED = 0.9, 0.01
 local function silent_look(p, st, now, h)  -- h: the head's sums as the tick left them; saved here
   local n = line_count()
@@ -697,15 +723,15 @@ local function silent_look(p, st, now, h)  -- h: the head's sums as the tick lef
       if rec and rec[R_STATUS] == WAITING then
         seen = seen + 1
         local joined_s = rec[R_JOINED] / 1000
-        if i % 2 == 0 then  -- what polls read of it (line_look): every other place (a poll parses them)
-          local wait = math.floor(math.max(1, now / 100 - joined_s * 10) + 0.5) / 10  -- 0.1 s, never 0
-          waits[#waits + 1], waits[#waits + 2] = rank, rec[R_SEEN] < present_since and -wait or wait
-        end
         if rec[R_SEEN] < present_since then  -- walked away after its wait to its last sighting
           silent = silent + 1
-          sums_note(hl, 1, rec[R_SEEN] - joined_s)
+          sums_note(hl, 1, rec[R_SEEN] - joined_s, 24 / SILENT_SAMPLES)
         else  -- stayed at least until the presence timeout ago: a walk since would not show yet
-          sums_note(hl, 0, present_since - joined_s)
+          sums_note(hl, 0, present_since - joined_s, 24 / SILENT_SAMPLES)
+        end
+        if i % LOOK_EVERY == LOOK_EVERY - 1 or i == count - 1 then  -- what polls read (line_look)
+          local wait = math.floor(math.max(1, now / 100 - joined_s * 10) + 0.5) / 10  -- 0.1 s, never 0
+          waits[#waits + 1], waits[#waits + 2], waits[#waits + 3], waits[#waits + 4] = rank, wait, seen, silent
         end
       end
     end
