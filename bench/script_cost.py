@@ -7,7 +7,7 @@ INFO commandstats' `usec` for FCALL over N calls, pipelined 500 per round trip, 
 Prints µs per call for: the status poll with its limiter (one script: what a poll runs), the status
 script alone, the token-bucket limiter alone, a join (a new visitor each call), the window read, and the
 status script on the queue opened, its estimate with and without walk-aways and priority joiners to
-weigh.
+weigh, and with every slot taken and 36 admissions nobody has claimed (slots_back).
 """
 
 from __future__ import annotations
@@ -171,6 +171,37 @@ def measure(tickets: int, calls: int, rounds: int = 3) -> dict[str, Any]:
     results["status alone, open: an estimate with walk-aways and priority joiners"] = per_call("status", poll(""))
     client.hdel(keys.st, "thetas", "pri", "lj")
     results["status alone, open: an estimate with neither"] = per_call("status", poll(""))
+    # Every slot taken, 36 of them by admissions nobody has claimed for over 10 s (their deadlines over the
+    # next 5 s), the rest by sessions: a poll looks at the first 32 late ones one by one (slots_back) against
+    # the tick's curve of the other slots back, at every step of its bisection (walk-aways to weigh).
+    capacity, late = 60, 36
+    now_ms = int(time.time() * 1000)  # and every poll at this moment: the deadlines stay ahead, the claims late
+    ttl = {"claim_ttl": 15, "session_ttl": 600}
+    services.queue_configure(slug="bench", changes={"capacity": capacity, **ttl}, actor_label="bench")
+    client.zadd(keys.claims, {f"late-{k}": now_ms + (k * 5000) // late for k in range(late)})  # claimed by 15 s
+    client.zadd(keys.sessions, {f"held-{k}": now_ms + 600_000 - 1000 * (k % 20) for k in range(capacity - late)})
+    step = 2 * 20 / 24  # RETURN_HOLDS mean holds of 20 s over RETURN_POINTS steps
+    curve = " ".join(f"{capacity * (1 - 0.9 ** (k + 1)):.4g}" for k in range(24))
+    client.hset(
+        keys.st,
+        mapping={
+            "thetas": learnt[0],
+            "lj": json.dumps([now_ms, *look[1:]]),
+            "head_js": now_ms - 60_000,
+            "ema_service_ms": "20000",
+            "svm": "20000",
+            "svr": f"{now_ms} {step:.4g} {curve}",
+        },
+    )
+
+    def poll_now(i: int) -> Any:
+        return combined(
+            selectors.ticket_status_plan(claims=claims[i % tickets], now=now_ms / 1000, limit_scope="").calls
+        )
+
+    results["status alone, every slot taken, 36 admissions unclaimed: the late ones one by one"] = per_call(
+        "status", poll_now
+    )
     return results
 
 

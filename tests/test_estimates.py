@@ -895,3 +895,54 @@ def test_near_the_head_the_slots_not_late_come_back_by_the_curve_not_at_the_site
     assert waits[1] is not None and 18 <= waits[1] <= 27, waits[:3]
     # One model for every place: the waits never fall as the place grows (they did where the models met).
     assert all(b is not None and a is not None and b >= a for a, b in itertools.pairwise(waits)), waits
+
+
+def test_admissions_unclaimed_past_the_first_thirty_two_come_back_at_their_deadlines_too(make_queue, clock):
+    """A poll looks at the first 32 admissions unclaimed for 10 s one by one (their deadlines); the tick's
+    curve of slots back left every late one to the poll, so those past the 32nd came back nowhere: the
+    33rd in line waited, by the estimate, for a session to end (about 25 s), where every claim lapses 4 s
+    on. Fifty slots, sessions of 25 s; forty admissions unclaimed for 11 s (claims of 15 s) and ten
+    sessions just begun; forty in line: every one of them is told the deadline (within a step of the
+    curve, 2 x the mean hold / 24: about 2 s)."""
+    queue = make_queue(capacity=50, outflow_per_minute=3000, burst=50, session_ttl=3600, claim_ttl=15)
+    slug, t0 = queue.slug, clock.now
+    for round_ in range(2):  # the record: a hundred sessions of 25 s
+        start = t0 + round_ * 40
+        tickets = [join(slug, f"r{round_}-{i}", now=start) for i in range(50)]
+        assert all(t.status is store.TicketStatus.ADMITTED for t in tickets)
+        for ticket in tickets:  # at the site at once (claims never lapsed: nobody walked away)
+            assert services.session_verify(slug=slug, raw_token=access_token(slug, ticket), now=start).valid
+        for ticket in tickets:
+            services.session_complete(slug=slug, claims=access_claims(slug, ticket), now=start + 25)
+    t1 = t0 + 100
+    no_shows = [join(slug, f"n{i}", now=t1 - 11) for i in range(40)]
+    assert all(t.status is store.TicketStatus.ADMITTED for t in no_shows)  # and never claimed
+    for ticket in [join(slug, f"s{i}", now=t1) for i in range(10)]:
+        assert services.session_verify(slug=slug, raw_token=access_token(slug, ticket), now=t1).valid
+    line = [join(slug, f"w{i}", now=t1) for i in range(40)]
+    tick(slug, t1)  # the tick looks at the slots held: forty claims of 11 s, ten sessions of none
+    waits = {rank: status(slug, line[rank], now=t1).est_wait_s for rank in (0, 31, 32, 35, 39)}
+    assert all(wait is not None and 3 <= wait <= 7 for wait in waits.values()), waits
+
+
+def line_sums(slug: str) -> list[tuple[float, float]]:
+    """'hzl': the line's sums, in the head's form (walked away, seconds waited) per band of time waited."""
+    sums = [float(x) for x in store.snapshot(slug).stats["hzl"].split()]
+    return list(zip(sums[0::2], sums[1::2], strict=True))
+
+
+def test_a_short_line_s_look_weighs_a_ticket_as_one(make_queue, clock):
+    """The tick looks at up to 48 tickets of the line, together weighing as the look of 24 did against the
+    head's departures; a line shorter than that is looked at whole, and its tickets weighed half each, so
+    walking away in a short line was learnt at half its weight. Twenty in line, ten silent since their join
+    twenty seconds ago: ten walks, and 150 s of waiting from the ten who stayed."""
+    queue = make_queue(capacity=1000, outflow_per_minute=0.6, burst=1, presence_timeout=5, abandon_timeout=3600)
+    slug, t0 = queue.slug, clock.now
+    line = [join(slug, f"o{i}", now=t0) for i in range(21)][1:]  # the first takes the bucket's token
+    for index, ticket in enumerate(line):
+        if index % 2 == 0:
+            status_reply(slug, ticket, now=t0 + 20)
+    tick(slug, t0 + 20)
+    sums = line_sums(slug)
+    assert sum(walks for walks, _ in sums) == pytest.approx(10, abs=1e-3)
+    assert sum(seconds for _, seconds in sums) == pytest.approx(10 * 15, abs=10)  # (sightings in whole seconds)

@@ -161,7 +161,7 @@ local function waits_at_nodes(look, head_s, own_s, ahead)
     for i = 3, #v - 3, 4 do
       local r = v[i]
       if r >= ahead or k > 4 then break end
-      if r > 0 then fill(r, math.abs(v[i + 1]) + since) end
+      if r > 0 then fill(r, v[i + 1] + since) end
     end
   end
   fill(math.max(ahead, r0), own_s)
@@ -239,12 +239,11 @@ end
 -- sessions last is not known, and neither is the wait of a visitor who needs more slots than are free:
 -- -1, unknown (the queue keeps its record across sales). A site that reports its own count: the
 -- observed admission rate stands in for r_cap. A scheduled start adds the time until it.
--- Near the head the slots that come back first are looked at one by one (issue 20: a line stalled on an
--- admission nobody claimed was told "less than a minute" at every poll until the claim lapsed, two minutes
--- on). An admission unclaimed for CLAIM_LATE_S is taken to lapse at its deadline (its visitor would have
--- claimed by now: the page hands over at once); the other slots come back at the site's pace, r_cap for
--- all the slots less the late ones. Returns k -> seconds until k slots have come back (no late admission:
--- nil, the pace alone). Only for a visitor within HEAD_SLOTS of a slot: one ranged read of the claims.
+-- The slots that come back first are looked at one by one (issue 20: a line stalled on an admission
+-- nobody claimed was told "less than a minute" at every poll until the claim lapsed, two minutes on). An
+-- admission unclaimed for CLAIM_LATE_S is taken to lapse at its deadline (its visitor would have claimed
+-- by now: the page hands over at once): the first HEAD_SLOTS of them by a poll (slots_back, one ranged
+-- read of the claims), any more by the tick's curve; the other slots come back by the curve.
 -- How slots come back when every one is taken (seen in the simulator: a sale's first burst fills the
 -- free slots at once, and they come back only after the shortest session, not at capacity / the mean
 -- hold from the first second). How long a slot is held is learnt as a rate per band of time held
@@ -353,28 +352,32 @@ local function hold_survival(p, h, x)
 end
 
 local CLAIM_LATE_S, HEAD_SLOTS = 10, 32
--- The ages (seconds) of up to HOLD_SAMPLES of the slots held now, spread over them, each standing for
--- weight slots; the count of slots held; and how many of the ages (the first) are of admissions unclaimed
--- for CLAIM_LATE_S (the claims' lowest scores), which polls take to come back at their deadlines.
+-- The ages (seconds) of up to HOLD_SAMPLES of the slots held now, spread over them, in their order (the
+-- claims' scores, then the sessions'); the count of slots held; how many of the ages (the first) are of
+-- the admissions unclaimed for CLAIM_LATE_S that polls look at one by one (slots_back: the first
+-- HEAD_SLOTS of them), and how many are of admissions unclaimed that long at all; and the weight of each
+-- age past the first of those, which stand for the slots held less the ones looked at one by one.
 local function held_ages(p, now)
   local n_claims = redis.call('ZCARD', K_CLAIMS)
   local held = n_claims + redis.call('ZCARD', K_SESSIONS)
-  local ages, weight, late = {}, 0, 0
+  local ages, weight, head, late = {}, 0, 0, 0
   if held > 0 then
     local count = math.min(held, HOLD_SAMPLES)
     local shift = (now % 991) / 991
     local n_late = n_claims > 0 and redis.call('ZCOUNT', K_CLAIMS, '-inf', now + (p.claim_ttl - CLAIM_LATE_S) * 1000) or 0
-    weight = held / count
+    local n_head = math.min(n_late, HEAD_SLOTS)
     for i = 0, count - 1 do
       local rank = math.floor((i + shift) * held / count)
+      if rank < n_head then head = head + 1 end
       if rank < n_late then late = late + 1 end
       local key, ttl = K_CLAIMS, p.claim_ttl
       if rank >= n_claims then key, ttl, rank = K_SESSIONS, p.session_ttl, rank - n_claims end
       local row = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
       if row[2] then ages[#ages + 1] = math.max(0, (now - (tonumber(row[2]) - ttl * 1000)) / 1000) end
     end
+    weight = count > head and (held - n_head) / (count - head) or 0
   end
-  return ages, weight, held, late
+  return ages, held, head, late, weight
 end
 
 -- The admission tick's look at the slots held (once a second, on the leader's tick): adds the time they
@@ -385,11 +388,11 @@ local function returns_look(p, st, now)
     if st.svr or st.svm then redis.call('HDEL', K_ST, 'svr', 'svm') end
     return
   end
-  local ages, weight, held, late = held_ages(p, now)
+  local ages, held, head, late, weight = held_ages(p, now)
   local h, x, ts = hold_sums(st.svh, st.svx)
   local since = math.max(0, now - ts) / 1000  -- each slot's seconds since the last look (all, before one)
   if held > 0 then  -- (none held: nothing to add, and every slot held later is seen from its start)
-    for _, a in ipairs(ages) do expose(x, math.max(0, a - since), a, weight) end
+    for _, a in ipairs(ages) do expose(x, math.max(0, a - since), a, held / #ages) end
     redis.call('HSET', K_ST, 'svx', fmt(now) .. ' ' .. fmt_all(x))
   end
   local S, mean_s = hold_survival(p, h, x)
@@ -413,7 +416,10 @@ local function returns_look(p, st, now)
   local first, f = {}, {}  -- first[k]: back by k steps, of those held now; f[k]: a fresh hold's, in step k
   for k = 1, RETURN_POINTS do
     local t, sum = k * step, free * F(k * step)
-    for i = late + 1, #ages do sum = sum + weight * gone(ages[i], t) end  -- (the late: slots_back)
+    for i = head + 1, #ages do  -- (the first HEAD_SLOTS late: slots_back)
+      -- an admission unclaimed for CLAIM_LATE_S lapses at its deadline, like those slots_back looks at
+      sum = sum + weight * (i <= late and (t >= p.claim_ttl - ages[i] and 1 or 0) or gone(ages[i], t))
+    end
     first[k] = sum
     f[k] = F(k * step) - F((k - 1) * step)
   end
@@ -429,41 +435,51 @@ local function returns_look(p, st, now)
 end
 
 -- Seconds from now until k slots have come back, by the tick's curve (past its end, at the pace r_cap);
--- nil when there is none.
+-- nil when there is none. The curve never falls: the first of its points at k or more, found by halving.
 local function returns_after(v, now, k, r_cap)
   if v == nil then return nil end
-  local since, step, before = (now - v[1]) / 1000, v[2], 0
-  for k_ = 1, RETURN_POINTS do
-    local back = v[k_ + 2]
-    if back >= k then
-      local share = back > before and (k - before) / (back - before) or 1
-      return math.max(0, (k_ - 1 + share) * step - since)
-    end
-    before = back
+  local since, step = (now - v[1]) / 1000, v[2]
+  if v[RETURN_POINTS + 2] < k then
+    return math.max(0, RETURN_POINTS * step + (k - v[RETURN_POINTS + 2]) / r_cap - since)
   end
-  return math.max(0, RETURN_POINTS * step + (k - before) / r_cap - since)
+  local lo, hi = 1, RETURN_POINTS
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if v[mid + 2] >= k then hi = mid else lo = mid + 1 end
+  end
+  local back, before = v[lo + 2], lo > 1 and v[lo + 1] or 0
+  local share = back > before and (k - before) / (back - before) or 1
+  return math.max(0, (lo - 1 + share) * step - since)
 end
 
+-- Seconds until k slots are back near the head: the first HEAD_SLOTS admissions unclaimed for CLAIM_LATE_S
+-- (the claims' lowest scores) at their deadlines, the other slots by the tick's curve (returns_after: it
+-- counts the late ones past HEAD_SLOTS at their deadlines too) or, without one, at the pace r_cap for
+-- their share of the capacity. nil: no late admission (the curve or the pace alone).
 local function slots_back(p, now, r_cap, curve)
   local cutoff = now + (p.claim_ttl - CLAIM_LATE_S) * 1000
   local rows = redis.call('ZRANGEBYSCORE', K_CLAIMS, '-inf', cutoff, 'WITHSCORES', 'LIMIT', 0, HEAD_SLOTS)
   if #rows == 0 then return nil end
   local late = {}
   for i = 2, #rows, 2 do late[#late + 1] = math.max(0, (tonumber(rows[i]) - now) / 1000) end
-  local late_n = #late
-  if late_n == HEAD_SLOTS then late_n = redis.call('ZCOUNT', K_CLAIMS, '-inf', cutoff) end
-  local share = math.max(0, p.capacity - late_n) / p.capacity
+  local share = math.max(0, p.capacity - #late) / p.capacity
   local function others(j)  -- seconds until j of the other slots are back: the tick's curve, or the pace
     if j <= 0 then return 0 end
     if share <= 0 then return math.huge end
     return returns_after(curve, now, j, r_cap) or j / (r_cap * share)
   end
-  return function(k)  -- back by t: the first i late admissions at their deadlines, k - i of the others
-    local best = others(k)
-    for i, d in ipairs(late) do
-      if d >= best then break end
-      best = math.min(best, math.max(d, others(k - i)))
+  -- Back by t: the first i late admissions at their deadlines and k - i of the others, the least over i of
+  -- max(late[i], others(k - i)), where the deadlines (rising with i) cross the others (falling): found by
+  -- halving (a poll's bisection asks this some sixteen times).
+  return function(k)
+    local lo, hi = 1, math.min(#late, math.ceil(k))
+    local first = hi + 1  -- the least i with late[i] >= others(k - i)
+    while lo <= hi do
+      local mid = math.floor((lo + hi) / 2)
+      if late[mid] >= others(k - mid) then first, hi = mid, mid - 1 else lo = mid + 1 end
     end
+    local best = others(k - first + 1)
+    if late[first] and late[first] < best then best = late[first] end
     if best == math.huge then return late[#late] + (k - #late) / r_cap end  -- every slot was a late one
     return best
   end
@@ -697,12 +713,12 @@ end
 -- time waited. The look notes when the head joined too (head_js: hazard_stay's oldest wait ahead), and
 -- adds what each ticket it looks at says of walking away to the line's sums ('hzl'): a silent one walked
 -- away after its wait to its last sighting; any other stayed at least until a presence timeout ago (a walk
--- since would not show yet), each ticket weighing 24 / SILENT_SAMPLES (the line's weight against the
--- head's as when a look was of 24). The sums fade by LINE_KEPT a look, and are dropped once faded below
+-- since would not show yet), the tickets looked at weighing LINE_WEIGHT in all (the line's weight against
+-- the head's as when a look was of 24), or one each in a shorter line. The sums fade by LINE_KEPT a look, and are dropped once faded below
 -- LINE_FADED (the line has been empty a while): they speak for the line as it is now. What polls read of
 -- it: 'lj' (line_look).
 local SILENT_SAMPLES, LOOK_EVERY = 48, 4
-local LINE_KEPT, LINE_FADED = 0.9, 0.01
+local LINE_KEPT, LINE_FADED, LINE_WEIGHT = 0.9, 0.01, 24
 local function silent_look(p, st, now, h)  -- h: the head's sums as the tick left them; saved here
   local n = line_count()
   local seen, silent, head_js, waits = 0, 0, now, {}
@@ -716,6 +732,7 @@ local function silent_look(p, st, now, h)  -- h: the head's sums as the tick lef
     local present_since = math.floor(now / 1000) - p.presence_timeout
     local shift = (now % 997) / 997
     local count = math.min(n, SILENT_SAMPLES)
+    local w = math.min(LINE_WEIGHT, count) / count
     for i = 0, count - 1 do
       local rank = math.floor((i + shift) * n / count)
       local batch = line_range(rank, rank)
@@ -725,9 +742,9 @@ local function silent_look(p, st, now, h)  -- h: the head's sums as the tick lef
         local joined_s = rec[R_JOINED] / 1000
         if rec[R_SEEN] < present_since then  -- walked away after its wait to its last sighting
           silent = silent + 1
-          sums_note(hl, 1, rec[R_SEEN] - joined_s, 24 / SILENT_SAMPLES)
+          sums_note(hl, 1, rec[R_SEEN] - joined_s, w)
         else  -- stayed at least until the presence timeout ago: a walk since would not show yet
-          sums_note(hl, 0, present_since - joined_s, 24 / SILENT_SAMPLES)
+          sums_note(hl, 0, present_since - joined_s, w)
         end
         if i % LOOK_EVERY == LOOK_EVERY - 1 or i == count - 1 then  -- what polls read (line_look)
           local wait = math.floor(math.max(1, now / 100 - joined_s * 10) + 0.5) / 10  -- 0.1 s, never 0
