@@ -714,9 +714,9 @@ end
 -- adds what each ticket it looks at says of walking away to the line's sums ('hzl'): a silent one walked
 -- away after its wait to its last sighting; any other stayed at least until a presence timeout ago (a walk
 -- since would not show yet), the tickets looked at weighing LINE_WEIGHT in all (the line's weight against
--- the head's as when a look was of 24), or one each in a shorter line. The sums fade by LINE_KEPT a look, and are dropped once faded below
--- LINE_FADED (the line has been empty a while): they speak for the line as it is now. What polls read of
--- it: 'lj' (line_look).
+-- the head's as when a look was of 24), or one each in a shorter line. The sums fade by LINE_KEPT a look,
+-- and are dropped once faded below LINE_FADED (the line has been empty a while): they speak for the line
+-- as it is now. What polls read of it: 'lj' (line_look).
 local SILENT_SAMPLES, LOOK_EVERY = 48, 4
 local LINE_KEPT, LINE_FADED, LINE_WEIGHT = 0.9, 0.01, 24
 local function silent_look(p, st, now, h)  -- h: the head's sums as the tick left them; saved here
