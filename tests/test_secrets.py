@@ -14,7 +14,7 @@ from django.test import Client, RequestFactory
 
 from queueing import tokens
 from queueing.visitors import visitor_cookie_set, visitor_identity
-from waitingroom_site.settings import generated_secret, private_file
+from waitingroom_site.environment import generated_secret, private_file
 
 from .factories import decode_ticket
 from .test_deploy import manage, production_env

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
-import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,64 +19,14 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.crypto import salted_hmac
 
+from waitingroom_site import apischema
+from waitingroom_site.environment import envbool, envint, envlist, generated_secret, private_file
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("WR_VAR_DIR", BASE_DIR / "var"))
 
-
-def envbool(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    if value.lower() in ("1", "true", "yes", "on"):
-        return True
-    if value.lower() in ("0", "false", "no", "off"):
-        return False
-    raise ImproperlyConfigured(f"{name} must be a boolean (1/0, true/false), not {value!r}")
-
-
-def envint(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    try:
-        return int(value)
-    except ValueError as exc:
-        raise ImproperlyConfigured(f"{name} must be an integer, not {value!r}") from exc
-
-
-def envlist(name: str, default: str) -> list[str]:
-    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
-
-
 DEBUG = envbool("DEBUG", False)
 HTTPS = envbool("HTTPS", True)
-
-
-def private_file(path: Path) -> None:
-    """Make `path` readable and writable by this user only (it holds secrets), creating it if missing.
-
-    Created with that mode, so there is no moment when others may read it; an older file is narrowed.
-    """
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
-    if path.stat().st_mode & 0o077:
-        try:
-            path.chmod(0o600)
-        except PermissionError:  # another user's file: say so rather than refuse to start
-            warnings.warn(f"{path} is readable by other users; make it mode 600.", stacklevel=2)
-
-
-def generated_secret(path: Path) -> str:
-    """Development only: a key kept in `path` (this user's only) so sessions and tickets survive restarts."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        private_file(path)
-    else:
-        with os.fdopen(fd, "w") as out:
-            out.write(secrets.token_urlsafe(50))
-    return path.read_text().strip()
-
 
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
 if not SECRET_KEY:
@@ -497,55 +445,8 @@ def axes_client_address(request: Any) -> str:
 
 AXES_CLIENT_IP_CALLABLE = axes_client_address
 
-SPECTACULAR_SETTINGS = {
-    "TITLE": "Waiting Room API",
-    "DESCRIPTION": (
-        "Virtual waiting room: visitors join and poll; protected sites verify access tokens; "
-        "staff watch and steer queues. Errors always have the shape "
-        '`{"error": {"code": "...", "message": "..."}}`.'
-    ),
-    "VERSION": "1.0.0",
-    "SERVE_INCLUDE_SCHEMA": False,
-    "SWAGGER_UI_DIST": "SIDECAR",
-    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
-    "REDOC_DIST": "SIDECAR",
-    "COMPONENT_SPLIT_REQUEST": True,
-    "ENUM_NAME_OVERRIDES": {
-        "FinishReasonEnum": [
-            "completed",
-            "left",
-            "abandoned",
-            "expired_claim",
-            "expired_session",
-            "revoked",
-            "expired_window",
-        ],
-        "QueueStateEnum": ["open", "paused", "closed"],
-        "QueueModeEnum": ["tracked", "stateless"],
-        "StatelessModeEnum": ["stateless"],
-        "VerifyReasonEnum": ["expired", "superseded", "revoked", "full", "bound_elsewhere", "invalid"],
-        "ErrorCodeEnum": "queueing.api.errors.ERROR_CODES",
-    },
-    "APPEND_COMPONENTS": {
-        "securitySchemes": {
-            "ticket": {"type": "http", "scheme": "bearer", "description": "A visitor's ticket (from join)."},
-            "apiKey": {
-                "type": "apiKey",
-                "in": "header",
-                "name": "Authorization",
-                "description": "A protected site's key: `Api-Key <key>`.",
-            },
-            "staffJWT": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"},
-            "managementKey": {
-                "type": "apiKey",
-                "in": "header",
-                "name": "Authorization",
-                "description": "A management key (automation without a staff login): `Api-Key <key>`.",
-            },
-            "cookieAuth": {"type": "apiKey", "in": "cookie", "name": "sessionid"},
-        }
-    },
-}
+# The API's OpenAPI schema and docs (drf-spectacular): waitingroom_site/apischema.py.
+SPECTACULAR_SETTINGS = apischema.SPECTACULAR_SETTINGS
 
 # One JSON object per line (production), or readable text (LOG_FORMAT=text: bin/run); README "Logs".
 LOG_FORMAT = os.environ.get("LOG_FORMAT", "json")
