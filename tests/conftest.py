@@ -91,6 +91,14 @@ def _fresh_key_cache() -> Iterator[None]:
 
 
 @pytest.fixture
+def nobody_walks_at_first(settings: Any) -> None:
+    """A new queue of an operator with no record of walking away begins from nobody walking away
+    (WR_WALK_PRIOR_SHARE 0), not from the default crowd: for tests of how the estimate uses what a queue
+    learns, from nothing."""
+    settings.WR_WALK_PRIOR_SHARE = 0
+
+
+@pytest.fixture
 def clock() -> Clock:
     return Clock()
 

@@ -246,6 +246,7 @@ def test_every_change_of_the_outflow_is_audited_with_the_figures_that_caused_it(
     )
 
 
+@pytest.mark.usefixtures("nobody_walks_at_first")
 def test_admission_follows_the_outflow_in_force_and_so_do_the_wait_estimates(make_queue, clock):
     queue = make_queue(
         **{**ADAPTIVE, "capacity": 1000, "burst": 1, "outflow_min_per_minute": 15, "adaptive_decrease_factor": 0.25}

@@ -157,6 +157,7 @@ def test_moving_the_start_commits_to_a_new_seed_and_the_schedule_must_make_sense
         )
 
 
+@pytest.mark.usefixtures("nobody_walks_at_first")
 def test_before_the_draw_nobody_has_a_place_and_everyone_is_told_the_same_wait_over_the_draw(make_queue, clock):
     """Issue 18: the pre-queue page showed "place 1, 0 ahead" and a full bar to the first joiner, who was
     then drawn anywhere. Before the start the API gives no place, says the order is drawn at the start,

@@ -328,6 +328,9 @@ WR_SEQ_BLOCK = envint("WR_SEQ_BLOCK", 100_000)
 # After such a loss, nobody new is admitted for this long (at most a session's length) while the sessions
 # that were live verify again and take their slots back first: capacity holds across the loss.
 WR_RESTORE_HOLD_SECONDS = envint("WR_RESTORE_HOLD_SECONDS", 60)
+# Wait estimates: the share of a crowd taken to walk away in its first 40 s by a new queue while none of the
+# operator's queues has a record of its own (queueing/services/recovery.py walk_prior); 0: nobody does.
+WR_WALK_PRIOR_SHARE = float(os.environ.get("WR_WALK_PRIOR_SHARE", "0.2"))
 # Websocket servers: how often long-lived objects are frozen out of the garbage collector's sight (0 turns
 # the freeze off), and how often one full collection runs over everything while the server holds sockets
 # (0: only when it holds none). queueing.wsserver.Collector.

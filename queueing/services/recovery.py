@@ -204,27 +204,44 @@ def _live_epoch_start(queue: Queue, *, floor: int, lost: bool, moved: bool = Fal
 # anyone (lua/walk_prior.lua): their sums pooled, so each band of time waited has their rate, scaled to
 # WALK_PRIOR_SECONDS of waiting, a few visitors' weight that the queue's own departures and line outweigh
 # within its first minute. A queue whose state was lost begins from them too. With no such queue, it
-# begins as before: nobody walks away.
+# begins from a crowd of which WR_WALK_PRIOR_SHARE (a fifth) walk away in their first 40 s (walk_default),
+# at the same weight: nothing tells a first queue's first burst whether anyone will walk away until a
+# presence timeout after the first walk, and a fifth is the middle of the 0-40 % the estimate is built for.
+# Begun from nobody walking away, the simulator's forty-percent sale's first burst was told 1.08-1.13 of
+# its waits (p90 errors 20-35 %); begun from a fifth, 0.97-1.03 (9-13 %), and the first burst of a sale in
+# which nobody walks away 0.95-0.96 (p90 9 %, against 8-10 %) (bench/RESULTS.md).
 WALK_PRIOR_QUEUES = 50
 WALK_PRIOR_SECONDS = 300.0
 WALK_SUMS = 2 * 8  # lua/_estimates.lua: walked away and seconds waited, per band of HAZARD_BANDS
+WALK_DEFAULT_WITHIN_S, WALK_DEFAULT_BANDS, WALK_DEFAULT_MOST = 40.0, 3, 0.9  # the bands of 0-10, 10-20, 20-30 s
 
 
 def walk_prior(queue: Queue) -> list[float] | None:
-    """The pooled, scaled sums a queue's record of walking away begins from; None when no other queue has
-    one. A record that does not read as WALK_SUMS finite numbers is left out (one in the form of the bands
-    before: its queue rewrites it at its next departure)."""
+    """The pooled, scaled sums a queue's record of walking away begins from; when no other queue has one,
+    the default crowd's (walk_default; None: nobody walks away). A record that does not read as WALK_SUMS
+    finite numbers is left out (one in the form of the bands before: its queue rewrites it at its next
+    departure)."""
     others = Queue.objects.filter(mode=Queue.Mode.TRACKED).exclude(pk=queue.pk).order_by("-updated_at")
     found = store.walk_records(list(others.values_list("slug", flat=True)[:WALK_PRIOR_QUEUES]))
     records = [sums for sums in map(_walk_sums, found.values()) if sums is not None]
-    if not records:
-        return None
     pooled = [sum(column) for column in zip(*records, strict=True)]
     waited = sum(pooled[1::2])
     if waited <= 0:
-        return None
+        return walk_default()
     scale = min(1.0, WALK_PRIOR_SECONDS / waited)
     return [x * scale for x in pooled]
+
+
+def walk_default() -> list[float] | None:
+    """The sums of a crowd of which WR_WALK_PRIOR_SHARE walk away in their first WALK_DEFAULT_WITHIN_S
+    seconds, at one rate, over WALK_PRIOR_SECONDS of waiting spread evenly over the bands of the first
+    WALK_DEFAULT_BANDS; None for a share of 0 (nobody walks away)."""
+    share = min(WALK_DEFAULT_MOST, max(0.0, float(settings.WR_WALK_PRIOR_SHARE)))
+    if share <= 0:
+        return None
+    rate = -math.log(1 - share) / WALK_DEFAULT_WITHIN_S
+    seconds = WALK_PRIOR_SECONDS / WALK_DEFAULT_BANDS
+    return [rate * seconds, seconds] * WALK_DEFAULT_BANDS + [0.0, 0.0] * (WALK_SUMS // 2 - WALK_DEFAULT_BANDS)
 
 
 def _walk_sums(text: str) -> list[float] | None:

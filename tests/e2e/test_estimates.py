@@ -38,12 +38,12 @@ def test_a_short_sale_with_silent_walk_aways_is_told_waits_that_come_true(stack)
     print(result)
     assert result["outcomes"].get("walked away", 0) >= 15  # the walk-aways the estimate must see through
     first, second = result["by_burst"]
-    # The first burst was told its waits before anyone had walked away: nothing to go by (the queue keeps
-    # what it learns for its next sale). The second joined once walk-aways had shown: before this issue
-    # the estimate still counted every ticket ahead as one admission to wait for, and told it about twice
-    # the wait it had (2.06 times at the median: error 106 %); with the share found gone at the head, 1.25
-    # (25 %); with walking away learnt as a rate, 0.98 and 1.00 in two runs (errors 5 % and 3 %). Bounds
-    # with room for a noisy run.
+    # The first burst was told its waits before anyone had walked away: nothing to go by but the record the
+    # queue began from (the queue keeps what it learns for its next sale). The second joined once walk-aways
+    # had shown: before this issue the estimate still counted every ticket ahead as one admission to wait
+    # for, and told it about twice the wait it had (2.06 times at the median: error 106 %); with the share
+    # found gone at the head, 1.25 (25 %); with walking away learnt as a rate, 0.98 and 1.00 in two runs
+    # (errors 5 % and 3 %). Bounds with room for a noisy run.
     assert second["counted"] >= 8, result
     assert second["error_median"] <= 0.2, result
     assert 0.8 <= second["told_over_had_median"] <= 1.2, result
@@ -56,8 +56,9 @@ def test_a_queue_s_next_sale_and_a_new_queue_are_told_their_first_waits_by_the_r
     """A queue keeps its record across sales (walking away by time waited, how long slots are held, the
     range), and a new queue begins its record of walking away from the operator's other queues. On a product
     of its own, started as bin/run starts it (the session's stack has queues with records of their own):
-    its first queue's first burst joins before anyone has walked away and is told the walk-free wait; that
-    queue's next sale, and a second queue's first sale, are told by the record of the first sale."""
+    its first queue's first burst joins before anyone has walked away and is told the wait of the default
+    crowd (a fifth walk away in their first 40 s); that queue's next sale, and a second queue's first sale,
+    are told by the record of the first sale."""
     product, close = estimate_sim.own_product(tmp_path)
     try:
         first = estimate_sim.run_scenario(product, SALE, seed=11)
@@ -70,7 +71,11 @@ def test_a_queue_s_next_sale_and_a_new_queue_are_told_their_first_waits_by_the_r
     assert new["sale"] == "new" and new["slug"] != first["slug"]
     first_burst, first_burst_later, first_burst_new = (sale["by_burst"][0] for sale in (first, later, new))
     assert min(burst["counted"] for burst in (first_burst, first_burst_later, first_burst_new)) >= 10
-    assert first_burst["told_over_had_median"] >= 1.15, first  # 40 % walk away, and it could not know
+    # 40 % walk away, more than the default's fifth, and it could not know: told more than its waits, and
+    # less than the walk-free wait (1.20-1.36 of its waits when a first queue began from nobody walking
+    # away; 1.13 with the default crowd).
+    assert 1.0 <= first_burst["told_over_had_median"] <= 1.3, first
     for sale, burst in ((later, first_burst_later), (new, first_burst_new)):
         assert 0.8 <= burst["told_over_had_median"] <= 1.15, sale
-        assert burst["error_median"] < first_burst["error_median"], sale
+    # the queue's own record of its first sale (a new queue's begins from it, scaled down to a few visitors)
+    assert first_burst_later["error_median"] < first_burst["error_median"], later
