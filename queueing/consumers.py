@@ -131,7 +131,11 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
             self.wire.watch = self._lane_changed
         for group in self.groups_joined:
             await server.join(group, self)
+            if self.claims is None:  # dropped meanwhile (too slow for a group joined first): _release left
+                return  # the groups joined so far; it joins no more, and no roll call answers for it
         await self.send_json({"type": "ready", "ticket_id": claims.ticket_id})
+        if self.claims is None:
+            return
         roll = wsserver.roll_call()
         roll.add(self)
         wsserver.collector.ensure()

@@ -646,3 +646,36 @@ async def test_a_big_groups_events_are_written_by_its_writer_in_order_while_priv
     assert wsserver.router().writers == {}  # the writer ended with its backlog
     for communicator in sockets:
         await communicator.disconnect()
+
+
+async def test_a_socket_dropped_while_it_joins_its_groups_at_hello_is_held_by_nothing(queue):
+    """A socket can be dropped (too slow for the events of the group it joined first: wsserver.write) while
+    its hello still joins the next group: the drop lets go of the groups joined so far, and the hello then
+    went on, joined the ticket's private group, and put the socket in the roll call, where nothing would
+    ever take it out again (a stale lane, and a socket answered for in Redis after it closed: found in
+    review, stop 37). Here the router's start is held while the hello joins the queue's group, the socket
+    is dropped meanwhile as write() drops it, and then the start goes on."""
+    ticket = await waiting_visitor(queue.slug, "v")
+    router = wsserver.router()
+    await router.starting.acquire()
+    communicator = WebsocketCommunicator(application, f"/ws/queues/{queue.slug}/", headers=ORIGIN)
+    try:
+        connected, _ = await communicator.connect(timeout=5)
+        assert connected
+        await communicator.send_json_to({"type": "hello", "ticket": ticket})
+        group = realtime.queue_group(queue.slug)
+        deadline = asyncio.get_running_loop().time() + 5
+        while router.members(group) < 1:  # in its first group, waiting for the router's start
+            assert asyncio.get_running_loop().time() < deadline, "the hello never joined the queue's group"
+            await asyncio.sleep(0.02)
+        [consumer] = router.groups[group]
+        assert len(consumer.groups_joined) == 2  # the queue's events, then the ticket's own
+        await consumer.drop(wsserver.CLOSE_TOO_SLOW)
+    finally:
+        router.starting.release()
+    assert await closed_with(communicator) == wsserver.CLOSE_TOO_SLOW
+    await asyncio.sleep(0.2)  # the hello, let go on, runs to its end
+    _let_go_of(consumer, queue.slug)
+    assert all(consumer not in members for members in router.slow.values())
+    assert consumer.groups_joined[1] not in router.groups  # the ticket's own group: nobody else's
+    await communicator.disconnect()
