@@ -26,7 +26,7 @@ ports of their own, against Redis under a prefix of its own. It then
 
 The servers report their worst event-loop pause every 5 s (queueing/loopwatch.py), with their longest
 garbage collection. Their settings are production's: objects frozen out of the collector's sight every
-2 s, no full collection while they hold sockets (wsserver.Collector); `--gc-full-seconds N` adds one every
+2 s, no full collection while they hold sockets (wscollector.Collector); `--gc-full-seconds N` adds one every
 N seconds, to see what it would cost.
 
     .venv/bin/python bench/push_bench.py [--sockets 2000 5000] [--duration 120] [--ws-servers 1]

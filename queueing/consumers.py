@@ -31,7 +31,7 @@ from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from . import instruments, loopwatch, modes, ratelimit, realtime, selectors, signing_keys, tokens, wsserver
+from . import instruments, loopwatch, modes, ratelimit, realtime, selectors, signing_keys, tokens, wscollector, wsserver
 from .services import viewers as viewer_services
 
 CLOSE_MESSAGE_TOO_BIG = 1009  # RFC 6455's own code
@@ -138,7 +138,7 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
             return
         roll = wsserver.roll_call()
         roll.add(self)
-        wsserver.collector.ensure()
+        wscollector.collector.ensure()
         loopwatch.watch.ensure(roll.describe)
         if self.mode.keeps_visitors:
             self._read_later(random.uniform(*CATCH_UP_SECONDS))

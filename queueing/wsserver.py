@@ -1,16 +1,15 @@
 """What one websocket server shares among its sockets (consumers.py holds one socket's part): the router
-that brings every event to them, the roll calls that answer for them in Redis, and the collector that
-keeps Python's garbage collection short over thousands of them.
+that brings every event to them, and the roll calls that answer for them in Redis (wscollector.py keeps
+Python's garbage collection short over thousands of them).
 
 Each is one object per server (per event loop: tests run several loops one after another), found with
-`router()`, `roll_call()` and `collector`.
+`router()` and `roll_call()`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import random
 import time
@@ -20,7 +19,6 @@ from typing import Any, Protocol
 
 import redis
 from channels.layers import get_channel_layer
-from django.conf import settings
 
 from . import instruments, selectors
 from .services import viewers as viewer_services
@@ -433,64 +431,6 @@ class RollCall:
             except redis.RedisError:
                 interval = 5.0  # the next will do; the clients' own polls notice meanwhile
 
-
-# --- The collector ------------------------------------------------------------------------------------------
-
-
-class Collector:
-    """Keeps Python's garbage collection from stopping a server that holds thousands of sockets.
-
-    Each socket is about a hundred long-lived objects (consumer, protocol, coroutines, scope): a full
-    collection walks them all and stops the event loop, for 0.4 s at 5,000 sockets (bench/RESULTS.md),
-    each time the automatic collector decides the oldest generation has grown enough. So every
-    WR_WS_GC_FREEZE_SECONDS the objects alive are moved out of the collector's sight (gc.freeze): automatic
-    collections walk only what is newer, a few seconds' worth.
-
-    What the freeze hides is never collected for cycles: a frozen object that becomes garbage is freed by
-    reference counting, or kept. A closed socket leaves no cycles (tests/test_slow_readers.py checks it
-    through a real server), so the frozen objects hold no socket's garbage; a full collection over
-    everything (gc.unfreeze, gc.collect) runs whenever the server holds no sockets, when it costs no one
-    anything, and every WR_WS_GC_FULL_SECONDS if an operator sets it (0: never on a timer). Each one is
-    logged with what it found, so a leak would show.
-    """
-
-    def __init__(self) -> None:
-        self._task: asyncio.Task[None] | None = None
-        self.full_collections = 0
-
-    def ensure(self) -> None:
-        if settings.WR_WS_GC_FREEZE_SECONDS <= 0:
-            return
-        if self._task is None or self._task.done() or self._task.get_loop() is not asyncio.get_running_loop():
-            self._task = asyncio.ensure_future(self._run())
-
-    def cycle(self, *, full: bool) -> None:
-        if full:
-            started = time.perf_counter()
-            gc.unfreeze()
-            found = gc.collect()
-            self.full_collections += 1
-            logger.info(
-                "websocket server: full garbage collection took %.1f ms, found %s unreachable objects",
-                (time.perf_counter() - started) * 1000,
-                found,
-            )
-        gc.freeze()
-
-    async def _run(self) -> None:
-        last_full, idle_collected = time.monotonic(), False
-        while True:
-            await asyncio.sleep(settings.WR_WS_GC_FREEZE_SECONDS)
-            idle = not roll_call().members
-            timed = 0 < settings.WR_WS_GC_FULL_SECONDS <= time.monotonic() - last_full
-            full = timed or (idle and not idle_collected)
-            self.cycle(full=full)
-            idle_collected = idle and (full or idle_collected)
-            if full:
-                last_full = time.monotonic()
-
-
-collector = Collector()
 
 _routers: dict[asyncio.AbstractEventLoop, tuple[Router, RollCall]] = {}
 

@@ -13,7 +13,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
-from queueing import consumers, modes, realtime, services, store, tasks, tokens, wsserver
+from queueing import consumers, modes, realtime, services, store, tasks, tokens, wscollector, wsserver
 from queueing.api import answers
 from queueing.services import viewers as viewer_services
 from waitingroom_site import runstack
@@ -270,12 +270,12 @@ async def test_the_collector_hides_survivors_from_collections_and_a_full_cycle_r
     try:
         node = _cycle_of_garbage_to_be()
         gone = weakref.ref(node)
-        wsserver.collector.cycle(full=False)
+        wscollector.collector.cycle(full=False)
         assert gc.get_freeze_count() > 0
         del node
         gc.collect()
         assert gone() is not None  # frozen: automatic and explicit collections no longer walk it
-        wsserver.collector.cycle(full=True)
+        wscollector.collector.cycle(full=True)
         assert gone() is None  # the periodic full cycle reclaims it
     finally:
         gc.unfreeze()
@@ -287,9 +287,9 @@ async def test_the_collector_collects_everything_only_when_the_server_holds_no_s
     import gc
     import logging
 
-    caplog.set_level(logging.INFO, logger="queueing.wsserver")
+    caplog.set_level(logging.INFO, logger="queueing.wscollector")
     settings.WR_WS_GC_FREEZE_SECONDS = 0.05
-    collector = wsserver.Collector()
+    collector = wscollector.Collector()
     try:
         communicator, connected, _ = await open_socket(queue.slug, await waiting_visitor(queue.slug, "v"))
         assert connected
@@ -313,10 +313,10 @@ async def test_the_collector_collects_everything_only_when_the_server_holds_no_s
 
 async def test_the_collector_starts_with_the_first_socket_when_enabled(queue, settings):
     settings.WR_WS_GC_FREEZE_SECONDS = 3600
-    wsserver.collector._task = None
+    wscollector.collector._task = None
     communicator, connected, _ = await open_socket(queue.slug, await waiting_visitor(queue.slug, "v"))
     assert connected
-    task = wsserver.collector._task
+    task = wscollector.collector._task
     assert task is not None and not task.done()
     await communicator.disconnect()
     task.cancel()

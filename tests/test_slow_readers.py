@@ -95,7 +95,7 @@ SOCKET_MODULES = ("queueing.consumers", "queueing.wsprotocol", "uvicorn.", "webs
 
 async def test_closed_sockets_leave_no_cyclic_garbage_for_the_frozen_generation(make_queue):
     """The collector freezes long-lived objects and collects everything only when the server holds no
-    sockets (wsserver.Collector): safe only while a closed socket's objects are freed by reference
+    sockets (wscollector.Collector): safe only while a closed socket's objects are freed by reference
     counting, leaving nothing that only a full collection could reclaim. Checked through the real server."""
     import gc
 

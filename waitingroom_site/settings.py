@@ -333,7 +333,7 @@ WR_RESTORE_HOLD_SECONDS = envint("WR_RESTORE_HOLD_SECONDS", 60)
 WR_WALK_PRIOR_SHARE = float(os.environ.get("WR_WALK_PRIOR_SHARE", "0.2"))
 # Websocket servers: how often long-lived objects are frozen out of the garbage collector's sight (0 turns
 # the freeze off), and how often one full collection runs over everything while the server holds sockets
-# (0: only when it holds none). queueing.wsserver.Collector.
+# (0: only when it holds none). queueing.wscollector.Collector.
 WR_WS_GC_FREEZE_SECONDS = envint("WR_WS_GC_FREEZE_SECONDS", 2)
 WR_WS_GC_FULL_SECONDS = envint("WR_WS_GC_FULL_SECONDS", 0)
 # Websocket servers: how often each logs its worst event-loop pause and what it holds (queueing/loopwatch.py;

@@ -1,0 +1,72 @@
+"""The websocket server's garbage collector: long-lived objects frozen out of the collector's sight, and a full
+collection when it costs no one anything (Collector). One per process, `collector`, started by the first
+socket's hello (consumers.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+
+from django.conf import settings
+
+from .wsserver import roll_call
+
+logger = logging.getLogger(__name__)
+
+
+class Collector:
+    """Keeps Python's garbage collection from stopping a server that holds thousands of sockets.
+
+    Each socket is about a hundred long-lived objects (consumer, protocol, coroutines, scope): a full
+    collection walks them all and stops the event loop, for 0.4 s at 5,000 sockets (bench/RESULTS.md),
+    each time the automatic collector decides the oldest generation has grown enough. So every
+    WR_WS_GC_FREEZE_SECONDS the objects alive are moved out of the collector's sight (gc.freeze): automatic
+    collections walk only what is newer, a few seconds' worth.
+
+    What the freeze hides is never collected for cycles: a frozen object that becomes garbage is freed by
+    reference counting, or kept. A closed socket leaves no cycles (tests/test_slow_readers.py checks it
+    through a real server), so the frozen objects hold no socket's garbage; a full collection over
+    everything (gc.unfreeze, gc.collect) runs whenever the server holds no sockets, when it costs no one
+    anything, and every WR_WS_GC_FULL_SECONDS if an operator sets it (0: never on a timer). Each one is
+    logged with what it found, so a leak would show.
+    """
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[None] | None = None
+        self.full_collections = 0
+
+    def ensure(self) -> None:
+        if settings.WR_WS_GC_FREEZE_SECONDS <= 0:
+            return
+        if self._task is None or self._task.done() or self._task.get_loop() is not asyncio.get_running_loop():
+            self._task = asyncio.ensure_future(self._run())
+
+    def cycle(self, *, full: bool) -> None:
+        if full:
+            started = time.perf_counter()
+            gc.unfreeze()
+            found = gc.collect()
+            self.full_collections += 1
+            logger.info(
+                "websocket server: full garbage collection took %.1f ms, found %s unreachable objects",
+                (time.perf_counter() - started) * 1000,
+                found,
+            )
+        gc.freeze()
+
+    async def _run(self) -> None:
+        last_full, idle_collected = time.monotonic(), False
+        while True:
+            await asyncio.sleep(settings.WR_WS_GC_FREEZE_SECONDS)
+            idle = not roll_call().members
+            timed = 0 < settings.WR_WS_GC_FULL_SECONDS <= time.monotonic() - last_full
+            full = timed or (idle and not idle_collected)
+            self.cycle(full=full)
+            idle_collected = idle and (full or idle_collected)
+            if full:
+                last_full = time.monotonic()
+
+
+collector = Collector()
