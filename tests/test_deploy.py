@@ -66,6 +66,29 @@ def compose() -> dict:
     return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 
 
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("0.35", "0.35"),
+        ("", "0.2"),
+        ("0", "0.0"),
+        ("a fifth", "must be a number"),
+        ("1", "from 0 up to 1"),
+        ("-0.1", "from 0 up to 1"),
+        ("nan", "finite"),
+    ],
+)
+def test_the_wait_estimate_s_default_crowd_share_is_read_from_the_environment_and_a_bad_one_stops_the_start(
+    tmp_path, value, said
+):
+    env = {**production_env(tmp_path), "WR_WALK_PRIOR_SHARE": value}
+    result = manage(
+        "shell", "--no-imports", "-c", "from django.conf import settings as s; print(s.WR_WALK_PRIOR_SHARE)", env=env
+    )
+    assert said in result.stdout + result.stderr
+    assert (result.returncode == 0) is said[0].isdigit(), result.stderr
+
+
 def test_compose_runs_redis_with_aof_postgres_web_worker_and_beat():
     services = compose()["services"]
     assert {"redis", "postgres", "web", "ws", "worker", "beat", "migrate", "proxy"} <= set(services)

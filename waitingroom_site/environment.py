@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import warnings
@@ -30,6 +31,19 @@ def envint(name: str, default: int) -> int:
         return int(value)
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name} must be an integer, not {value!r}") from exc
+
+
+def envfloat(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        number = float(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a number, not {value!r}") from exc
+    if not math.isfinite(number):
+        raise ImproperlyConfigured(f"{name} must be a finite number, not {value!r}")
+    return number
 
 
 def envlist(name: str, default: str) -> list[str]:

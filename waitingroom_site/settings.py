@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.crypto import salted_hmac
 
 from waitingroom_site import apischema
-from waitingroom_site.environment import envbool, envint, envlist, generated_secret, private_file
+from waitingroom_site.environment import envbool, envfloat, envint, envlist, generated_secret, private_file
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("WR_VAR_DIR", BASE_DIR / "var"))
@@ -330,7 +330,9 @@ WR_SEQ_BLOCK = envint("WR_SEQ_BLOCK", 100_000)
 WR_RESTORE_HOLD_SECONDS = envint("WR_RESTORE_HOLD_SECONDS", 60)
 # Wait estimates: the share of a crowd taken to walk away in its first 40 s by a new queue while none of the
 # operator's queues has a record of its own (queueing/services/recovery.py walk_prior); 0: nobody does.
-WR_WALK_PRIOR_SHARE = float(os.environ.get("WR_WALK_PRIOR_SHARE", "0.2"))
+WR_WALK_PRIOR_SHARE = envfloat("WR_WALK_PRIOR_SHARE", 0.2)
+if not 0 <= WR_WALK_PRIOR_SHARE < 1:
+    raise ImproperlyConfigured(f"WR_WALK_PRIOR_SHARE must be a share from 0 up to 1, not {WR_WALK_PRIOR_SHARE}")
 # Websocket servers: how often long-lived objects are frozen out of the garbage collector's sight (0 turns
 # the freeze off), and how often one full collection runs over everything while the server holds sockets
 # (0: only when it holds none). queueing.wscollector.Collector.
