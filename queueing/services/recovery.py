@@ -207,9 +207,9 @@ def _live_epoch_start(queue: Queue, *, floor: int, lost: bool, moved: bool = Fal
 # begins from a crowd of which WR_WALK_PRIOR_SHARE (a fifth) walk away in their first 40 s (walk_default),
 # at the same weight: nothing tells a first queue's first burst whether anyone will walk away until a
 # presence timeout after the first walk, and a fifth is the middle of the 0-40 % the estimate is built for.
-# Begun from nobody walking away, the simulator's forty-percent sale's first burst was told 1.08-1.13 of
-# its waits (p90 errors 20-35 %); begun from a fifth, 0.97-1.03 (9-13 %), and the first burst of a sale in
-# which nobody walks away 0.95-0.96 (p90 9 %, against 8-10 %) (bench/RESULTS.md).
+# Begun from nobody walking away, the simulator's forty-percent sale's first burst was told 1.10 of its
+# waits (six runs pooled, p90 error 36 %); begun from a fifth, 1.00 (16 %), and the first burst of a sale
+# in which nobody walks away 0.95 (p90 9 %, against 8 %) (bench/RESULTS.md).
 WALK_PRIOR_QUEUES = 50
 WALK_PRIOR_SECONDS = 300.0
 WALK_SUMS = 2 * 8  # lua/_estimates.lua: walked away and seconds waited, per band of HAZARD_BANDS
