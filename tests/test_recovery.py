@@ -368,6 +368,24 @@ def test_a_session_lost_with_the_state_can_be_completed_and_then_not_started_aga
     assert _used(queue.slug) == 0
 
 
+def test_a_restored_session_s_hold_counts_from_its_admission_not_from_the_loss(make_queue, private_redis, clock):
+    """A session restored after a loss was recorded as admitted at its restoring: one admitted 100 s before
+    the loss and completed 19 s after its restoring taught the estimate sessions of 19 s, not of 121
+    (capacity-bound queues were then told waits far too short). Its token says when it was admitted: its
+    end less the session's length."""
+    queue = make_queue(capacity=1, session_ttl=600)
+    inside = join(queue.slug, "inside", now=clock())
+    token = access_token(queue.slug, inside)
+    assert services.session_verify(slug=queue.slug, raw_token=token, now=clock()).valid
+    clock.advance(100)
+    private_redis.flushall()
+    services.queues_tick(now=clock.advance(1))
+    assert services.session_verify(slug=queue.slug, raw_token=token, now=clock.advance(1)).valid  # restored
+    claims = tokens.access_token_decode(token, slug=queue.slug)
+    assert services.session_complete(slug=queue.slug, claims=claims, now=clock.advance(19)) == "completed"
+    assert float(store.snapshot(queue.slug).stats["ema_service_ms"]) == pytest.approx(121_000, abs=1000)
+
+
 def test_a_session_completed_before_any_tick_after_the_loss_is_completed_not_refused(make_queue, private_redis, clock):
     """Seen in the fault suite: the site completing a session right after Redis restarted without its data,
     before a tick mirrored the queue's policy again, got 409 session_not_active (no_config)."""

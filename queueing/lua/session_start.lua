@@ -41,7 +41,10 @@ if expires > now and restorable(p, vk, seq, tonumber(ARGV[5]) or p.epoch, now) t
   if now >= p.restore_hold_ms and used_slots(p, hash_table(K_ST)) >= p.capacity then return {'full', 0, 0} end
   if not bound_here(expires) then return {'bound_elsewhere', 0, 0} end
   local tid = ticket_id(seq, vk)
-  save(vk, {seq, ACTIVE, 0, now, math.floor(now / 1000), '', -1, fence, now, now, expires, 0, ''})
+  -- admitted when its token says (its end less the session's length), not now: its hold, when it ends,
+  -- teaches how long sessions last (service_note), and one read from now taught holds a loss had cut short
+  local began = math.max(0, math.min(now, expires - p.session_ttl * 1000))
+  save(vk, {seq, ACTIVE, 0, began, math.floor(now / 1000), '', -1, fence, began, now, expires, 0, ''})
   redis.call('ZADD', K_SESSIONS, expires, tid)
   redis.call('HINCRBY', K_ST, 'restored_sessions', 1)
   return {'valid', expires, 0}
