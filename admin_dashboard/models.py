@@ -66,6 +66,11 @@ class WaitSample(models.Model):
         null=True, blank=True, help_text="Empty when no estimate could be given (paused, no rate yet)."
     )
     actual_seconds = models.FloatField()
+    stopped = models.BooleanField(
+        default=False,
+        help_text="Admission stopped (a pause, a close) while it waited: a wait no estimate could foresee, "
+        "left out of the estimate's error.",
+    )
 
     class Meta:
         ordering = ("-admitted_at",)

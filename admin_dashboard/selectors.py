@@ -128,20 +128,24 @@ def estimate_truth(queue: Queue, *, start: datetime) -> dict[str, Any]:
     """How far the wait told at join was from the wait had, over tickets admitted since `start`.
 
     Error = actual - estimated (positive: waited longer than told). Tickets that joined with no estimate
-    (paused, closed) count in `samples` but not in the error figures. The relative error |told - had| / had
-    is over waits of COUNTED_WAIT_SECONDS or more (what bench/estimate_sim.py measures); `points` are
-    [told, had] pairs for the scatter chart.
+    (paused, closed) count in `samples` but not in the error figures, nor do waits admission stopped
+    during (`stopped`: a pause or a close after the join, which no estimate could foresee). The relative
+    error |told - had| / had is over waits of COUNTED_WAIT_SECONDS or more (what bench/estimate_sim.py
+    measures); `points` are [told, had] pairs for the scatter chart.
     """
-    rows = WaitSample.objects.filter(queue=queue, admitted_at__gte=start).order_by("admitted_at").values_list(
-        "estimated_seconds", "actual_seconds"
+    rows = (
+        WaitSample.objects.filter(queue=queue, admitted_at__gte=start)
+        .order_by("admitted_at")
+        .values_list("estimated_seconds", "actual_seconds", "stopped")
     )
-    samples = 0
+    samples = stopped_count = 0
     errors: list[float] = []
     relative: list[float] = []
     points: list[list[float]] = []
-    for estimated, actual in rows:
+    for estimated, actual, stopped in rows:
         samples += 1
-        if estimated is not None:
+        stopped_count += stopped
+        if estimated is not None and not stopped:
             errors.append(actual - estimated)
             points.append([estimated, round(actual, 1)])
             if actual >= COUNTED_WAIT_SECONDS:
@@ -154,6 +158,7 @@ def estimate_truth(queue: Queue, *, start: datetime) -> dict[str, Any]:
     return {
         "samples": samples,
         "with_estimate": len(errors),
+        "stopped": stopped_count,
         "p50_abs_error_seconds": round(p50, 1) if p50 is not None else None,
         "p90_abs_error_seconds": round(p90, 1) if p90 is not None else None,
         "mean_error_seconds": round(sum(errors) / len(errors), 1) if errors else None,

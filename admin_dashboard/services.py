@@ -39,6 +39,7 @@ def wait_samples_store(queue: Queue) -> int:
             admitted_at=_at(sample.admitted_ms),
             estimated_seconds=sample.estimated_s,
             actual_seconds=max(0, sample.admitted_ms - sample.joined_ms) / 1000,
+            stopped=sample.stopped,
         )
         for sample in samples
     ]

@@ -184,10 +184,19 @@ def test_the_estimate_truth_is_the_median_and_90th_percentile_of_the_absolute_er
     WaitSample.objects.create(  # joined while paused: no estimate to judge
         queue=queue, ticket_id="0000000099.x", joined_at=now, admitted_at=now, estimated_seconds=None, actual_seconds=3
     )
+    WaitSample.objects.create(  # a pause began while it waited: a wait no estimate could foresee
+        queue=queue,
+        ticket_id="0000000098.x",
+        joined_at=now - timedelta(seconds=90),
+        admitted_at=now,
+        estimated_seconds=30,
+        actual_seconds=90,
+        stopped=True,
+    )
     truth = selectors.estimate_truth(queue, start=now - timedelta(hours=1))
     errors = sorted(abs(w - t) for t, w in told_waited)
     assert errors == [0, 0, 1, 1, 2, 3, 5, 10, 15, 60]
-    assert truth["samples"] == 11 and truth["with_estimate"] == 10
+    assert truth["samples"] == 12 and truth["with_estimate"] == 10 and truth["stopped"] == 1
     assert truth["p50_abs_error_seconds"] == 2  # nearest rank: the 5th of 10
     assert truth["p90_abs_error_seconds"] == 15  # the 9th of 10
     assert truth["mean_error_seconds"] == pytest.approx(sum(w - t for t, w in told_waited) / 10, abs=0.05)
@@ -208,6 +217,7 @@ def test_the_queue_page_shows_the_estimate_truth(people, queue):
     page = people["looker"].get(f"/dashboard/{queue.slug}/").content.decode()
     assert 'data-truth="p50_abs_error_seconds">12' in page
     assert 'data-truth="p50_error_percent">29' in page  # 12 of 42 s
+    assert 'data-truth="stopped">0</span> waits a pause or a close lengthened' in page
     assert 'id="chart-estimates"' in page and body["truth"]["points"] == [[30, 42.0]]
 
 

@@ -26,8 +26,9 @@ local function admit(p, tid, rec, now)
   redis.call('ZADD', K_CLAIMS, deadline, tid)
   redis.call('HINCRBY', K_ST, 'admitted', 1)
   ema_update('ema_wait_ms', math.max(0, now - rec[R_JOINED]))
-  wait_learn(rec, now)
-  redis.call('RPUSH', K_WAITS, tid .. ' ' .. fmt(rec[R_JOINED]) .. ' ' .. fmt(now) .. ' ' .. fmt(rec[R_EST] or -1))
+  local sample = tid .. ' ' .. fmt(rec[R_JOINED]) .. ' ' .. fmt(now) .. ' ' .. fmt(rec[R_EST] or -1)
+  if wait_learn(rec, now) then sample = sample .. ' stopped' end  -- admission stopped while it waited
+  redis.call('RPUSH', K_WAITS, sample)
   redis.call('LTRIM', K_WAITS, -WAITS_KEEP, -1)
   return {tid, fence, expires, rec[R_JOINED], rec[R_EST]}
 end

@@ -145,20 +145,22 @@ def sessions_list(slug: str, *, limit: int) -> list[tuple[str, str, int]]:
 
 @dataclass(frozen=True)
 class WaitSample:
-    """One admission: when its ticket joined, when it was admitted, and the wait it was told at join
-    (admit.lua pushes "<ticket id> <joined ms> <admitted ms> <estimate s or -1>")."""
+    """One admission: when its ticket joined, when it was admitted, the wait it was told at join, and
+    whether admission stopped while it waited (_transitions.lua `admit` pushes "<ticket id> <joined ms>
+    <admitted ms> <estimate s or -1>", then " stopped" when a pause or a close began after its join)."""
 
     ticket_id: str
     joined_ms: int
     admitted_ms: int
     estimated_s: int | None  # None: no estimate at join (paused, closed, no rate yet)
     raw: str = field(default="", compare=False, repr=False)  # as kept in Redis (wait_samples_drop finds it)
+    stopped: bool = False  # its wait was lengthened by a stop no estimate could foresee
 
     @classmethod
     def parse(cls, line: str) -> WaitSample:
-        tid, joined, admitted, estimated = line.split(" ")
+        tid, joined, admitted, estimated, *rest = line.split(" ")
         est = int(float(estimated))
-        return cls(tid, int(float(joined)), int(float(admitted)), est if est >= 0 else None, line)
+        return cls(tid, int(float(joined)), int(float(admitted)), est if est >= 0 else None, line, rest == ["stopped"])
 
 
 def wait_samples_read(slug: str, *, limit: int = 10000) -> list[WaitSample]:
