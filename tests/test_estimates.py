@@ -695,6 +695,80 @@ def test_the_long_holds_still_out_count_when_only_the_short_ones_have_come_back(
     assert last.est_wait_s is not None and 90 <= last.est_wait_s <= 160, last.est_wait_s
 
 
+def sessions(slug: str, names: list[str], *, now: float) -> list[store.TicketState]:
+    """These visitors join, are admitted at once, and start their sessions at the site."""
+    tickets = [join(slug, name, now=now) for name in names]
+    assert all(t.status is store.TicketStatus.ADMITTED for t in tickets)
+    for ticket in tickets:
+        assert services.session_verify(slug=slug, raw_token=access_token(slug, ticket), now=now).valid
+    return tickets
+
+
+@pytest.mark.usefixtures("nobody_walks_at_first")
+def test_a_new_queue_begins_from_how_long_the_operator_s_other_queues_held_their_slots(make_queue, clock):
+    """Seen in the simulator's capacity-bound sale: a crowd that fills a new queue's capacity at once is told
+    no wait ("working it out") until a slot comes back, ten seconds and more in (60 of the 91 who waited
+    were told nothing at their join). A new queue now begins its record of holding slots from the
+    operator's queues that have had slots back: told from the start; its own slots held, given back or
+    not, then outweigh that record; and a queue that has had a slot back keeps its own."""
+    policy = {"capacity": 5, "outflow_per_minute": 600, "burst": 10, "session_ttl": 3600}
+    teacher = make_queue(**policy)
+    t0 = clock.now
+    for round_ in range(2):  # ten sessions of 20 s
+        sessions(teacher.slug, [f"t{round_}-{i}" for i in range(5)], now=t0 + 25 * round_)
+        for ticket in [join(teacher.slug, f"t{round_}-{i}", now=t0 + 25 * round_) for i in range(5)]:
+            services.session_complete(
+                slug=teacher.slug, claims=access_claims(teacher.slug, ticket), now=t0 + 25 * round_ + 20
+            )
+    tick(teacher.slug, t0 + 50)
+    assert stat(teacher.slug, "ema_service_ms") == pytest.approx(20_000, abs=1)
+
+    alone = None  # what the queue would tell without the others: nothing (the teacher taught it)
+    fresh = make_queue(**policy)
+    assert stat(fresh.slug, "ema_service_ms") == pytest.approx(20_000, abs=1)
+    assert sum(float(v) for v in store.snapshot(fresh.slug).stats["svh"].split()) == pytest.approx(
+        recovery.HOLD_PRIOR_HOLDS, abs=1e-3
+    )
+    t1 = t0 + 100
+    inside = sessions(fresh.slug, [f"in{i}" for i in range(5)], now=t1)
+    line = [join(fresh.slug, f"w{i}", now=t1) for i in range(10)]
+    tick(fresh.slug, t1)
+    last = status(fresh.slug, line[-1], now=t1)
+    assert last.rank == 9 and last.est_wait_s is not alone
+    # what the teacher's own record tells the same crowd (the life table's band of 20-30 s, refills)
+    sessions(teacher.slug, [f"in{i}" for i in range(5)], now=t1)
+    taught = [join(teacher.slug, f"w{i}", now=t1) for i in range(10)]
+    tick(teacher.slug, t1)
+    expected = status(teacher.slug, taught[-1], now=t1).est_wait_s
+    assert expected is not None and 40 <= expected <= 70
+    # (scaled down to a few holds, its rates lean on the bands before them a little more)
+    assert last.est_wait_s is not None and abs(last.est_wait_s - expected) <= 0.1 * expected, (
+        last.est_wait_s,
+        expected,
+    )
+    # Its own slots, held a minute with none back, outweigh the others' 20 s.
+    for second in range(1, 61):
+        tick(fresh.slug, t1 + second)
+    later = status(fresh.slug, line[-1], now=t1 + 60)
+    assert later.est_wait_s is not None and later.est_wait_s > last.est_wait_s + 20  # a countdown says 5 s
+    # A queue that has had a slot back keeps its own record.
+    services.session_complete(slug=fresh.slug, claims=access_claims(fresh.slug, inside[0]), now=t1 + 61)
+    assert not store.hold_prior_seed(fresh.slug, recovery.hold_prior(fresh) or [])
+    assert stat(fresh.slug, "ema_service_ms") != pytest.approx(20_000, abs=1)
+
+
+def test_an_operator_s_first_queue_begins_from_no_record_of_holding_slots(make_queue):
+    """How long a site's sessions last is the site's: with no other queue that has had a slot back there is
+    no default, and a record that does not read as numbers of the bands' form is left out."""
+    broken = make_queue(capacity=5)
+    store.client().hset(
+        store.queue_keys(broken.slug).st, mapping={"ema_service_ms": "20000", "svh": "x " * 14, "svx": "0"}
+    )
+    fresh = make_queue(capacity=5)
+    assert recovery.hold_prior(fresh) is None
+    assert "ema_service_ms" not in store.snapshot(fresh.slug).stats
+
+
 def test_the_first_hold_given_back_is_not_read_as_a_mean_hold_of_minutes(make_queue, clock):
     """Seen in the simulator's half-walk-away sale (seed 12): 30 s in, its 40 slots all held since the
     sale's first seconds but one, a claim that lapsed at 15 s, the life table read a mean hold of 360 s

@@ -178,7 +178,8 @@ def _live_epoch_start(queue: Queue, *, floor: int, lost: bool, moved: bool = Fal
             now_ms=clock.now_ms(now),
         )
     queue.save(update_fields=["epoch", "seq_reserved"])
-    prior = _walk_prior_or_none(queue)
+    prior = _prior_or_none(queue, walk_prior, "walking away")
+    holds = _prior_or_none(queue, hold_prior, "holding slots")
     started = store.epoch_start(
         queue.slug,
         epoch=queue.epoch,
@@ -195,6 +196,11 @@ def _live_epoch_start(queue: Queue, *, floor: int, lost: bool, moved: bool = Fal
             store.walk_prior_seed(queue.slug, prior)
         except redis.RedisError as exc:  # the queue begins from nobody walking away, as it would alone
             logger.warning("queue %s: no record of walking away taken: %s", queue.slug, exc)
+    if started and holds is not None:
+        try:
+            store.hold_prior_seed(queue.slug, holds)
+        except redis.RedisError as exc:  # the queue learns how long slots are held from its own, as alone
+            logger.warning("queue %s: no record of holding slots taken: %s", queue.slug, exc)
     return started
 
 
@@ -254,14 +260,64 @@ def _walk_sums(text: str) -> list[float] | None:
     return sums
 
 
-def _walk_prior_or_none(queue: Queue) -> list[float] | None:
-    """walk_prior, or None when it cannot be had: it is a head start, never a reason for a queue's live state
+# A queue that has had no slot back cannot say how long its sessions last, so a crowd that fills its
+# capacity at once is told no wait until the first comes back (in the simulator's capacity-bound sale,
+# ten seconds and more). So its record of holding slots begins from those of the operator's most recently
+# changed queues that have had slots back (lua/hold_prior.lua): their holds given back and the slot-seconds
+# spent, per band of time held, pooled and scaled to HOLD_PRIOR_HOLDS holds, and the mean of their mean
+# holds weighted by their holds given back. The queue's own slots, those still held as much as those given
+# back, outweigh them within its first holds (the life table weighs the slot-seconds its held slots spend:
+# a crowd that holds its slots longer than the others' did is seen to within seconds). With no such queue
+# there is no default: how long a site's sessions last is the site's, and the first says "working it out".
+HOLD_PRIOR_HOLDS = 5.0  # a few holds: the life table is worked out from the first look (HOLDS_FIRST, 3)
+HOLD_BANDS = 14  # lua/_estimates.lua HOLD_NB
+
+
+def hold_prior(queue: Queue) -> list[float] | None:
+    """[mean hold in ms, holds given back per band .., slot-seconds per band ..] pooled from the others'
+    records and scaled to HOLD_PRIOR_HOLDS holds; None when no other queue has had a slot back. A record
+    that does not read as finite numbers of the bands' form is left out."""
+    others = Queue.objects.filter(mode=Queue.Mode.TRACKED).exclude(pk=queue.pk).order_by("-updated_at")
+    found = store.hold_records(list(others.values_list("slug", flat=True)[:WALK_PRIOR_QUEUES]))
+    records = [record for record in map(_hold_record, found.values()) if record is not None]
+    given = sum(sum(h) for _, h, _ in records)
+    if given <= 0:
+        return None
+    mean = sum(m * sum(h) for m, h, _ in records) / given
+    scale = HOLD_PRIOR_HOLDS / given
+    pooled = [sum(column) * scale for column in zip(*(h + x for _, h, x in records), strict=True)]
+    return [mean, *pooled]
+
+
+def _hold_record(record: tuple[str, str, str]) -> tuple[float, list[float], list[float]] | None:
+    """(mean ms, given back per band, slot-seconds per band) of one queue's record, or None."""
+    mean_text, given_text, spent_text = record
+    try:
+        mean, given, spent = (
+            float(mean_text),
+            [float(v) for v in given_text.split()],
+            [float(v) for v in spent_text.split()],
+        )
+    except ValueError:
+        return None
+    numbers = [mean, *given, *spent]
+    if (
+        len(given) != HOLD_BANDS
+        or len(spent) != HOLD_BANDS + 1
+        or not all(math.isfinite(v) and v >= 0 for v in numbers)
+    ):
+        return None
+    return (mean, given, spent[1:]) if mean > 0 else None  # (svx begins with the time of its last look)
+
+
+def _prior_or_none(queue: Queue, prior: Callable[[Queue], list[float] | None], what: str) -> list[float] | None:
+    """A prior, or None when it cannot be had: it is a head start, never a reason for a queue's live state
     not to start (worked out before the epoch starts, in a savepoint of its own)."""
     try:
         with transaction.atomic():
-            return walk_prior(queue)
-    except Exception:  # anything: the queue then begins from nobody walking away
-        logger.warning("queue %s: no record of walking away from the other queues", queue.slug, exc_info=True)
+            return prior(queue)
+    except Exception:  # anything: the queue then begins from its own record alone
+        logger.warning("queue %s: no record of %s from the other queues", queue.slug, what, exc_info=True)
         return None
 
 

@@ -92,6 +92,27 @@ def walk_prior_seed(slug: str, sums: Sequence[float]) -> bool:
     return bool(int(run("walk_prior", queue_keys(slug).script_keys(), [f"{x:.6g}" for x in sums])))
 
 
+def hold_records(slugs: Sequence[str]) -> dict[str, tuple[str, str, str]]:
+    """The record of how long slots are held ('ema_service_ms', 'svh', 'svx': lua/_estimates.lua) of each
+    of these queues that has had a slot back, by slug: one round trip (a pipeline)."""
+    if not slugs:
+        return {}
+    pipe = client().pipeline(transaction=False)
+    for slug in slugs:
+        pipe.hmget(queue_keys(slug).st, "ema_service_ms", "svh", "svx")
+    return {
+        slug: (mean, given, spent)
+        for slug, (mean, given, spent) in zip(slugs, pipe.execute(), strict=True)
+        if mean and given and spent
+    }
+
+
+def hold_prior_seed(slug: str, values: Sequence[float]) -> bool:
+    """Begin the queue's record of how long slots are held from these (the mean hold in ms, then the holds
+    given back and the slot-seconds per band), unless it has had a slot back (lua/hold_prior.lua)."""
+    return bool(int(run("hold_prior", queue_keys(slug).script_keys(), [f"{x:.6g}" for x in values])))
+
+
 def config_read(slug: str) -> dict[str, str]:
     return cast(dict[str, str], client().hgetall(queue_keys(slug).cfg))
 
