@@ -751,6 +751,9 @@ def test_a_new_queue_begins_from_how_long_the_operator_s_other_queues_held_their
         tick(fresh.slug, t1 + second)
     later = status(fresh.slug, line[-1], now=t1 + 60)
     assert later.est_wait_s is not None and later.est_wait_s > last.est_wait_s + 20  # a countdown says 5 s
+    # A site that reports its own count never has a slot held here: it takes the observed pace, not this.
+    reported = make_queue(**policy, capacity_source="reported")
+    assert recovery.hold_prior(reported) is None and "ema_service_ms" not in store.snapshot(reported.slug).stats
     # A queue that has had a slot back keeps its own record.
     services.session_complete(slug=fresh.slug, claims=access_claims(fresh.slug, inside[0]), now=t1 + 61)
     assert not store.hold_prior_seed(fresh.slug, recovery.hold_prior(fresh) or [])

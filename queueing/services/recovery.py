@@ -276,8 +276,13 @@ HOLD_BANDS = 14  # lua/_estimates.lua HOLD_NB
 def hold_prior(queue: Queue) -> list[float] | None:
     """[mean hold in ms, holds given back per band .., slot-seconds per band ..] pooled from the others'
     records and scaled to HOLD_PRIOR_HOLDS holds; None when no other queue has had a slot back. A record
-    that does not read as finite numbers of the bands' form is left out."""
-    others = Queue.objects.filter(mode=Queue.Mode.TRACKED).exclude(pk=queue.pk).order_by("-updated_at")
+    that does not read as finite numbers of the bands' form is left out. Only queues that count their
+    sessions: a site that reports its own count is never seen to hold a slot here (its estimate takes the
+    observed pace)."""
+    if queue.capacity_source != Queue.CapacitySource.COUNTED:
+        return None
+    others = Queue.objects.filter(mode=Queue.Mode.TRACKED, capacity_source=Queue.CapacitySource.COUNTED)
+    others = others.exclude(pk=queue.pk).order_by("-updated_at")
     found = store.hold_records(list(others.values_list("slug", flat=True)[:WALK_PRIOR_QUEUES]))
     records = [record for record in map(_hold_record, found.values()) if record is not None]
     given = sum(sum(h) for _, h, _ in records)
