@@ -419,6 +419,7 @@ def test_it_parses_the_wait_samples_an_admission_leaves(make_queue, clock):
     assert samples[2] == store.WaitSample(cy.ticket_id, ms(cy_joined), ms(t0 + 9), 5)
     assert samples[0].admitted_ms == samples[0].joined_ms == ms(t0)
     assert samples[2].raw == lines[2]
+    assert not samples[2].stopped and store.WaitSample.parse(f"{samples[2].raw} stopped").stopped
     with pytest.raises(ValueError):
         store.WaitSample.parse(f"{samples[2].raw} extra")
     with pytest.raises(ValueError):

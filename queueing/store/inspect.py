@@ -159,8 +159,10 @@ class WaitSample:
     @classmethod
     def parse(cls, line: str) -> WaitSample:
         tid, joined, admitted, estimated, *rest = line.split(" ")
+        if rest not in ([], ["stopped"]):
+            raise ValueError(f"a wait sample of an unknown form: {line!r}")
         est = int(float(estimated))
-        return cls(tid, int(float(joined)), int(float(admitted)), est if est >= 0 else None, line, rest == ["stopped"])
+        return cls(tid, int(float(joined)), int(float(admitted)), est if est >= 0 else None, line, bool(rest))
 
 
 def wait_samples_read(slug: str, *, limit: int = 10000) -> list[WaitSample]:
