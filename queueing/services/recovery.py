@@ -178,8 +178,10 @@ def _live_epoch_start(queue: Queue, *, floor: int, lost: bool, moved: bool = Fal
             now_ms=clock.now_ms(now),
         )
     queue.save(update_fields=["epoch", "seq_reserved"])
-    prior = _prior_or_none(queue, walk_prior, "walking away")
-    holds = _prior_or_none(queue, hold_prior, "holding slots")
+    priors = [
+        (store.walk_prior_seed, _prior_or_none(queue, walk_prior, "walking away"), "walking away"),
+        (store.hold_prior_seed, _prior_or_none(queue, hold_prior, "holding slots"), "holding slots"),
+    ]
     started = store.epoch_start(
         queue.slug,
         epoch=queue.epoch,
@@ -191,16 +193,13 @@ def _live_epoch_start(queue: Queue, *, floor: int, lost: bool, moved: bool = Fal
         # Tickets noted finished before the loss get no place or session back (a few seconds' worst).
         finished=list(queue.finished_tickets.values_list("seq", flat=True)) if lost else (),
     )
-    if started and prior is not None:
+    for seed, values, what in priors:
+        if not started or values is None:
+            continue
         try:
-            store.walk_prior_seed(queue.slug, prior)
-        except redis.RedisError as exc:  # the queue begins from nobody walking away, as it would alone
-            logger.warning("queue %s: no record of walking away taken: %s", queue.slug, exc)
-    if started and holds is not None:
-        try:
-            store.hold_prior_seed(queue.slug, holds)
-        except redis.RedisError as exc:  # the queue learns how long slots are held from its own, as alone
-            logger.warning("queue %s: no record of holding slots taken: %s", queue.slug, exc)
+            seed(queue.slug, values)
+        except redis.RedisError as exc:  # the queue then learns from its own record alone
+            logger.warning("queue %s: no record of %s taken: %s", queue.slug, what, exc)
     return started
 
 
@@ -229,7 +228,7 @@ def walk_prior(queue: Queue) -> list[float] | None:
     departure)."""
     others = Queue.objects.filter(mode=Queue.Mode.TRACKED).exclude(pk=queue.pk).order_by("-updated_at")
     found = store.walk_records(list(others.values_list("slug", flat=True)[:WALK_PRIOR_QUEUES]))
-    records = [sums for sums in map(_walk_sums, found.values()) if sums is not None]
+    records = [sums for sums in (_sums(text, WALK_SUMS) for text in found.values()) if sums is not None]
     pooled = [sum(column) for column in zip(*records, strict=True)]
     waited = sum(pooled[1::2])
     if waited <= 0:
@@ -250,12 +249,13 @@ def walk_default() -> list[float] | None:
     return [rate * seconds, seconds] * WALK_DEFAULT_BANDS + [0.0, 0.0] * (WALK_SUMS // 2 - WALK_DEFAULT_BANDS)
 
 
-def _walk_sums(text: str) -> list[float] | None:
+def _sums(text: str, count: int) -> list[float] | None:
+    """`count` finite numbers of 0 or more, as a queue's record keeps them; None for anything else."""
     try:
         sums = [float(x) for x in text.split()]
     except ValueError:
         return None
-    if len(sums) != WALK_SUMS or not all(math.isfinite(x) and x >= 0 for x in sums):
+    if len(sums) != count or not all(math.isfinite(x) and x >= 0 for x in sums):
         return None
     return sums
 
@@ -296,23 +296,10 @@ def hold_prior(queue: Queue) -> list[float] | None:
 
 def _hold_record(record: tuple[str, str, str]) -> tuple[float, list[float], list[float]] | None:
     """(mean ms, given back per band, slot-seconds per band) of one queue's record, or None."""
-    mean_text, given_text, spent_text = record
-    try:
-        mean, given, spent = (
-            float(mean_text),
-            [float(v) for v in given_text.split()],
-            [float(v) for v in spent_text.split()],
-        )
-    except ValueError:
+    mean, given, spent = _sums(record[0], 1), _sums(record[1], HOLD_BANDS), _sums(record[2], HOLD_BANDS + 1)
+    if mean is None or given is None or spent is None or mean[0] <= 0:
         return None
-    numbers = [mean, *given, *spent]
-    if (
-        len(given) != HOLD_BANDS
-        or len(spent) != HOLD_BANDS + 1
-        or not all(math.isfinite(v) and v >= 0 for v in numbers)
-    ):
-        return None
-    return (mean, given, spent[1:]) if mean > 0 else None  # (svx begins with the time of its last look)
+    return mean[0], given, spent[1:]  # (svx begins with the time of its last look)
 
 
 def _prior_or_none(queue: Queue, prior: Callable[[Queue], list[float] | None], what: str) -> list[float] | None:
