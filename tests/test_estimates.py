@@ -760,6 +760,32 @@ def test_a_new_queue_begins_from_how_long_the_operator_s_other_queues_held_their
     assert stat(fresh.slug, "ema_service_ms") != pytest.approx(20_000, abs=1)
 
 
+@pytest.mark.usefixtures("nobody_walks_at_first")
+def test_a_burst_into_an_idle_queue_waits_for_the_first_hold_back_not_the_mean_pace(make_queue, clock):
+    """Seen in the simulator's capacity-bound sale, a new queue begun from the operator's record: the burst's
+    first second, before the tick had drawn the curve of slots back (it drew none while nobody waited), was
+    told that slots come back at capacity / the mean hold from that second (the first in line 2 s, the
+    tenth 12 s), and had to wait for the shortest session: 10 s and 16 s (told 0.3-0.9 of their waits).
+    The tick now draws the curve while the line is empty too, the free slots as holds begun at its look."""
+    queue = make_queue(capacity=5, outflow_per_minute=600, burst=10, session_ttl=3600)
+    slug, t0 = queue.slug, clock.now
+    for round_ in range(2):  # its record: ten sessions of 20 s
+        held = sessions(slug, [f"r{round_}-{i}" for i in range(5)], now=t0 + 25 * round_)
+        for ticket in held:
+            services.session_complete(slug=slug, claims=access_claims(slug, ticket), now=t0 + 25 * round_ + 20)
+    for second in range(50, 61):
+        tick(slug, t0 + second)  # idle: nobody held, nobody waiting
+    t1 = t0 + 60.4  # a burst between two ticks
+    sessions(slug, [f"in{i}" for i in range(5)], now=t1)
+    first = join(slug, "first", now=t1)
+    told = status(slug, first, now=t1).est_wait_s
+    # the first slot back: a 20-s session's, not 5 slots / 20 s (4 s and half a tick)
+    assert told is not None and 12 <= told <= 25, told
+    tick(slug, t0 + 61)  # the tick's own curve, the slots held now at their ages, agrees
+    again = status(slug, first, now=t0 + 61).est_wait_s
+    assert again is not None and abs(again - (told - 0.6)) <= 3, (told, again)
+
+
 def test_an_operator_s_first_queue_begins_from_no_record_of_holding_slots(make_queue):
     """How long a site's sessions last is the site's: with no other queue that has had a slot back there is
     no default, and a record that does not read as numbers of the bands' form is left out."""

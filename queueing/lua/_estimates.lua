@@ -381,8 +381,11 @@ local function held_ages(p, now)
 end
 
 -- The admission tick's look at the slots held (once a second, on the leader's tick): adds the time they
--- spent in each band since the last look to 'svx', saves the mean hold ('svm'), and when somebody will
--- need a slot back draws the curve of slots back ('svr').
+-- spent in each band since the last look to 'svx', saves the mean hold ('svm'), and draws the curve of
+-- slots back ('svr'), the free slots taken as holds begun at this look. It draws one while nobody waits
+-- too: a burst into an idle queue fills its slots between two ticks, and until the next one was told that
+-- slots come back at capacity / the mean hold from its first second (seen in the simulator: the first in
+-- line of a new queue's burst told 2 s, and it had 10 s, the shortest session).
 local function returns_look(p, st, now)
   if p.capacity_source == 'reported' then  -- the site counts its sessions: no holds seen here
     if st.svr or st.svm then redis.call('HDEL', K_ST, 'svr', 'svm') end
@@ -400,9 +403,7 @@ local function returns_look(p, st, now)
   local svm = fmt(mean_s * 1000)
   if svm ~= st.svm then redis.call('HSET', K_ST, 'svm', svm) end
   local free = math.max(0, p.capacity - held)  -- filled at once by the line: holders of age 0
-  -- Nobody will need a slot back: an estimate takes at most 2 (line + 1) admissions.
-  local waiting = line_count()
-  if mean_s <= 0 or waiting == 0 or free >= 2 * (waiting + 1) then
+  if mean_s <= 0 then
     if st.svr then redis.call('HDEL', K_ST, 'svr') end
     return
   end
