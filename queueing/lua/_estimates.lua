@@ -210,7 +210,8 @@ local function present_read(st, now, ahead, drawn)
   return ahead * (1 - s), nil
 end
 
-local function hazard_stay(p, st, now, own_s, ahead, look)
+-- still_s: the seconds before the head moves at all (d0 below).
+local function hazard_stay(p, st, now, own_s, ahead, look, still_s)
   local H = hazard_curve(st)
   if H == nil then return nil end
   local head_s = math.max(own_s, (now - (tonumber(st.head_js) or now)) / 1000)
@@ -219,7 +220,11 @@ local function hazard_stay(p, st, now, own_s, ahead, look)
   for i = 1, 4 do base[i] = H(math.max(0, ages[i] - lag)) end
   return function(t)
     local stay = 0
-    for i = 1, 4 do stay = stay + GL_W[i] * math.exp(base[i] - H(ages[i] + t * GL_U[i])) end
+    local moving = math.max(0, t - still_s)
+    for i = 1, 4 do
+      local reached = math.min(t, still_s) + GL_U[i] * moving
+      stay = stay + GL_W[i] * math.exp(base[i] - H(ages[i] + reached))
+    end
     return stay
   end
 end
@@ -520,7 +525,17 @@ local function estimate_wait(p, st, ahead, now, used, level, own_s)
   end
   local t = drained(present + 1)
   if t == nil then return -1 end
-  local stay = present > 0 and hazard_stay(p, st, now, math.max(0, own_s or 0), ahead, look) or nil
+  local stay = nil
+  if present > 0 then
+    -- When the head reaches those ahead: the one a share u of the way once the line has stood still until
+    -- the first admission it allows (d0: a free slot or token at once; a burst that has filled every slot,
+    -- not before the first slot comes back) and then moved u of the rest of the wait, at an even pace.
+    -- Seen in the simulator's capacity-bound sale (a new queue, 15 % walking away 3-40 s after joining):
+    -- taken to move at an even pace from the join, the head was to reach most of those ahead before they
+    -- walked away, where it stood still 10 s for the shortest session and they had that much longer to go,
+    -- and the burst was told 1.2 of its waits.
+    stay = hazard_stay(p, st, now, math.max(0, own_s or 0), ahead, look, drained(1) or 0)
+  end
   local cutting, cutting_slow = priority_ahead_rate(p, st, ahead, level or 0, now)
   if stay ~= nil or cutting > 0 or cutting_slow > 0 then
     local cap = 2 * (present + 1)
