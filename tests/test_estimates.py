@@ -708,6 +708,14 @@ def sessions(slug: str, names: list[str], *, now: float) -> list[store.TicketSta
     return tickets
 
 
+def held_for(slug: str, seconds: float, *, capacity: int, now: float) -> None:
+    """A record of holding slots: two rounds of `capacity` sessions of `seconds`, 5 s apart."""
+    for round_ in range(2):
+        begun = now + (seconds + 5) * round_
+        for ticket in sessions(slug, [f"r{round_}-{i}" for i in range(capacity)], now=begun):
+            services.session_complete(slug=slug, claims=access_claims(slug, ticket), now=begun + seconds)
+
+
 @pytest.mark.usefixtures("nobody_walks_at_first")
 def test_a_new_queue_begins_from_how_long_the_operator_s_other_queues_held_their_slots(make_queue, clock):
     """Seen in the simulator's capacity-bound sale: a crowd that fills a new queue's capacity at once is told
@@ -773,10 +781,7 @@ def test_a_burst_into_an_idle_queue_waits_for_the_first_hold_back_not_the_mean_p
     The tick now draws the curve while the line is empty too, the free slots as holds begun at its look."""
     queue = make_queue(capacity=5, outflow_per_minute=600, burst=10, session_ttl=3600)
     slug, t0 = queue.slug, clock.now
-    for round_ in range(2):  # its record: ten sessions of 20 s
-        held = sessions(slug, [f"r{round_}-{i}" for i in range(5)], now=t0 + 25 * round_)
-        for ticket in held:
-            services.session_complete(slug=slug, claims=access_claims(slug, ticket), now=t0 + 25 * round_ + 20)
+    held_for(slug, 20, capacity=5, now=t0)  # its record: ten sessions of 20 s
     for second in range(50, 61):
         tick(slug, t0 + second)  # idle: nobody held, nobody waiting
     t1 = t0 + 60.4  # a burst between two ticks
@@ -800,10 +805,7 @@ def test_those_ahead_of_a_full_house_have_the_first_session_s_length_to_walk_awa
     pace from the join told 70 s: a second round of sessions)."""
     queue = make_queue(capacity=10, outflow_per_minute=600, burst=10, session_ttl=3600, presence_timeout=60)
     slug, t0 = queue.slug, clock.now
-    for round_ in range(2):  # its record: twenty sessions of 30 s
-        held = sessions(slug, [f"r{round_}-{i}" for i in range(10)], now=t0 + 35 * round_)
-        for ticket in held:
-            services.session_complete(slug=slug, claims=access_claims(slug, ticket), now=t0 + 35 * round_ + 30)
+    held_for(slug, 30, capacity=10, now=t0)  # its record: twenty sessions of 30 s
     walks = [(5.0, 100.0)] * 3 + [(0.0, 3000.0)] * (len(BANDS) - 3)  # 0.05 a second in 0-30 s, then none
     store.client().hset(store.queue_keys(slug).st, "hz", " ".join(f"{w} {x}" for w, x in walks))
     t1 = t0 + 80
