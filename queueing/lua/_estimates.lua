@@ -305,6 +305,21 @@ local function expose(x, from, to, w)
   end
 end
 
+-- How long an admitted visitor takes to claim its slot is kept apart for the two ways in (session_start.lua):
+-- 'cwj', let in at its join (the join's answer hands over at once), and 'cwl', let in from the line (it
+-- hears at its next poll or push). A slot let in at a join is held the difference less than one let in
+-- from the line, and the record of holds is kept as the line's (service_note, held_ages): the line is
+-- what refills the slots. Seen in the simulator: a new queue's burst, let in at its joins, held its slots
+-- 15 s against the line's 16.5-17 s, and those waiting behind it were told 1.17 of their waits.
+-- claim_shift: that difference (seconds), 0 until a claim from the line has been seen (or begun from the
+-- operator's other queues: hold_prior.lua); one at a join is taken to claim at once until one has.
+local function claim_shift(cwl, cwj)
+  local l = numbers(cwl, 2)
+  if l == nil then return 0 end
+  local j = numbers(cwj, 2)
+  return math.max(0, l[1] - (j and j[1] or 0)) / 1000
+end
+
 -- A slot given back after sample_ms, at now: a hold in its band, and the part of it the tick's looks did
 -- not see (since the last look, or all of it) to the slot-seconds.
 local function hold_note(sample_ms, now)
@@ -358,49 +373,56 @@ end
 
 local CLAIM_LATE_S, HEAD_SLOTS = 10, 32
 -- The ages (seconds) of up to HOLD_SAMPLES of the slots held now, spread over them, in their order (the
--- claims' scores, then the sessions'); the count of slots held; how many of the ages (the first) are of
--- the admissions unclaimed for CLAIM_LATE_S that polls look at one by one (slots_back: the first
--- HEAD_SLOTS of them), and how many are of admissions unclaimed that long at all; and the weight of each
--- age past the first of those, which stand for the slots held less the ones looked at one by one.
-local function held_ages(p, now)
+-- claims' scores, then the sessions'), and the same as the line's holds (those let in at a join `shift`
+-- seconds older: claim_shift); the count of slots held; how many of the ages (the first) are of the
+-- admissions unclaimed for CLAIM_LATE_S that polls look at one by one (slots_back: the first HEAD_SLOTS of
+-- them), and how many are of admissions unclaimed that long at all; and the weight of each age past the
+-- first of those, which stand for the slots held less the ones looked at one by one.
+local function held_ages(p, now, shift)
   local n_claims = redis.call('ZCARD', K_CLAIMS)
   local held = n_claims + redis.call('ZCARD', K_SESSIONS)
-  local ages, weight, head, late = {}, 0, 0, 0
+  local ages, lines, weight, head, late = {}, {}, 0, 0, 0
   if held > 0 then
     local count = math.min(held, HOLD_SAMPLES)
-    local shift = (now % 991) / 991
+    local sample = (now % 991) / 991
     local n_late = n_claims > 0 and redis.call('ZCOUNT', K_CLAIMS, '-inf', now + (p.claim_ttl - CLAIM_LATE_S) * 1000) or 0
     local n_head = math.min(n_late, HEAD_SLOTS)
     for i = 0, count - 1 do
-      local rank = math.floor((i + shift) * held / count)
+      local rank = math.floor((i + sample) * held / count)
       if rank < n_head then head = head + 1 end
       if rank < n_late then late = late + 1 end
       local key, ttl = K_CLAIMS, p.claim_ttl
       if rank >= n_claims then key, ttl, rank = K_SESSIONS, p.session_ttl, rank - n_claims end
       local row = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
-      if row[2] then ages[#ages + 1] = math.max(0, (now - (tonumber(row[2]) - ttl * 1000)) / 1000) end
+      if row[2] then
+        local age = math.max(0, (now - (tonumber(row[2]) - ttl * 1000)) / 1000)
+        local rec = shift > 0 and load(vk_of(row[1])) or nil
+        ages[#ages + 1], lines[#lines + 1] = age, age + ((rec and rec[R_ADMITTED] == rec[R_JOINED]) and shift or 0)
+      end
     end
     weight = count > head and (held - n_head) / (count - head) or 0
   end
-  return ages, held, head, late, weight
+  return ages, lines, held, head, late, weight
 end
 
 -- The admission tick's look at the slots held (once a second, on the leader's tick): adds the time they
 -- spent in each band since the last look to 'svx', saves the mean hold ('svm'), and draws the curve of
--- slots back ('svr'), the free slots taken as holds begun at this look. It draws one while nobody waits
--- too: a burst into an idle queue fills its slots between two ticks, and until the next one was told that
--- slots come back at capacity / the mean hold from its first second (seen in the simulator: the first in
--- line of a new queue's burst told 2 s, and it had 10 s, the shortest session).
+-- slots back ('svr'), the free slots taken as holds begun at this look (by the line's joiners when nobody
+-- waits: let in at their joins). It draws one while nobody waits too: a burst into an idle queue fills its
+-- slots between two ticks, and until the next one was told that slots come back at capacity / the mean
+-- hold from its first second (seen in the simulator: the first in line of a new queue's burst told 2 s,
+-- and it had 10 s, the shortest session).
 local function returns_look(p, st, now)
   if p.capacity_source == 'reported' then  -- the site counts its sessions: no holds seen here
     if st.svr or st.svm then redis.call('HDEL', K_ST, 'svr', 'svm') end
     return
   end
-  local ages, held, head, late, weight = held_ages(p, now)
+  local shift = claim_shift(st.cwl, st.cwj)
+  local ages, lines, held, head, late, weight = held_ages(p, now, shift)
   local h, x, ts = hold_sums(st.svh, st.svx)
   local since = math.max(0, now - ts) / 1000  -- each slot's seconds since the last look (all, before one)
   if held > 0 then  -- (none held: nothing to add, and every slot held later is seen from its start)
-    for _, a in ipairs(ages) do expose(x, math.max(0, a - since), a, held / #ages) end
+    for i, a in ipairs(lines) do expose(x, a - math.min(since, ages[i]), a, held / #ages) end
     redis.call('HSET', K_ST, 'svx', fmt(now) .. ' ' .. fmt_all(x))
   end
   local S, mean_s = hold_survival(p, h, x)
@@ -419,12 +441,13 @@ local function returns_look(p, st, now)
     if left < 0.02 then return 1 - math.exp(-t / mean_s) end  -- older than the holds seen: at the mean's pace
     return math.min(1, (left - S(a + t)) / left)
   end
+  local fill = line_count() > 0 and 0 or shift  -- the free slots' age as the line's holds
   local first, f = {}, {}  -- first[k]: back by k steps, of those held now; f[k]: a fresh hold's, in step k
   for k = 1, RETURN_POINTS do
-    local t, sum = k * step, free * F(k * step)
+    local t, sum = k * step, free * gone(fill, k * step)
     for i = head + 1, #ages do  -- (the first HEAD_SLOTS late: slots_back)
       -- an admission unclaimed for CLAIM_LATE_S lapses at its deadline, like those slots_back looks at
-      sum = sum + weight * (i <= late and (t >= p.claim_ttl - ages[i] and 1 or 0) or gone(ages[i], t))
+      sum = sum + weight * (i <= late and (t >= p.claim_ttl - ages[i] and 1 or 0) or gone(lines[i], t))
     end
     first[k] = sum
     f[k] = F(k * step) - F((k - 1) * step)

@@ -37,7 +37,13 @@ end
 -- last ~SERVICE_SPAN slots given back (the mean of all of them until there are that many). Slots come
 -- back shortest first after a burst, then the long ones: an average weighing the last ten (as it was)
 -- followed that order, low and then high (tests/test_estimates.py: 16.2 s for sessions of 14.5 s).
-local function service_note(sample, now)  -- SERVICE_SPAN: _estimates.lua; and the holds' bands (hold_note)
+-- The slot of rec, given back at now: its hold as the line's (a join's claim wait is shorter: claim_shift).
+local function service_note(rec, now)  -- SERVICE_SPAN: _estimates.lua; and the holds' bands (hold_note)
+  local sample = math.max(0, now - rec[R_ADMITTED])
+  if rec[R_ADMITTED] == rec[R_JOINED] then
+    local c = redis.call('HMGET', K_ST, 'cwl', 'cwj')
+    sample = sample + 1000 * claim_shift(c[1] or nil, c[2] or nil)
+  end
   hold_note(sample, now)
   local b = redis.call('HMGET', K_ST, 'ema_service_ms', 'svc_n')
   local n = (tonumber(b[2]) or (b[1] and 10 or 0)) + 1  -- a queue from before the count: as if ten
@@ -57,7 +63,7 @@ local function finish(tid, rec, status, reason, now)
   elseif held then
     redis.call('ZREM', K_CLAIMS, tid)
     redis.call('ZREM', K_SESSIONS, tid)
-    service_note(math.max(0, now - rec[R_ADMITTED]), now)
+    service_note(rec, now)
   end
   while #rec < R_REASON do rec[#rec + 1] = 0 end
   for i = #rec, R_LINE_SCORE, -1 do rec[i] = nil end  -- the parked place, the status limiter's bucket

@@ -21,6 +21,16 @@
 -- the new epoch holds its slot (epoch.lua, `capacity_now`) it comes back at once; afterwards only into a
 -- free slot ('full' otherwise): the slots in use never exceed capacity.
 
+-- How long it took to claim the slot, kept apart for those let in at their joins ('cwj') and from the line
+-- ('cwl'): "<mean ms> <count>", the mean of the last ~SERVICE_SPAN (_estimates.lua claim_shift).
+local function claim_note(rec, now)
+  local field = rec[R_ADMITTED] == rec[R_JOINED] and 'cwj' or 'cwl'
+  local v = numbers(redis.call('HGET', K_ST, field) or nil, 2) or {0, 0}
+  local n = math.min(v[2] + 1, SERVICE_SPAN)
+  local mean = v[1] + (math.max(0, now - rec[R_ADMITTED]) - v[1]) / n
+  redis.call('HSET', K_ST, field, fmt(mean) .. ' ' .. fmt(n))
+end
+
 local vk, seq, fence, now = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local binding, rebind = ARGV[7] or '', ARGV[8] == '1'
 local K_BIND = KEYS[12]
@@ -59,6 +69,7 @@ if rec[R_STATUS] == ADMITTED then
   local tid = ticket_id(seq, vk)
   redis.call('ZREM', K_CLAIMS, tid)
   redis.call('ZADD', K_SESSIONS, rec[R_EXPIRES], tid)
+  claim_note(rec, now)  -- how long it took to claim (the holds as the line's)
   rec[R_STATUS] = ACTIVE
   save(vk, rec)
   redis.call('HINCRBY', K_ST, 'activated', 1)

@@ -274,32 +274,40 @@ HOLD_BANDS = 14  # lua/_estimates.lua HOLD_NB
 
 
 def hold_prior(queue: Queue) -> list[float] | None:
-    """[mean hold in ms, holds given back per band .., slot-seconds per band ..] pooled from the others'
-    records and scaled to HOLD_PRIOR_HOLDS holds; None when no other queue has had a slot back. A record
-    that does not read as finite numbers of the bands' form is left out. Only queues that count their
-    sessions: a site that reports its own count is never seen to hold a slot here (its estimate takes the
-    observed pace)."""
+    """[mean hold in ms, holds given back per band .., slot-seconds per band .., claim wait from the line
+    in ms or -1] pooled from the others' records and scaled to HOLD_PRIOR_HOLDS holds; None when no other
+    queue has had a slot back. A record that does not read as finite numbers of the bands' form is left
+    out. Only queues that count their sessions: a site that reports its own count is never seen to hold a
+    slot here (its estimate takes the observed pace)."""
     if queue.capacity_source != Queue.CapacitySource.COUNTED:
         return None
     others = Queue.objects.filter(mode=Queue.Mode.TRACKED, capacity_source=Queue.CapacitySource.COUNTED)
     others = others.exclude(pk=queue.pk).order_by("-updated_at")
     found = store.hold_records(list(others.values_list("slug", flat=True)[:WALK_PRIOR_QUEUES]))
     records = [record for record in map(_hold_record, found.values()) if record is not None]
-    given = sum(sum(h) for _, h, _ in records)
+    given = sum(sum(h) for _, h, _, _ in records)
     if given <= 0:
         return None
-    mean = sum(m * sum(h) for m, h, _ in records) / given
+    mean = sum(m * sum(h) for m, h, _, _ in records) / given
     scale = HOLD_PRIOR_HOLDS / given
-    pooled = [sum(column) * scale for column in zip(*(h + x for _, h, x in records), strict=True)]
-    return [mean, *pooled]
+    pooled = [sum(column) * scale for column in zip(*(h + x for _, h, x, _ in records), strict=True)]
+    # the claim wait of those let in from the line (a join's is shorter: lua/_estimates.lua claim_shift)
+    claimed = [(c, sum(h)) for _, h, _, c in records if c is not None]
+    weight = sum(w for _, w in claimed)
+    claim = sum(c * w for c, w in claimed) / weight if weight > 0 else -1.0
+    return [mean, *pooled, claim]
 
 
-def _hold_record(record: tuple[str, str, str]) -> tuple[float, list[float], list[float]] | None:
-    """(mean ms, given back per band, slot-seconds per band) of one queue's record, or None."""
+def _hold_record(
+    record: tuple[str, str, str, str | None],
+) -> tuple[float, list[float], list[float], float | None] | None:
+    """(mean ms, given back per band, slot-seconds per band, claim wait from the line in ms or None) of one
+    queue's record, or None."""
     mean, given, spent = _sums(record[0], 1), _sums(record[1], HOLD_BANDS), _sums(record[2], HOLD_BANDS + 1)
     if mean is None or given is None or spent is None or mean[0] <= 0:
         return None
-    return mean[0], given, spent[1:]  # (svx begins with the time of its last look)
+    claim = _sums(record[3] or "", 2)  # "<mean ms> <count>"
+    return mean[0], given, spent[1:], claim[0] if claim else None  # (svx begins with the time of its last look)
 
 
 def _prior_or_none(queue: Queue, prior: Callable[[Queue], list[float] | None], what: str) -> list[float] | None:

@@ -92,24 +92,26 @@ def walk_prior_seed(slug: str, sums: Sequence[float]) -> bool:
     return bool(int(run("walk_prior", queue_keys(slug).script_keys(), [f"{x:.6g}" for x in sums])))
 
 
-def hold_records(slugs: Sequence[str]) -> dict[str, tuple[str, str, str]]:
-    """The record of how long slots are held ('ema_service_ms', 'svh', 'svx': lua/_estimates.lua) of each
-    of these queues that has had a slot back, by slug: one round trip (a pipeline)."""
+def hold_records(slugs: Sequence[str]) -> dict[str, tuple[str, str, str, str | None]]:
+    """The record of how long slots are held ('ema_service_ms', 'svh', 'svx', and the claim wait of those
+    let in from the line, 'cwl' or None: lua/_estimates.lua) of each of these queues that has had a slot
+    back, by slug: one round trip (a pipeline)."""
     if not slugs:
         return {}
     pipe = client().pipeline(transaction=False)
     for slug in slugs:
-        pipe.hmget(queue_keys(slug).st, "ema_service_ms", "svh", "svx")
+        pipe.hmget(queue_keys(slug).st, "ema_service_ms", "svh", "svx", "cwl")
     return {
-        slug: (mean, given, spent)
-        for slug, (mean, given, spent) in zip(slugs, pipe.execute(), strict=True)
+        slug: (mean, given, spent, claim)
+        for slug, (mean, given, spent, claim) in zip(slugs, pipe.execute(), strict=True)
         if mean and given and spent
     }
 
 
 def hold_prior_seed(slug: str, values: Sequence[float]) -> bool:
-    """Begin the queue's record of how long slots are held from these (the mean hold in ms, then the holds
-    given back and the slot-seconds per band), unless it has had a slot back (lua/hold_prior.lua)."""
+    """Begin the queue's record of how long slots are held from these (the mean hold in ms, the holds given
+    back and the slot-seconds per band, then the claim wait from the line in ms or -1), unless it has had a
+    slot back (lua/hold_prior.lua)."""
     return bool(int(run("hold_prior", queue_keys(slug).script_keys(), [f"{x:.6g}" for x in values])))
 
 
