@@ -7,7 +7,8 @@ INFO commandstats' `usec` for FCALL over N calls, pipelined 500 per round trip, 
 Prints µs per call for: the status poll with its limiter (one script: what a poll runs), the status
 script alone, the token-bucket limiter alone, a join (a new visitor each call), the window read, and the
 status script on the queue opened, its estimate with and without walk-aways and priority joiners to
-weigh, and with every slot taken and 36 admissions nobody has claimed (slots_back).
+weigh, and with every slot taken and 36 admissions nobody has claimed (slots_back); and the leader's
+tick on those slots (its look at the slots held: the curve of slots back).
 """
 
 from __future__ import annotations
@@ -201,6 +202,26 @@ def measure(tickets: int, calls: int, rounds: int = 3) -> dict[str, Any]:
 
     results["status alone, every slot taken, 36 admissions unclaimed: the late ones one by one"] = per_call(
         "status", poll_now
+    )
+    # The leader's tick, once a second per queue, on the same slots: it looks at 24 of the slots held (each
+    # one's record too, to know whether it was let in at its join), adds their seconds per band of time
+    # held, works out the life table and draws the curve of slots back (lua/_estimates.lua returns_look),
+    # and looks at the line. Paused, so that it admits nobody and every call does the same work; the
+    # record of holds is written in the 14 bands of before, which a version of 28 reads into its own at
+    # the first call (and saves so).
+    client.set(keys.leader, "bench-leader")
+    services.queue_configure(slug="bench", changes={"state": "paused"}, actor_label="bench")
+    client.hset(
+        keys.st,
+        mapping={
+            "svh": "0 0 3 4 3 0 0 0 0 0 0 0 0 0",
+            "svx": f"{now_ms} 50 50 50 35 8 0 0 0 0 0 0 0 0 0",
+            "cwl": "1000 10",
+            "cwj": "10 10",
+        },
+    )
+    results["the leader's tick (admit), paused, every slot taken: its look at the slots held"] = per_call(
+        "admit", lambda i: ("admit", keys.script_keys(), (now_ms, "bench-leader", 100, 100))
     )
     return results
 

@@ -263,7 +263,10 @@ end
 -- (each held slot of age a: P(hold <= a + t | hold > a)), and, for a line that refills each slot as it
 -- comes back, those refilled that come back again (the renewal equation, on RETURN_POINTS steps over
 -- RETURN_HOLDS mean holds). 'svr': "<tick ms> <step s> R1 .. Rn"; polls read it.
-local HOLD_EDGES = {0, 5, 10, 12, 15, 17, 20, 23, 26, 30, 35, 40, 45, 52, 60, 70, 80, 90, 105, 120, 150, 180, 240, 300, 450, 600, 1200, 1800, 3600}
+local HOLD_EDGES = {  -- (2-5 s wide up to 30 s, then at most a sixth of where each starts, to 2 minutes)
+  0, 5, 10, 12, 15, 17, 20, 23, 26, 30, 35, 40, 45, 52, 60, 70, 80, 90, 105, 120, 150, 180, 240, 300, 450, 600,
+  1200, 1800, 3600,
+}
 local HOLD_NB = #HOLD_EDGES - 1  -- bin b: [HOLD_EDGES[b], HOLD_EDGES[b + 1]) seconds; longer holds in the last
 local SERVICE_SPAN, HOLD_SAMPLES, RETURN_POINTS, RETURN_HOLDS = 50, 24, 24, 2
 local HOLD_SHRINK = 2  -- a band's rate leans on the band before it as if HOLD_SHRINK holds had passed through it
