@@ -94,9 +94,12 @@ end
 -- The band of x among the bands that start at edges[1 .. nb]: the last to start at or below x (the first,
 -- below them all).
 local function band_in(edges, nb, x)
-  local b = nb
-  while b > 1 and x < edges[b] do b = b - 1 end
-  return b
+  local lo, hi = 1, nb  -- (halving: the holds' curve asks some two thousand times a tick, of 28 bands)
+  while lo < hi do
+    local mid = math.floor((lo + hi + 1) / 2)
+    if x < edges[mid] then hi = mid - 1 else lo = mid end
+  end
+  return lo
 end
 
 local function band_of(waited)  -- of time waited (walking away)
