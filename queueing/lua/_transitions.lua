@@ -39,13 +39,10 @@ end
 -- followed that order, low and then high (tests/test_estimates.py: 16.2 s for sessions of 14.5 s).
 -- The slot of rec, given back at now: its hold as the line's (a join's claim wait is shorter: claim_shift).
 local function service_note(rec, now)  -- SERVICE_SPAN: _estimates.lua; and the holds' bands (hold_note)
+  local b = redis.call('HMGET', K_ST, 'ema_service_ms', 'svc_n', 'cwl', 'cwj')  -- (hold_note writes none)
   local sample = math.max(0, now - rec[R_ADMITTED])
-  if rec[R_ADMITTED] == rec[R_JOINED] then
-    local c = redis.call('HMGET', K_ST, 'cwl', 'cwj')
-    sample = sample + 1000 * claim_shift(c[1] or nil, c[2] or nil)
-  end
+  if rec[R_ADMITTED] == rec[R_JOINED] then sample = sample + 1000 * claim_shift(b[3] or nil, b[4] or nil) end
   hold_note(sample, now)
-  local b = redis.call('HMGET', K_ST, 'ema_service_ms', 'svc_n')
   local n = (tonumber(b[2]) or (b[1] and 10 or 0)) + 1  -- a queue from before the count: as if ten
   local old = tonumber(b[1]) or sample
   local new = old + (sample - old) / math.min(n, SERVICE_SPAN)
