@@ -269,7 +269,7 @@ end
 local HOLD_EDGES = {0, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1800, 3600}
 local HOLD_NB = #HOLD_EDGES - 1  -- bin b: [HOLD_EDGES[b], HOLD_EDGES[b + 1]) seconds; longer holds in the last
 local SERVICE_SPAN, HOLD_SAMPLES, RETURN_POINTS, RETURN_HOLDS = 50, 24, 24, 2
-local HOLD_SHRINK = 2  -- a band's rate leans on the band before it as if HOLD_SHRINK holds had passed through it
+local HOLD_SHRINK = 2  -- a band's rate leans on the curve fitted to all as if HOLD_SHRINK holds had passed through it
 local HOLDS_FIRST = 3  -- holds given back before the tick works out the mean hold and the curve of slots back
 
 local function hold_bin(seconds)  -- of time held
@@ -342,34 +342,62 @@ end
 -- the bands. A band's rate r (holds given back in it over its slot-seconds) says the share of those who
 -- reach it that are given back in it, r w / (1 + r w / 2) for a band w seconds wide (the actuarial
 -- estimate: the holds given back in a band spread across it, as the histogram read them before), and S
--- falls linearly across it. A band with few slot-seconds in it leans on the band before it, as if
--- HOLD_SHRINK holds had passed through it at that rate (the first, on the rate over all bands): holds
--- longer than any seen yet go on at the rate the longest seen did. No slot is held longer than its
--- session (or its claim) lasts. nil until HOLDS_FIRST slots have come back: the first say little of the
--- rest (one claim that lapsed at 15 s, 30 s into a sale whose 40 slots were all still held, read as a mean
--- hold of 360 s, and the burst joining then was told 2-3.7 times its waits); polls take the mean of those
--- given back meanwhile (ema_service_ms).
+-- falls linearly across it. A band with few slot-seconds in it leans on a smooth curve fitted to all of
+-- them, as if HOLD_SHRINK holds had passed through it at the curve's rate: a rate a t^c (Weibull's, c
+-- found by halving where the holds given back are as old, in the mean of log t, as the slot-seconds
+-- weighted by t^c; a where as many are given back as the curve says), so holds older than any seen go on
+-- at the pace the shape of those seen points to: a rising one when sessions end within a span (20-60 s:
+-- the 14 bands' mean hold read 50-136 s at 25-30 s into a sale, 28 narrower ones 125-414 s, where each
+-- band past the last hold given back kept the rate of the band before it), a flat one when they lapse at
+-- random. No slot is held longer than its session (or its claim) lasts. nil until HOLDS_FIRST slots have
+-- come back: the first say little of the rest (one claim that lapsed at 15 s, 30 s into a sale whose 40
+-- slots were all still held, read as a mean hold of 360 s, and the burst joining then was told 2-3.7
+-- times its waits); polls take the mean of those given back meanwhile (ema_service_ms).
 local function hold_survival(p, h, x)
-  local given, spent = 0, 0
-  for b = 1, HOLD_NB do given, spent = given + h[b], spent + x[b] end
+  local given = 0
+  for b = 1, HOLD_NB do given = given + h[b] end
   if given < HOLDS_FIRST - 0.5 then return nil end  -- (each faded by 1/SERVICE_SPAN: three come to 2.94)
   local longest = math.max(p.session_ttl, p.claim_ttl)
-  local before, edge, q, width, mean = given / math.max(1, spent), {1}, {}, {}, 0
+  local width, mid, log_mid, old = {}, {}, {}, 0
   for b = 1, HOLD_NB do
-    local lo = HOLD_EDGES[b]
-    width[b] = (b < HOLD_NB and HOLD_EDGES[b + 1] or math.max(HOLD_EDGES[b + 1], longest)) - lo
+    width[b] = (b < HOLD_NB and HOLD_EDGES[b + 1] or math.max(HOLD_EDGES[b + 1], longest)) - HOLD_EDGES[b]
+    mid[b] = math.max(1, HOLD_EDGES[b] + width[b] / 2)
+    log_mid[b] = math.log(mid[b])
+    old = old + h[b] * log_mid[b] / given
+  end
+  local function tilted(c)  -- the slot-seconds weighted by t^c: their sum, and how much older than the holds
+    local w, l = 0, 0
+    for b = 1, HOLD_NB do
+      local v = x[b] * mid[b] ^ c
+      w, l = w + v, l + v * log_mid[b]
+    end
+    return w, w > 0 and l / w - old or 0
+  end
+  local lo, hi = -0.5, 3  -- (c: from a falling rate to one that rises as the cube of time held)
+  if select(2, tilted(hi)) <= 0 then lo = hi elseif select(2, tilted(lo)) < 0 then
+    for _ = 1, 24 do
+      local c = (lo + hi) / 2
+      if select(2, tilted(c)) < 0 then lo = c else hi = c end
+    end
+  end
+  local c = lo
+  local w = tilted(c)
+  local a = given / math.max(w, 1e-9)
+  local edge, q, mean = {1}, {}, 0
+  for b = 1, HOLD_NB do
+    local from = HOLD_EDGES[b]
     local k = HOLD_SHRINK * width[b]
-    before = (h[b] + k * before) / (x[b] + k)
-    local rw = before * width[b]
+    local curve = a * ((from + width[b]) ^ (c + 1) - from ^ (c + 1)) / ((c + 1) * width[b])  -- its mean over the band
+    local rw = (h[b] + k * curve) / (x[b] + k) * width[b]
     q[b] = math.min(1, rw / (1 + rw / 2))  -- of the holds that reach the band, the share given back in it
     edge[b + 1] = edge[b] * (1 - q[b])
-    local upto = math.min(width[b], longest - lo)  -- S falls linearly across the band
+    local upto = math.min(width[b], longest - from)  -- S falls linearly across the band
     if upto > 0 then mean = mean + upto * edge[b] * (1 - q[b] * upto / width[b] / 2) end
   end
-  local function S(a)
-    if a >= longest then return 0 end
-    local b = hold_bin(a)
-    return edge[b] * (1 - q[b] * math.min(1, (a - HOLD_EDGES[b]) / width[b]))
+  local function S(t)
+    if t >= longest then return 0 end
+    local b = hold_bin(t)
+    return edge[b] * (1 - q[b] * math.min(1, (t - HOLD_EDGES[b]) / width[b]))
   end
   return S, mean
 end
