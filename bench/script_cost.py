@@ -206,7 +206,9 @@ def measure(tickets: int, calls: int, rounds: int = 3) -> dict[str, Any]:
     # The leader's tick, once a second per queue, on the same slots: it looks at 24 of the slots held (each
     # one's record too, to know whether it was let in at its join), adds their seconds per band of time
     # held, works out the life table and draws the curve of slots back (lua/_estimates.lua returns_look),
-    # and looks at the line. Paused, so that it admits nobody and every call does the same work.
+    # and looks at the line. Paused, so that it admits nobody and every call does the same work; the
+    # record of holds is written in the 14 bands of before, which a version of 28 reads into its own at
+    # the first call (and saves so).
     client.set(keys.leader, "bench-leader")
     services.queue_configure(slug="bench", changes={"state": "paused"}, actor_label="bench")
     client.hset(

@@ -94,7 +94,7 @@ end
 -- The band of x among the bands that start at edges[1 .. nb]: the last to start at or below x (the first,
 -- below them all).
 local function band_in(edges, nb, x)
-  local lo, hi = 1, nb  -- (halving: the tick's curve of slots back asks some two thousand times a tick)
+  local lo, hi = 1, nb  -- (halving: the holds' curve asks some two thousand times a tick, of 28 bands)
   while lo < hi do
     local mid = math.floor((lo + hi + 1) / 2)
     if x < edges[mid] then hi = mid - 1 else lo = mid end
@@ -266,7 +266,10 @@ end
 -- (each held slot of age a: P(hold <= a + t | hold > a)), and, for a line that refills each slot as it
 -- comes back, those refilled that come back again (the renewal equation, on RETURN_POINTS steps over
 -- RETURN_HOLDS mean holds). 'svr': "<tick ms> <step s> R1 .. Rn"; polls read it.
-local HOLD_EDGES = {0, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1800, 3600}
+local HOLD_EDGES = {  -- (2-5 s wide up to 30 s, then at most a sixth of where each starts, to 2 minutes)
+  0, 5, 10, 12, 15, 17, 20, 23, 26, 30, 35, 40, 45, 52, 60, 70, 80, 90, 105, 120, 150, 180, 240, 300, 450, 600,
+  1200, 1800, 3600,
+}
 local HOLD_NB = #HOLD_EDGES - 1  -- bin b: [HOLD_EDGES[b], HOLD_EDGES[b + 1]) seconds; longer holds in the last
 local SERVICE_SPAN, HOLD_SAMPLES, RETURN_POINTS, RETURN_HOLDS = 50, 24, 24, 2
 local HOLD_SHRINK = 2  -- a band's rate leans on the curve fitted to all as if HOLD_SHRINK holds had passed through it
@@ -289,15 +292,36 @@ local function exposure_of(h)
   return x
 end
 
--- The holds' sums: h (given back per band), x (slot-seconds per band) and when x last grew (ms; 0: never).
+-- The holds' sums: h (given back per band), x (slot-seconds per band) and when x last grew (ms; 0: never),
+-- and whether they were kept in the bands before these (1 s to 5 s wider: a 10 s band at 20-30 s took
+-- the holds of sessions of 10-20 s, all back by 21.5 s, to go on to 30 s). Those are read into these,
+-- each band's holds and slot-seconds split over the bands it holds by their widths, and the tick's look
+-- saves them so (returns_look).
 local function hold_sums(svh, svx)
+  local was = {0, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1800, 3600}
+  local function rebanded(v, from)
+    if v == nil then return nil end
+    local out = {}
+    for b = 1, HOLD_NB do
+      out[b] = 0
+      for o = 1, #was - 1 do
+        local overlap = math.min(was[o + 1], HOLD_EDGES[b + 1]) - math.max(was[o], HOLD_EDGES[b])
+        if overlap > 0 then out[b] = out[b] + v[from + o] * overlap / (was[o + 1] - was[o]) end
+      end
+    end
+    return out
+  end
   local h, x = numbers(svh, HOLD_NB), numbers(svx, HOLD_NB + 1)
+  local old_h = h == nil and rebanded(numbers(svh, #was - 1), 0) or nil
+  local old_x = x == nil and rebanded(numbers(svx, #was), 1) or nil
+  h = h or old_h
   if h == nil then
     h = {}
     for b = 1, HOLD_NB do h[b] = 0 end
   end
-  if x == nil then return h, exposure_of(h), 0 end
-  return h, {unpack(x, 2)}, x[1]
+  if old_x then return h, old_x, numbers(svx, #was)[1], true end
+  if x == nil then return h, exposure_of(h), 0, old_h ~= nil end
+  return h, {unpack(x, 2)}, x[1], old_h ~= nil
 end
 
 -- Adds w slot-seconds for each second of [from, to] (seconds held) to the bands' x.
@@ -450,11 +474,14 @@ local function returns_look(p, st, now)
   end
   local shift = claim_shift(st.cwl, st.cwj)
   local ages, lines, held, head, late, weight = held_ages(p, now, shift)
-  local h, x, ts = hold_sums(st.svh, st.svx)
+  local h, x, ts, rebanded = hold_sums(st.svh, st.svx)
   local since = math.max(0, now - ts) / 1000  -- each slot's seconds since the last look (all, before one)
   if held > 0 then  -- (none held: nothing to add, and every slot held later is seen from its start)
     for i, a in ipairs(lines) do expose(x, a - math.min(since, ages[i]), a, held / #ages) end
     redis.call('HSET', K_ST, 'svx', fmt(now) .. ' ' .. fmt_all(x))
+  end
+  if rebanded then  -- kept in the bands before these: saved in these
+    redis.call('HSET', K_ST, 'svh', fmt_all(h), 'svx', fmt(held > 0 and now or ts) .. ' ' .. fmt_all(x))
   end
   local S, mean_s = hold_survival(p, h, x)
   if S == nil then return end

@@ -270,7 +270,7 @@ def _sums(text: str, count: int) -> list[float] | None:
 # a crowd that holds its slots longer than the others' did is seen to within seconds). With no such queue
 # there is no default: how long a site's sessions last is the site's, and the first says "working it out".
 HOLD_PRIOR_HOLDS = 5.0  # a few holds: the life table is worked out from the first look (HOLDS_FIRST, 3)
-HOLD_BANDS = 14  # lua/_estimates.lua HOLD_NB
+HOLD_BANDS = 28  # lua/_estimates.lua HOLD_NB
 
 
 def hold_prior(queue: Queue) -> list[float] | None:
