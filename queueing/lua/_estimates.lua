@@ -298,30 +298,31 @@ end
 -- each band's holds and slot-seconds split over the bands it holds by their widths, and the tick's look
 -- saves them so (returns_look).
 local function hold_sums(svh, svx)
-  local was = {0, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1800, 3600}
-  local function rebanded(v, from)
-    if v == nil then return nil end
-    local out = {}
-    for b = 1, HOLD_NB do
-      out[b] = 0
-      for o = 1, #was - 1 do
-        local overlap = math.min(was[o + 1], HOLD_EDGES[b + 1]) - math.max(was[o], HOLD_EDGES[b])
-        if overlap > 0 then out[b] = out[b] + v[from + o] * overlap / (was[o + 1] - was[o]) end
-      end
-    end
-    return out
-  end
   local h, x = numbers(svh, HOLD_NB), numbers(svx, HOLD_NB + 1)
-  local old_h = h == nil and rebanded(numbers(svh, #was - 1), 0) or nil
-  local old_x = x == nil and rebanded(numbers(svx, #was), 1) or nil
-  h = h or old_h
+  local rebanded = false
+  if h == nil or x == nil then  -- none yet, or kept in the bands before these
+    local was = {0, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1800, 3600}
+    local function into_these(v, from)
+      local out = {}
+      for b = 1, HOLD_NB do
+        out[b] = 0
+        for o = 1, #was - 1 do
+          local overlap = math.min(was[o + 1], HOLD_EDGES[b + 1]) - math.max(was[o], HOLD_EDGES[b])
+          if overlap > 0 then out[b] = out[b] + v[from + o] * overlap / (was[o + 1] - was[o]) end
+        end
+      end
+      return out
+    end
+    local was_h, was_x = h == nil and numbers(svh, #was - 1), x == nil and numbers(svx, #was)
+    if was_h then h, rebanded = into_these(was_h, 0), true end
+    if was_x then x, rebanded = {was_x[1], unpack(into_these(was_x, 1))}, true end
+  end
   if h == nil then
     h = {}
     for b = 1, HOLD_NB do h[b] = 0 end
   end
-  if old_x then return h, old_x, numbers(svx, #was)[1], true end
-  if x == nil then return h, exposure_of(h), 0, old_h ~= nil end
-  return h, {unpack(x, 2)}, x[1], old_h ~= nil
+  if x == nil then return h, exposure_of(h), 0, rebanded end
+  return h, {unpack(x, 2)}, x[1], rebanded
 end
 
 -- Adds w slot-seconds for each second of [from, to] (seconds held) to the bands' x.
