@@ -5,7 +5,8 @@ What a scrape returns:
 * every process's own figures (queueing/instruments.py: requests, Redis calls, Celery tasks, sockets,
   pushes, ticks) added up over the processes that share PROMETHEUS_MULTIPROC_DIR with this one (runstack
   gives the processes it starts one directory), or this process's alone when the variable is unset;
-* each queue's figures, read from Redis at the scrape (QueueCollector): the same from any web process.
+* each queue's figures, read from Redis at the scrape (QueueCollector): the same from any web process;
+* the build, `waitingroom_build_info` (BuildInfoCollector): the answering process's version, one sample.
 
 Only Prometheus may read it: a request from an address in WR_METRICS_NETWORKS (loopback by default), or
 with `Authorization: Bearer <WR_METRICS_TOKEN>`; anyone else gets 403. The address is the connection's
@@ -25,11 +26,13 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest, multiprocess
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from queueing import instruments, selectors
+
+from . import version
 
 
 class MetricsMiddleware:
@@ -83,14 +86,25 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
 
 
 def exposition() -> bytes:
-    """The text Prometheus reads: the processes' figures, then the queues'."""
-    queues = CollectorRegistry(auto_describe=False)
-    queues.register(QueueCollector())
+    """The text Prometheus reads: the processes' figures, then the build's and the queues'."""
+    at_scrape = CollectorRegistry(auto_describe=False)
+    at_scrape.register(BuildInfoCollector())
+    at_scrape.register(QueueCollector())
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         processes = CollectorRegistry(auto_describe=False)
         multiprocess.MultiProcessCollector(processes)  # type: ignore[no-untyped-call]
-        return generate_latest(processes) + generate_latest(queues)
-    return generate_latest(REGISTRY) + generate_latest(queues)
+        return generate_latest(processes) + generate_latest(at_scrape)
+    return generate_latest(REGISTRY) + generate_latest(at_scrape)
+
+
+class BuildInfoCollector(Collector):
+    """`waitingroom_build_info{version, python, django} 1`, told at the scrape by the process that answers
+    it: a gauge set in each process would, in multiprocess mode, be one file per process to add up."""
+
+    def collect(self) -> Iterator[Metric]:
+        build = InfoMetricFamily(f"{instruments.NAMESPACE}_build", "The product's version, its Python's and Django's.")
+        build.add_metric([], version.build_info())
+        yield build
 
 
 # (metric, help, the figure in queue_stats_get's answer)

@@ -16,6 +16,7 @@ from queueing.api.throttling import StaffLoginThrottle
 from queueing.api.views import jwks_view
 
 from . import metrics
+from .version import VERSION
 
 
 def healthz(request: HttpRequest) -> HttpResponse:
@@ -23,11 +24,13 @@ def healthz(request: HttpRequest) -> HttpResponse:
 
 
 def readyz(request: HttpRequest) -> HttpResponse:
-    """Ready to serve: Redis and the database answer (200), else 503 with Retry-After; each check said."""
+    """Ready to serve: Redis and the database answer (200), else 503 with Retry-After; each check said, and
+    the version this process runs (so a rolling upgrade can be watched)."""
     checks = selectors.readiness()
     ready = all(checks[name].ok for name in selectors.READINESS_REQUIRED)
     body = {
         "status": "ready" if ready else "unavailable",
+        "version": VERSION,
         "checks": {name: {"ok": check.ok, "detail": check.detail} for name, check in checks.items()},
     }
     response = JsonResponse(body, status=200 if ready else 503)
