@@ -62,6 +62,20 @@ def test_secure_defaults_hold_without_configuration(tmp_path):
     assert result.stdout.split() == ["False", "True", "True", "True", "True", "DENY"], result.stderr
 
 
+def test_development_serves_plain_http_unless_https_is_asked_for(tmp_path):
+    """Issue 47: HTTPS did not follow DEBUG, so `DEBUG=1 manage.py runserver` redirected every page to https."""
+    code = (
+        "from django.test import Client; from django.conf import settings as s; "
+        "answer = Client(HTTP_HOST='queue.example.com').get('/api/docs/'); "
+        "print(s.SECURE_SSL_REDIRECT, s.SESSION_COOKIE_SECURE, s.SECURE_HSTS_SECONDS, answer.status_code)"
+    )
+    env = {k: v for k, v in production_env(tmp_path).items() if k != "SECRET_KEY"}
+    result = manage("shell", "--no-imports", "-c", code, env=dict(env, DEBUG="1"))
+    assert result.stdout.split() == ["False", "False", "0", "200"], result.stdout + result.stderr
+    result = manage("shell", "--no-imports", "-c", code, env=dict(env, DEBUG="1", HTTPS="1"))
+    assert result.stdout.split() == ["True", "True", "31536000", "301"], result.stdout + result.stderr
+
+
 def compose() -> dict:
     return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 

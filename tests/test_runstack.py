@@ -233,3 +233,23 @@ def test_each_installation_gets_its_own_redis_prefix_kept_in_its_var_dir(tmp_pat
     other.mkdir()
     assert runstack.installation_prefix({}, other) != prefix  # another checkout, other keys
     assert runstack.installation_prefix({"WR_REDIS_PREFIX": "mine"}, other) == "mine"
+
+
+def test_the_installation_file_carries_what_the_run_decided_and_the_environment_still_wins(tmp_path, monkeypatch):
+    """bin/run keeps its installation's namespace for the other commands of the checkout (issue 47); never a
+    secret, and a variable a command's environment sets is that command's."""
+    from waitingroom_site import environment
+
+    env = {"WR_REDIS_PREFIX": "wr-0badcafe", "REDIS_URL": "redis://127.0.0.1:7001/0", "SECRET_KEY": "s" * 50}
+    environment.installation_write(tmp_path, env)
+    assert environment.installation_read(tmp_path / "installation.env") == {
+        "REDIS_URL": "redis://127.0.0.1:7001/0",
+        "WR_REDIS_PREFIX": "wr-0badcafe",
+    }
+    monkeypatch.setenv("REDIS_URL", "redis://elsewhere:6379/2")
+    monkeypatch.delenv("WR_REDIS_PREFIX", raising=False)
+    supplied = environment.installation_environment(tmp_path)
+    assert supplied == {"WR_REDIS_PREFIX": "wr-0badcafe"}
+    assert os.environ["REDIS_URL"] == "redis://elsewhere:6379/2" and os.environ["WR_REDIS_PREFIX"] == "wr-0badcafe"
+    monkeypatch.delenv("WR_REDIS_PREFIX")  # monkeypatch restores only what it set
+    assert environment.installation_environment(tmp_path / "none") == {}

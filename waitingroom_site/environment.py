@@ -1,10 +1,12 @@
 """Reading the environment for settings.py: typed variables that refuse a value they cannot read
-(ImproperlyConfigured, at start), and the files that keep a development install's generated secrets."""
+(ImproperlyConfigured, at start), the installation file that bin/run leaves for every other command of the
+same checkout, and the files that keep a development install's generated secrets."""
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import secrets
 import warnings
 from pathlib import Path
@@ -74,3 +76,72 @@ def generated_secret(path: Path) -> str:
         with os.fdopen(fd, "w") as out:
             out.write(secrets.token_urlsafe(50))
     return path.read_text().strip()
+
+
+INSTALLATION_FILE = "installation.env"
+# What bin/run decided for its installation and every other process of the same checkout must agree on:
+# where the live state is and under which keys, the broker's keys and queue, the database, the local
+# plain-HTTP run and its generated secret. No secret itself is ever written here.
+INSTALLATION_NAMES = (
+    "REDIS_URL",
+    "REDIS_CLUSTER_NODES",
+    "WR_REDIS_PREFIX",
+    "CELERY_KEY_PREFIX",
+    "CELERY_TASK_DEFAULT_QUEUE",
+    "CELERY_BROKER_URL",
+    "CHANNEL_LAYER_URL",
+    "CACHE_URL",
+    "DATABASE_URL",
+    "HTTPS",
+    "WR_ALLOW_GENERATED_SECRET",
+)
+_LINE = re.compile(r"([A-Z][A-Z0-9_]*)=(.*)")
+
+
+def installation_read(path: Path) -> dict[str, str]:
+    """The variables kept in an installation file (KEY=value lines; '#' comments), or ImproperlyConfigured
+    in one line naming the file when it cannot be read or holds something else. {} when there is none."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ImproperlyConfigured(f"{path}: cannot read this installation's settings ({reason}).") from exc
+    found: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        match = _LINE.fullmatch(line.strip())
+        if match is None or match[1] not in INSTALLATION_NAMES:
+            raise ImproperlyConfigured(f"{path}, line {number}: not one of this installation's settings: {line!r}.")
+        found[match[1]] = match[2]
+    return found
+
+
+def installation_environment(var_dir: Path) -> dict[str, str]:
+    """One installation, one namespace (issue 47): what bin/run kept in var/installation.env applies to
+    every process started from the same checkout (manage.py, a Celery command, a shell), so that each acts
+    on the running installation's Redis keys, broker and database. The process's own environment wins
+    over the file. Returns what the file supplied."""
+    supplied = {}
+    for name, value in installation_read(var_dir / INSTALLATION_FILE).items():
+        if name not in os.environ:
+            os.environ[name] = value
+            supplied[name] = value
+    return supplied
+
+
+def installation_write(var_dir: Path, env: dict[str, str]) -> Path:
+    """Keep what the run decided (the INSTALLATION_NAMES set in `env`) for the other commands of the
+    checkout; written whole and then moved into place, so a reader never sees half of it."""
+    path = var_dir / INSTALLATION_FILE
+    lines = [
+        "# This installation's settings, written by bin/run at each start; read by every process of this",
+        "# checkout (manage.py, celery) whose environment does not set them. Edit the environment, not this file.",
+    ]
+    lines += [f"{name}={env[name]}" for name in INSTALLATION_NAMES if env.get(name)]
+    partial = path.with_suffix(".partial")
+    partial.write_text("\n".join(lines) + "\n")
+    partial.replace(path)
+    return path

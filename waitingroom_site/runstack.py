@@ -35,7 +35,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 
-from . import devredis, liveness
+from . import devredis, environment, liveness
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -425,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
         say(f"started an embedded Redis at {redis_url} (data in {directory})")
     env["REDIS_URL"] = redis_url
     env.setdefault("WR_WS_BASE_URL", f"ws://{args.host}:{args.ws_port}")
+    if args.setup:  # every other command of this checkout acts on this installation (README "Operating it")
+        environment.installation_write(var_dir, env)
 
     try:
         if args.setup:

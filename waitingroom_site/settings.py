@@ -20,13 +20,26 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.crypto import salted_hmac
 
 from waitingroom_site import apischema
-from waitingroom_site.environment import envbool, envfloat, envint, envlist, generated_secret, private_file
+from waitingroom_site.environment import (
+    envbool,
+    envfloat,
+    envint,
+    envlist,
+    generated_secret,
+    installation_environment,
+    private_file,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("WR_VAR_DIR", BASE_DIR / "var"))
+# One installation, one namespace: a command run beside bin/run (manage.py, celery) takes the Redis, key
+# prefix, broker and database that bin/run kept in var/installation.env, unless its environment says
+# otherwise (README "Configuration"). A deployment without that file is configured by its environment alone.
+INSTALLATION_SUPPLIED = installation_environment(VAR_DIR)
 
 DEBUG = envbool("DEBUG", False)
-HTTPS = envbool("HTTPS", True)
+# Development (DEBUG=1) serves plain HTTP unless HTTPS=1 says otherwise; production is HTTPS-only.
+HTTPS = envbool("HTTPS", not DEBUG)
 
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
 if not SECRET_KEY:
