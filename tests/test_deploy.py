@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 import secrets
@@ -462,3 +463,17 @@ def test_the_dockerfile_installs_the_pinned_requirements_and_runs_as_a_user():
     for line in (ROOT / "requirements.txt").read_text().splitlines():
         if line and not line.startswith("#"):
             assert "==" in line, line
+
+
+def test_the_rate_limits_in_the_environment_change_only_the_entries_they_name(tmp_path):
+    """Issue 47: WR_RATE_LIMITS replaced the whole table, so lifting the join limit with {"join": null}
+    silently removed the status, staff, auth and protected limits too."""
+    code = "from django.conf import settings as s; import json; print(json.dumps(s.WR_RATE_LIMITS, sort_keys=True))"
+    env = production_env(tmp_path)
+    defaults = json.loads(manage("shell", "--no-imports", "-c", code, env=env).stdout)
+    lifted = manage("shell", "--no-imports", "-c", code, env=dict(env, WR_RATE_LIMITS='{"join": null}'))
+    assert json.loads(lifted.stdout) == {**defaults, "join": None}, lifted.stderr
+    assert defaults["status"] and defaults["auth"] and defaults["protected"] and defaults["staff"]
+    for wrong in ("[1]", '{"join": 5}', "{join: null}"):
+        refused = manage("check", env=dict(env, WR_RATE_LIMITS=wrong))
+        assert refused.returncode != 0 and "WR_RATE_LIMITS" in refused.stderr, (wrong, refused.stderr)

@@ -4,12 +4,14 @@ same checkout, and the files that keep a development install's generated secrets
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import secrets
 import warnings
 from pathlib import Path
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -50,6 +52,25 @@ def envfloat(name: str, default: float) -> float:
 
 def envlist(name: str, default: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+def envtable(name: str, defaults: dict[str, Any]) -> dict[str, Any]:
+    """A table of settings per name, with JSON in the environment changing only the entries it names: an
+    object (`{"join": {...}}` replaces the join entry, `{"join": null}` turns it off) or null for none.
+    ImproperlyConfigured, naming the variable, for anything else."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return dict(defaults)
+    try:
+        changes = json.loads(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a JSON object ({exc}), not {value!r}") from exc
+    if not isinstance(changes, dict):
+        raise ImproperlyConfigured(f"{name} must be a JSON object of entries, not {value!r}")
+    for key, entry in changes.items():
+        if entry is not None and not isinstance(entry, dict):
+            raise ImproperlyConfigured(f"{name}: the entry {key!r} must be an object or null, not {entry!r}")
+    return {**defaults, **changes}
 
 
 def private_file(path: Path) -> None:

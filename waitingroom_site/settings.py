@@ -7,7 +7,6 @@ every variable.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from datetime import timedelta
@@ -25,6 +24,7 @@ from waitingroom_site.environment import (
     envfloat,
     envint,
     envlist,
+    envtable,
     generated_secret,
     installation_environment,
     private_file,
@@ -358,23 +358,25 @@ WR_WS_REPORT_SECONDS = envint("WR_WS_REPORT_SECONDS", 60)
 # beyond status, window and joins), which run on the event loop. Bodies are read before a thread is taken.
 WR_WEB_THREADS = envint("WR_WEB_THREADS", 32)
 # Rate limiting (queueing/ratelimit.py): the limiter per scope, by algorithm and its parameters; a scope
-# left out (or None) is not limited. WR_RATE_LIMITS (JSON) replaces the whole table.
+# left out (or None) is not limited. WR_RATE_LIMITS (JSON in the environment) changes the entries it names:
+# {"join": null} lifts the join limit and keeps every other one (README "Rate limiting").
 #   join, challenge: per client address · status, neighbours: per ticket · protected: per API key ·
 #   staff: per user · auth (the staff token endpoint, a password login): per client address
 # An honest visitor polls no faster than every 1.6 s (2 s less the 20 % jitter): 1 a second sustained
 # with bursts of 10 never refuses it. The page asks for its neighbours at most every 3 s.
 WR_RATE_LIMIT_ROUNDING = os.environ.get("WR_RATE_LIMIT_ROUNDING", "down")  # sliding window counter
-WR_RATE_LIMITS: dict[str, Any] = {
-    "join": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 60, "max_requests": 120},
-    "challenge": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 60, "max_requests": 120},
-    "status": {"algorithm": "token_bucket", "capacity": 10, "refill_per_second": 1},
-    "neighbours": {"algorithm": "token_bucket", "capacity": 5, "refill_per_second": 0.5},
-    "protected": {"algorithm": "token_bucket", "capacity": 2000, "refill_per_second": 1000},
-    "staff": {"algorithm": "sliding_log", "window_seconds": 60, "max_requests": 600},
-    "auth": {"algorithm": "sliding_log", "window_seconds": 300, "max_requests": 20},
-}
-if os.environ.get("WR_RATE_LIMITS"):
-    WR_RATE_LIMITS = json.loads(os.environ["WR_RATE_LIMITS"])
+WR_RATE_LIMITS: dict[str, Any] = envtable(
+    "WR_RATE_LIMITS",
+    {
+        "join": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 60, "max_requests": 120},
+        "challenge": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 60, "max_requests": 120},
+        "status": {"algorithm": "token_bucket", "capacity": 10, "refill_per_second": 1},
+        "neighbours": {"algorithm": "token_bucket", "capacity": 5, "refill_per_second": 0.5},
+        "protected": {"algorithm": "token_bucket", "capacity": 2000, "refill_per_second": 1000},
+        "staff": {"algorithm": "sliding_log", "window_seconds": 60, "max_requests": 600},
+        "auth": {"algorithm": "sliding_log", "window_seconds": 300, "max_requests": 20},
+    },
+)
 # Client addresses: X-Forwarded-For is believed only from these proxies (addresses or networks).
 WR_TRUSTED_PROXIES = envlist("WR_TRUSTED_PROXIES", "")
 # Staff dashboard: live figures over its socket every this many seconds; snapshots and wait samples
