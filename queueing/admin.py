@@ -1,18 +1,22 @@
 from __future__ import annotations
 
 import csv
+from datetime import UTC, datetime, tzinfo
 from functools import partial
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.contrib.admin.widgets import AdminSplitDateTime
 from django.db.models import QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse
 from django.template.loader import render_to_string
-from django.template.response import TemplateResponse
+from django.template.response import SimpleTemplateResponse, TemplateResponse
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from rest_framework_api_key.admin import APIKeyModelAdmin
@@ -29,12 +33,33 @@ from .models import (
     QueueText,
     SigningKey,
 )
+from .services.config import PREQUEUE_GUARDS
 from .targets import target_problem
 
 # The per-address index is written only while a cap is set (README: Join caps), so say so where it is set.
 CAP_COUNTS_FROM_NOW = (
     "The cap counts tickets joined while it is on (earlier ones are not counted): set it before the sale opens."
 )
+
+
+def queue_zone(request: HttpRequest, queue: Queue | None) -> tzinfo:
+    """The zone a queue's form reads and shows its times in: the one submitted with them (so a new queue's
+    times are read in the zone chosen beside them), else the queue's, else the server's default."""
+    for name in (request.POST.get("time_zone"), queue.time_zone if queue else None):
+        try:
+            if name:
+                return ZoneInfo(name)
+        except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a name too long for a file's
+            continue  # not a zone (the form says so): the next one
+    return timezone.get_default_timezone()
+
+
+def zone_named(zone: tzinfo, moment: datetime) -> str:
+    """The zone, with its abbreviation and offset at that moment: Europe/Berlin (CET, UTC+01:00)."""
+    local = moment.astimezone(zone)
+    offset = local.strftime("%z")
+    abbreviation = "" if local.tzname() == str(zone) else f"{local.tzname()}, "  # not "UTC (UTC, ...)"
+    return f"{zone} ({abbreviation}UTC{offset[:3]}:{offset[3:]})"
 
 
 def labelled(field: Any, label: str, *, in_table: bool) -> Any:
@@ -91,6 +116,20 @@ class QueueTextInline(admin.TabularInline):
         return labelled(field, str(db_field.verbose_name).capitalize(), in_table=True)
 
 
+class QueueForm(forms.ModelForm):
+    """A hoarding guard may be left empty: its default (services.config.PREQUEUE_GUARDS), on with a
+    scheduled start and off without one; 0 is the operator's choice of off. A guard that is off only by
+    default shows empty, so that saving the form unchanged does not choose 0."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in PREQUEUE_GUARDS:
+            if name in self.fields:
+                self.fields[name].required = False
+                if not self.instance.starts_at and not getattr(self.instance, name):
+                    self.initial[name] = None
+
+
 DEFAULT_LEVELS = [
     {"level": level, "name": PriorityLevel.Level(level).label, "placement_fraction": fraction}
     for level, fraction in PriorityLevel.DEFAULT_FRACTIONS.items()
@@ -113,6 +152,7 @@ class QueueAdmin(admin.ModelAdmin):
     list_display_links = ("slug",)
     list_filter = ("state",)
     search_fields = ("slug", "name")
+    form = QueueForm
     actions = ("pause_queues", "resume_queues", "generate_codes")
     inlines = (PriorityLevelInline, QueueTextInline)
     fieldsets = (
@@ -190,10 +230,40 @@ class QueueAdmin(admin.ModelAdmin):
         field = super().formfield_for_dbfield(db_field, request, **kwargs)
         if db_field.name == "max_tickets_per_address" and field is not None:
             field.help_text = f"{field.help_text} {CAP_COUNTS_FROM_NOW}"
+        if db_field.name in PREQUEUE_GUARDS and field is not None:
+            default = PREQUEUE_GUARDS[db_field.name]
+            field.help_text = f"{field.help_text} Empty: the default, {default} once a start is scheduled, else off."
         return labelled(field, str(db_field.verbose_name).capitalize(), in_table=False)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return ("slug", "protecting") if obj else ()
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> Any:
+        """A queue's times are typed and shown in its own zone, not the server's (issue 47): Django's forms
+        convert in the active zone, and refuse a time that zone skips or repeats. The page is rendered
+        inside it too, for the times it shows and admin's "Now" shortcuts."""
+        queue = self.get_object(request, unquote(object_id)) if object_id else None
+        with timezone.override(queue_zone(request, queue)):
+            response = super().changeform_view(request, object_id, form_url, extra_context)
+            if isinstance(response, SimpleTemplateResponse):
+                response.render()
+        return response
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        """Each time is labelled with the zone it is read in, at that time's offset."""
+        form = super().get_form(request, obj, change, **kwargs)
+        zone = queue_zone(request, obj)
+        for name, field in form.base_fields.items():
+            if isinstance(field, forms.SplitDateTimeField):
+                moment = getattr(obj, name, None) or timezone.now()
+                field.help_text = f"{field.help_text} In {zone_named(zone, moment)}: the time zone above."
+        return form
 
     def get_formset_kwargs(self, request: HttpRequest, obj: Any, inline: Any, prefix: str) -> dict[str, Any]:
         """On the add form, the four levels the queue will have, to edit before it exists (issue 19)."""
@@ -226,7 +296,8 @@ class QueueAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Queue, form: Any, change: bool) -> None:
         fields = form.changed_data if change else list(form.cleaned_data)
-        changes = {f: form.cleaned_data[f] for f in fields if f in services.EDITABLE_FIELDS}
+        # Times as the API gives them, in UTC (the form's are in the queue's zone), so the audit log reads alike.
+        changes = {f: _utc(form.cleaned_data[f]) for f in fields if f in services.EDITABLE_FIELDS}
         queue, _ = services.queue_configure(slug=obj.slug, changes=changes, actor=request.user)
         obj.pk = queue.pk
         obj.refresh_from_db()
@@ -298,6 +369,10 @@ class QueueAdmin(admin.ModelAdmin):
         for queue in queryset:
             services.queue_resume(queue, actor=request.user)
         self.message_user(request, f"Resumed {queryset.count()} queue(s).", messages.SUCCESS)
+
+
+def _utc(value: Any) -> Any:
+    return value.astimezone(UTC) if isinstance(value, datetime) else value
 
 
 class GenerateCodesForm(forms.Form):

@@ -74,7 +74,8 @@ def _texts(queue: Queue) -> dict[str, dict[str, str]]:
 def queue_configure(
     *, slug: str, changes: dict[str, Any], actor: Any = None, actor_label: str = ""
 ) -> tuple[Queue, bool]:
-    """Create or update a queue; validates like the admin does, audits, and syncs Redis on commit."""
+    """Create or update a queue; validates like the admin does, audits, and syncs Redis on commit. A
+    scheduled start brings the hoarding guards' defaults (PREQUEUE_GUARDS) unless `changes` sets them."""
     unknown = set(changes) - set(EDITABLE_FIELDS)
     if unknown:
         raise ValidationError(dict.fromkeys(sorted(unknown), "Not a queue setting."))
@@ -122,10 +123,14 @@ PREQUEUE_GUARDS = {"max_tickets_per_address": 20, "pow_difficulty": 16}
 
 
 def _prequeue_guards(queue: Queue, before: dict[str, Any], changes: dict[str, Any]) -> None:
-    if not queue.starts_at or before.get("starts_at"):
-        return  # no scheduled start, or one that had its guards chosen already
+    """The one place the guards' defaults are applied, however the queue is configured (admin, the API,
+    configure_queue). A guard changed to None (admin's empty field) is set to its default as the queue now
+    stands: on with a scheduled start, off without one."""
+    first_start = bool(queue.starts_at) and not before.get("starts_at")  # not one whose guards were chosen
     for field, value in PREQUEUE_GUARDS.items():
-        if field not in changes and not getattr(queue, field):
+        if field in changes and changes[field] is None:
+            setattr(queue, field, value if queue.starts_at else 0)
+        elif first_start and field not in changes and not getattr(queue, field):
             setattr(queue, field, value)
 
 
