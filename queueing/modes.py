@@ -47,10 +47,11 @@ class Visit:
 @dataclass(frozen=True)
 class Promoted:
     """A code entered while waiting: whether it moved the visitor (else its level was that high already),
-    its place before (1-based), the ticket signed again with its new level and place, and its state now."""
+    its place before (1-based; None in a pre-queue, whose places are drawn at the start), the ticket signed
+    again with its new level and place, and its state now."""
 
     promoted: bool
-    position_before: int
+    position_before: int | None
     ticket: str
     view: TicketView
 
@@ -212,7 +213,10 @@ class Tracked(QueueMode[tokens.TicketClaims]):
             epoch=moved.epoch,
             placement=moved.placement,
         )
-        return Promoted(promotion.promoted, promotion.before + 1, ticket, self.status(moved))
+        view = self.status(moved)
+        # A pre-queue's order before the draw is no place (the draw orders by level): none before, none now.
+        before = None if view.drawn_at_start else promotion.before + 1
+        return Promoted(promotion.promoted, before, ticket, view)
 
     def holder(self, claims: tokens.TicketClaims) -> str:
         return claims.visitor_key

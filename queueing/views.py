@@ -316,6 +316,15 @@ def _join_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity) 
 CODE_SAID = {
     "joined": _("Your code worked: you joined the line with priority."),
     "kept": _("You already have the place this code gives, so it did not move you and was not used up."),
+    # In a pre-queue there is no place yet: the code's level counts at the draw (shuffle.shuffle_order).
+    "drawn": _(
+        "Your code worked: when the line opens and places are drawn, you will be placed ahead of everyone with a "
+        "lower priority."
+    ),
+    "drawn_kept": _(
+        "This code's priority is already applied to your ticket: when the line opens and places are drawn, you "
+        "will be placed ahead of everyone with a lower priority."
+    ),
     "bad": _(
         "That code did not work: it is unknown, used up or expired. Codes are case-sensitive; check it and try again."
     ),
@@ -351,6 +360,8 @@ def _code_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity) 
         "not_in_line": "late",
         "ticket_not_found": "late",
     }.get(answer.error_code, "moved" if answer.body.get("promoted") else "kept")
+    if answer.body.get("place_drawn_at_start") and outcome in ("moved", "kept"):
+        outcome = "drawn" if outcome == "moved" else "drawn_kept"
     before = f"&before={answer.body['position_before']}" if outcome == "moved" else ""
     return HttpResponseRedirect(f"{request.path}?code={outcome}{before}", status=303)
 

@@ -4,8 +4,10 @@ and its refusals in the API's error shape."""
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from queueing import store
 from queueing.models import PriorityCode
@@ -154,3 +156,36 @@ def test_redis_away_is_503(api, line, redis_away):
     redis_away()
     refused(enter(api, queue.slug, joined[-1]["ticket"], {"code": "Gold-2026"}), 503, "service_unavailable")
     assert PriorityCode.objects.get(code="Gold-2026").uses == 0
+
+
+def test_a_single_use_code_entered_again_on_its_own_ticket_answers_that_it_is_applied(api, line):
+    """Issue 47, item 11: the second entry of a code this ticket used up said "unknown, used up or expired"."""
+    queue, joined = line
+    PriorityCode.objects.create(queue=queue, code="Once-2026", level=2, max_uses=1)
+    assert enter(api, queue.slug, joined[-1]["ticket"], {"code": "Once-2026"}).json()["promoted"] is True
+    again = enter(api, queue.slug, joined[-1]["ticket"], {"code": "Once-2026"})
+    assert again.status_code == 200, again.content
+    assert again.json()["promoted"] is False and again.json()["priority"] == 2
+    assert again.json()["position_before"] == again.json()["position"] == 16
+    refused(enter(api, queue.slug, joined[0]["ticket"], {"code": "Once-2026"}), 400, "invalid_priority_code")
+    assert PriorityCode.objects.get(code="Once-2026").uses == 1
+
+
+def test_a_code_in_the_pre_queue_answers_no_place_before_or_after_and_again_that_it_is_applied(api, make_queue):
+    """Issue 47, item 11: in a pre-queue a code raises the level the draw at the start orders by (no place
+    exists before it); its answer had the line's order before the draw as `position_before`, and the page
+    said "moved up from place 36 to place null"; entering it again said "unknown, used up or expired"."""
+    queue = make_queue(starts_at=timezone.now() + timedelta(hours=1))
+    PriorityCode.objects.create(queue=queue, code="Gold-2026", level=2, max_uses=1)
+    joined = [join(api, queue.slug) for _ in range(6)]
+    first = enter(api, queue.slug, joined[-1]["ticket"], {"code": "Gold-2026"})
+    assert first.status_code == 200, first.content
+    body = first.json()
+    assert body["promoted"] is True and body["priority"] == 2 and body["place_drawn_at_start"] is True
+    assert body["position"] is None and body["position_before"] is None and body["ahead"] is None
+    again = enter(api, queue.slug, body["ticket"], {"code": "Gold-2026"})
+    assert again.status_code == 200, again.content
+    assert again.json()["promoted"] is False and again.json()["priority"] == 2
+    assert again.json()["position_before"] is None and again.json()["place_drawn_at_start"] is True
+    refused(enter(api, queue.slug, joined[0]["ticket"], {"code": "Gold-2026"}), 400, "invalid_priority_code")
+    assert PriorityCode.objects.get(code="Gold-2026").uses == 1

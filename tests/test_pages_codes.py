@@ -4,8 +4,10 @@ a code entered moves the visitor's own ticket, and the page says plainly what ca
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from queueing import services, store
 from queueing.models import PriorityCode
@@ -106,3 +108,27 @@ def test_the_page_says_it_in_the_visitors_language(client, line):
     response = enter(client, line.slug, "Gold-2026")
     assert said(response) == "Ihr Code hat funktioniert: Sie sind von Platz 30 auf Platz 16 vorgerückt."
     assert "Haben Sie einen Einladungs- oder Prioritätscode?" in response.content.decode()
+
+
+DRAWN_AHEAD = "when the line opens and places are drawn, you will be placed ahead of everyone with a lower priority."
+
+
+def test_a_code_in_the_pre_queue_says_what_it_does_at_the_draw_and_again_that_it_is_applied(client, make_queue):
+    """Issue 47, item 11: in a pre-queue the page said "moved up from place 36 to place null", and the same
+    code again "unknown, used up or expired"."""
+    queue = make_queue(starts_at=timezone.now() + timedelta(hours=1))
+    for i in range(5):
+        services.queue_join(slug=queue.slug, visitor_key=f"{i:032x}")
+    PriorityCode.objects.create(queue=queue, code="Gold-2026", level=2, max_uses=1)
+    services.queue_config_sync(queue)
+    join_page(client, queue.slug)
+    response = enter(client, queue.slug, "Gold-2026")
+    assert data_state(response) == "prequeue"
+    assert said(response) == "Your code worked: " + DRAWN_AHEAD
+    again = enter(client, queue.slug, "Gold-2026")
+    assert said(again) == "This code's priority is already applied to your ticket: " + DRAWN_AHEAD
+    assert PriorityCode.objects.get(code="Gold-2026").uses == 1
+    client.cookies["django_language"] = "de"
+    assert said(enter(client, queue.slug, "Gold-2026")).startswith(
+        "Der Vorrang dieses Codes gilt für Ihr Ticket bereits"
+    )

@@ -69,7 +69,10 @@ class CodeView(APIView):
         description=(
             "Moves the ticket to where a joiner of the code's level is placed now, or leaves it where it is "
             "when that is further ahead already. Replace the ticket you hold with the one answered: it carries "
-            "the new level. A code whose level you have already spends nothing (`promoted`: false)."
+            "the new level. A code whose level you have already spends nothing (`promoted`: false), also when "
+            "it is used up or expired since (entered again on the ticket it was applied to). In a pre-queue "
+            "(`place_drawn_at_start`) there is no place yet: the level puts the ticket ahead of every lower "
+            "level when the places are drawn at the start, and `position_before` is null."
         ),
         request=s.CodeRequestSerializer,
         examples=[OpenApiExample("Enter a code", value={"code": "SPRING-VIP-7Q2X"}, request_only=True)],

@@ -112,7 +112,11 @@ class CodeResponseSerializer(StatusResponseSerializer):
     ticket = serializers.CharField(help_text="The ticket signed again with its new level: hold this one from now.")
     promoted = serializers.BooleanField(help_text="False when the ticket had the code's level (or higher) already.")
     priority = serializers.IntegerField(help_text="The ticket's priority level now.")
-    position_before = serializers.IntegerField(help_text="The place in line before the code (1 = next).")
+    position_before = serializers.IntegerField(
+        allow_null=True,
+        help_text="The place in line before the code (1 = next); null in a pre-queue (`place_drawn_at_start`), "
+        "where the code's level puts the ticket ahead of every lower level when the places are drawn at the start.",
+    )
 
 
 class NeighbourSerializer(serializers.Serializer):

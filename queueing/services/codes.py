@@ -4,6 +4,7 @@ ticket up to where a joiner of the code's level would be placed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,14 +113,22 @@ def ticket_promote(
 
     InvalidPriorityCode (unknown, used up, expired; ratelimit.Limited past the address's tries, as joins
     with a code); NotInLine when the ticket is admitted, in a session or finished; TicketNotFound when the
-    queue no longer knows it. The code's use is given back whenever it moved nobody."""
-    level = priority_code_reserve(slug=slug, code=code, address=address)
+    queue no longer knows it. The code's use is given back whenever it moved nobody. A code that cannot be
+    used any more is still answered as kept (not promoted) for a ticket that has its level already: the
+    visitor who used a single-use code and enters it again is told it is applied, not that it is unknown."""
 
-    def promoted() -> store.PromoteReply:
+    def promoted(level: int) -> store.PromoteReply:
         return store.promote(slug, visitor_key=visitor_key, seq=seq, level=level, now_ms=clock.now_ms(now))
 
     try:
-        reply = with_policy(slug, promoted, lambda reply: reply.outcome == "no_config")
+        level = priority_code_reserve(slug=slug, code=code, address=address)
+    except InvalidPriorityCode:
+        held = _code_held(slug=slug, code=code, promoted=promoted)
+        if held is None:
+            raise
+        return held
+    try:
+        reply = with_policy(slug, lambda: promoted(level), lambda reply: reply.outcome == "no_config")
     except Exception:
         priority_code_release(slug=slug, code=code)
         raise
@@ -133,3 +142,22 @@ def ticket_promote(
     if reply.outcome not in ("promoted", "kept") or reply.ticket is None:
         raise TicketNotFound(slug)
     return Promotion(reply.outcome == "promoted", reply.before, reply.ticket)
+
+
+def _code_held(*, slug: str, code: str, promoted: Callable[[int], store.PromoteReply]) -> Promotion | None:
+    """The ticket's place, kept, when it has the level of a code of this queue that can no longer be used
+    (used up, perhaps by this very ticket, or expired since); None when the code is not one of the queue's
+    or the ticket does not have its level (the refusal stands)."""
+    try:
+        PriorityCode._meta.get_field("code").run_validators(code)
+    except ValidationError:
+        return None
+    level = PriorityCode.objects.filter(queue__slug=slug, code=code).values_list("level", flat=True).first()
+    if level is None:
+        return None
+    # Level 0 raises nobody: promote.lua answers 'kept' with the ticket's level and place (a poll's writes).
+    reply = with_policy(slug, lambda: promoted(0), lambda reply: reply.outcome == "no_config")
+    realtime.send(realtime.queue_move(slug, reply.moves))  # a parked visitor back at its place
+    if reply.outcome != "kept" or reply.ticket is None or reply.ticket.priority < level:
+        return None
+    return Promotion(False, reply.before, reply.ticket)

@@ -45,8 +45,11 @@
     drawn: false, // in a pre-queue: places are drawn at the start
     rangeFor: null,
     window: null, // stateless: the window as last heard (the public window endpoint, or a `window` event)
-    lastNeighbours: null,
+    lastNeighbours: null, // the place the list of those around was last asked for at
     neighboursAt: 0,
+    neighboursAsked: 0, // answers to an earlier ask than the last are dropped
+    neighboursTimer: null,
+    line: null, // the last list of those around (the neighbours answer)
     announced: { text: "", at: 0 },
     redirecting: false,
     stopped: false,
@@ -198,20 +201,29 @@
     var wait = formatWait(eta.shown) + (range ? " " + range : "");
     announce(fill(_("You are number %(position)s in line. Estimated wait %(wait)s."), { position: S.position, wait: wait }));
     if (S.stateless) return; // a stateless queue knows numbers, not people: no picture of the line
-    if (S.lastNeighbours === null || Math.abs(S.lastNeighbours - S.position) >= 3) fetchNeighbours();
+    drawLine();
+    if (S.lastNeighbours !== S.position) fetchNeighbours();
   }
 
-  function drawLine(neighbours) {
+  // "Around you" counts as the place does (issue 47): the visitor's own row carries the place shown above
+  // it and the rows around count from there, those ahead of the first place dropped. The list is asked for
+  // again whenever the place changes (at most every 3 s), so between two answers its names may be one
+  // move behind, never its numbers.
+  function drawLine() {
     var list = $("wr-line");
-    if (!list) return;
+    if (!list || S.line === null || S.position === null) return;
+    var me = null;
+    S.line.forEach(function (n) { if (n.you) me = n.position; });
+    var shift = me === null ? 0 : S.position - me;
+    var rows = me === null ? [] : S.line.filter(function (n) { return n.position + shift >= 1; });
     var wrap = $("wr-line-wrap");
-    if (wrap) wrap.hidden = neighbours.length === 0;
+    if (wrap) wrap.hidden = rows.length === 0;
     list.textContent = "";
-    neighbours.forEach(function (n) {
+    rows.forEach(function (n) {
       var item = document.createElement("li");
       if (n.you) item.className = "you";
       var number = document.createElement("b");
-      number.textContent = "#" + n.position;
+      number.textContent = "#" + (n.position + shift);
       var name = document.createElement("span");
       name.textContent = n.you ? _("You") : (n.display_name || _("Guest"));
       item.appendChild(number);
@@ -529,7 +541,11 @@
       if (r.status !== 200) { codeSaid(codeRefusal(r)); return; }
       S.ticket = r.data.ticket; // signed again with the new level
       input.value = "";
-      if (!r.data.promoted) {
+      if (r.data.place_drawn_at_start) { // a pre-queue: no place yet; the code's level counts at the draw
+        codeSaid(r.data.promoted
+          ? _("Your code worked: when the line opens and places are drawn, you will be placed ahead of everyone with a lower priority.")
+          : _("This code's priority is already applied to your ticket: when the line opens and places are drawn, you will be placed ahead of everyone with a lower priority."));
+      } else if (!r.data.promoted) {
         codeSaid(_("You already have the place this code gives, so it did not move you and was not used up."));
       } else {
         codeSaid(fill(_("Your code worked: you moved up from place %(before)s to place %(now)s."),
@@ -636,11 +652,21 @@
   }
 
   function fetchNeighbours() {
-    if (!S.ticket || Date.now() - S.neighboursAt < 3000) return;
+    if (!S.ticket || S.stopped || S.position === null || S.lastNeighbours === S.position) return;
+    var wait = S.neighboursAt + 3000 - Date.now();
+    if (wait > 0) { // asked a moment ago: ask again once the moment is over, for the place then
+      if (S.neighboursTimer === null) {
+        S.neighboursTimer = setTimeout(function () { S.neighboursTimer = null; fetchNeighbours(); }, wait);
+      }
+      return;
+    }
     S.neighboursAt = Date.now();
     S.lastNeighbours = S.position;
+    var asked = ++S.neighboursAsked;
     request("GET", config.neighboursUrl).then(function (r) {
-      if (r.status === 200 && r.data.neighbours) drawLine(r.data.neighbours);
+      if (asked !== S.neighboursAsked || r.status !== 200 || !r.data.neighbours) return;
+      S.line = r.data.neighbours;
+      drawLine();
     }).catch(function () {});
   }
 

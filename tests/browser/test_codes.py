@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -24,14 +25,15 @@ def join_from_elsewhere(stack: Any, slug: str, count: int) -> None:
             assert response.status_code == 201, response.text
 
 
-def code_for(stack: Any, slug: str, code: str, level: int) -> None:
+def code_for(stack: Any, slug: str, code: str, level: int, max_uses: int | None = None) -> None:
     """A priority code, made as admin makes one; the beat's next tick tells the page the queue has codes."""
     stack.manage(
         "shell",
         "--no-imports",
         "-c",
         f"from queueing.models import PriorityCode, Queue; "
-        f"PriorityCode.objects.create(queue=Queue.objects.get(slug='{slug}'), code='{code}', level={level})",
+        f"PriorityCode.objects.create(queue=Queue.objects.get(slug='{slug}'), code='{code}', level={level}, "
+        f"max_uses={max_uses})",
     )
     deadline = time.monotonic() + 15
     while stack.redis.hget(f"{stack.prefix}:{{{slug}}}:cfg", "codes") != "1":
@@ -81,6 +83,32 @@ def test_a_code_entered_while_waiting_moves_the_visitor_up_and_the_others_see_it
     expect(holder.locator("#wr-code-said")).to_contain_text("Sie haben den Platz, den dieser Code gibt, bereits")
     holder.reload()
     waiting_at(holder, 4)  # the place is the ticket's, not the page's
+
+
+def test_a_code_in_the_pre_queue_says_what_it_does_at_the_draw_and_again_that_it_is_applied(stack, visitor):
+    """Issue 47, item 11: in a pre-queue the page said "you moved up from place 36 to place null", and the
+    same code again "unknown, used up or expired"."""
+    starts = datetime.now(UTC) + timedelta(hours=1)
+    slug = stack.new_queue(starts_at=starts.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    code_for(stack, slug, "Gold-2026", 2, max_uses=1)
+    join_from_elsewhere(stack, slug, 3)
+    page = visitor(locale="fr-FR")
+    page.goto(f"{stack.url}/q/{slug}/")
+    expect(page.locator("#wr")).to_have_attribute("data-state", "prequeue")
+    box = page.get_by_label("Vous avez un code d'invitation ou de priorité ?")
+    drawn = "à l\u2019ouverture de la file, quand les places seront tirées au sort, vous passerez devant tous ceux"
+    box.fill("Gold-2026")
+    page.get_by_role("button", name="Utiliser le code").click()
+    expect(page.locator("#wr-code-said")).to_have_text(
+        f"Votre code a fonctionné : {drawn} qui ont une priorité plus basse."
+    )
+    expect(page.locator("#wr")).to_have_attribute("data-state", "prequeue")
+    box.fill("Gold-2026")
+    page.get_by_role("button", name="Utiliser le code").click()
+    expect(page.locator("#wr-code-said")).to_have_text(
+        f"La priorité de ce code est déjà appliquée à votre ticket : {drawn} qui ont une priorité plus basse."
+    )
+    accessible(page)
 
 
 def test_a_queue_without_codes_shows_no_code_box(stack, visitor):

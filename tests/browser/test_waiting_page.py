@@ -94,6 +94,37 @@ def test_a_visitor_moves_up_is_sent_through_finishes_and_the_next_is_admitted_at
     screenshot(second, "flow-3-next-visitor-in")
 
 
+def test_around_you_counts_as_the_place_does_while_those_ahead_leave_and_go_in(stack, visitor):
+    """Issue 47, item 10: "place 1 · 0 people ahead" beside "#1 Guest, #2 You", place 20 beside "#22 You":
+    the list was asked for again only once the place had moved by three, so a move of one or two left it
+    behind the place. Its own row carries the place, the rows above count down from it."""
+    slug = stack.new_queue(capacity=1, outflow_per_minute=600, burst=1, state="paused")
+    names = ["Ann", "Bo", "Cy", "Di"]
+    with stack.client() as client:
+        tickets = [
+            client.post(
+                f"/api/v1/queues/{slug}/join", json={"display_name": name}, headers={"X-Visitor-Id": str(uuid.uuid4())}
+            ).json()["ticket"]
+            for name in names
+        ]
+    page = visitor()
+    page.goto(f"{stack.url}/q/{slug}/")
+    rows = page.locator("#wr-line li")
+    expect(page.locator("#wr-position")).to_have_text("5")
+    expect(rows).to_have_text(["#2Bo", "#3Cy", "#4Di", "#5You"])
+
+    with stack.client() as client:  # one ahead leaves: a move of one
+        left = client.post(f"/api/v1/queues/{slug}/leave", headers={"Authorization": f"Bearer {tickets[1]}"})
+        assert left.status_code == 204, left.text
+    expect(page.locator("#wr-position")).to_have_text("4")
+    expect(rows).to_have_text(["#1Ann", "#2Cy", "#3Di", "#4You"])
+
+    stack.configure(slug, state="open")  # the beat's next tick lets Ann in (capacity 1): another move of one
+    expect(page.locator("#wr-position")).to_have_text("3")
+    expect(rows).to_have_text(["#1Cy", "#2Di", "#3You"])
+    expect(page.locator("#wr-line li.you b")).to_have_text("#3")
+
+
 def test_reloading_or_a_second_tab_keeps_the_same_ticket(stack, contexts):
     slug = stack.new_queue(state="paused")
     context = contexts()
