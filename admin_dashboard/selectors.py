@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from queueing import caching, selectors
 from queueing.models import Queue, QueueChange
+from queueing.phases import PHASE_WORDS
 
 from .models import QueueSnapshot, WaitSample
 
@@ -27,6 +28,7 @@ def queue_live(queue: Queue, *, now: float | None = None) -> dict[str, Any]:
     return {
         "name": queue.name,
         **stats,
+        "phase_words": PHASE_WORDS.get(stats.get("phase", ""), stats.get("state", "")),
         "health_p95_ms": round(site["p95_latency_ms"]) if site["p95_latency_ms"] is not None else None,
         "health_error_percent": round(rate * 100, 2) if rate is not None else None,
         "health_requests": site["requests"],

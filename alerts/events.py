@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from queueing import health
+from queueing.phases import phase_of, schedule_of
+
+__all__ = ["phase_of", "schedule_of"]  # the phase is the queue's, said alike everywhere (queueing/phases.py)
 
 from .names import (
     CLOSED,
@@ -56,6 +59,9 @@ class Figures:
     waiting: int
     waiting_here: int  # of those, not parked as away (absent when they reached the head)
     admitted_total: int
+    # The site has room and the outflow in force lets someone in: only then is nobody let in a stall (a full
+    # site, or an outflow of 0, is the operator's setting at work, as the Prometheus rule also judges it).
+    room: bool
     site: health.SiteHealth
     thresholds: health.Thresholds
     stats: Mapping[str, Any] = field(default_factory=dict)  # the queue's live figures, sent with every alert
@@ -67,20 +73,6 @@ class Rules:
 
     waiting_threshold: int | None
     stall_seconds: int
-
-
-def schedule_of(*, now: float, prequeue_opens_at: float | None, starts_at: float | None) -> str:
-    if prequeue_opens_at is not None and now < prequeue_opens_at:
-        return "before_prequeue"
-    if starts_at is not None and now < starts_at:
-        return "prequeue"
-    return "running"
-
-
-def phase_of(*, state: str, schedule: str) -> str:
-    if state in ("paused", "closed"):
-        return state
-    return "open" if schedule == "running" else schedule
 
 
 def _opening(schedule: str) -> str | None:
@@ -129,7 +121,12 @@ def observe(
     # Progress: someone was let through, or there was nobody to let through (those parked as away cannot
     # be), or the queue was not meant to let anyone through (paused, closed, before its start).
     progress_at = float(seen.get("progress_at", now))
-    if figures.admitted_total != seen.get("admitted_total") or figures.waiting_here == 0 or figures.phase != "open":
+    if (
+        figures.admitted_total != seen.get("admitted_total")
+        or figures.waiting_here == 0
+        or figures.phase != "open"
+        or not figures.room
+    ):
         progress_at = now
     stalled_before = bool(seen.get("stalled"))
     stalled = now - progress_at >= rules.stall_seconds

@@ -26,7 +26,7 @@ from django.db.models import F, Max, Q
 from django.urls import reverse
 from redis.exceptions import RedisError
 
-from queueing import health, selectors
+from queueing import health, phases, selectors
 from queueing.models import Queue, QueueChange
 
 from . import events, names
@@ -43,10 +43,6 @@ def _at(now: float) -> datetime:
     return datetime.fromtimestamp(now, tz=UTC)
 
 
-def _stamp(value: datetime | None) -> float | None:
-    return value.timestamp() if value else None
-
-
 def queue_figures(queue: Queue, *, now: float) -> events.Figures | None:
     """A queue as the alerts see it; None when Redis cannot tell (the next check looks again)."""
     try:
@@ -54,16 +50,30 @@ def queue_figures(queue: Queue, *, now: float) -> events.Figures | None:
     except RedisError as exc:
         logger.warning("alerts: cannot read queue %s (%s)", queue.slug, exc.__class__.__name__)
         return None
-    site = stats["site_health"]
-    schedule = events.schedule_of(
-        now=now, prequeue_opens_at=_stamp(queue.prequeue_opens_at), starts_at=_stamp(queue.starts_at)
+    schedule = phases.schedule_at(now=now, prequeue_opens_at=queue.prequeue_opens_at, starts_at=queue.starts_at)
+    thresholds = health.Thresholds(
+        p95_ms=float(queue.health_latency_p95_ms),
+        error_rate=float(queue.health_error_rate),
+        min_requests=int(queue.adaptive_min_requests),
     )
+    return figures_from_stats(stats, state=queue.state, schedule=schedule, thresholds=thresholds)
+
+
+def figures_from_stats(
+    stats: dict[str, Any], *, state: str, schedule: str, thresholds: health.Thresholds
+) -> events.Figures:
+    """The figures a check judges, from a queue's live figures (selectors.queue_stats_get: the same the
+    metrics export, so the webhook's judgement and the Prometheus rule's read one source)."""
+    site = stats["site_health"]
+    capacity = int(stats.get("capacity") or 0)
     return events.Figures(
-        phase=events.phase_of(state=queue.state, schedule=schedule),
+        phase=events.phase_of(state=state, schedule=schedule),
         schedule=schedule,
         waiting=int(stats.get("waiting") or 0),
         waiting_here=int(stats.get("waiting") or 0) - int(stats.get("waiting_away") or 0),
         admitted_total=int(stats.get("totals", {}).get("admitted") or 0),
+        room=float(stats.get("outflow_per_minute_effective") or 0) > 0
+        and (capacity == 0 or int(stats.get("capacity_in_use") or 0) < capacity),
         site=health.SiteHealth(
             window_seconds=int(site["window_seconds"]),
             requests=int(site["requests"]),
@@ -71,11 +81,7 @@ def queue_figures(queue: Queue, *, now: float) -> events.Figures | None:
             latency_samples=0,
             p95_ms=site["p95_latency_ms"],
         ),
-        thresholds=health.Thresholds(
-            p95_ms=float(queue.health_latency_p95_ms),
-            error_rate=float(queue.health_error_rate),
-            min_requests=int(queue.adaptive_min_requests),
-        ),
+        thresholds=thresholds,
         stats=stats,
     )
 

@@ -21,7 +21,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from rest_framework_api_key.admin import APIKeyModelAdmin
 
-from . import selectors, services, signing_keys
+from . import phases, selectors, services, signing_keys
 from .models import (
     ManagementKey,
     PriorityCode,
@@ -141,7 +141,7 @@ class QueueAdmin(admin.ModelAdmin):
     list_display = (
         "slug",
         "name",
-        "state",
+        "phase",
         "capacity",
         "outflow_per_minute",
         "live_waiting",
@@ -281,6 +281,14 @@ class QueueAdmin(admin.ModelAdmin):
         if obj.slug not in snaps:
             snaps[obj.slug] = selectors.queue_snapshot_get(obj.slug)
         return snaps[obj.slug]
+
+    @admin.display(description="phase", ordering="state")
+    def phase(self, obj: Queue) -> str:
+        """Where the sale is (queueing/phases.py), not only the state set: a scheduled queue is "not yet open"
+        or in its "pre-queue" while its state says open."""
+        now = timezone.now().timestamp()
+        schedule = phases.schedule_at(now=now, prequeue_opens_at=obj.prequeue_opens_at, starts_at=obj.starts_at)
+        return phases.PHASE_WORDS[phases.phase_of(state=obj.state, schedule=schedule)]
 
     @admin.display(description="waiting")
     def live_waiting(self, obj: Queue) -> int:

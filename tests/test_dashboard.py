@@ -15,6 +15,7 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
+from django.utils import timezone
 
 from admin_dashboard import selectors, services, tasks
 from admin_dashboard.models import QueueSnapshot, WaitSample
@@ -531,3 +532,24 @@ def test_every_time_on_a_queue_s_page_is_shown_one_way(people, make_queue, clock
     assert all(shown.fullmatch(text) for text in times + audit), (times, audit)
     [session] = people["operator"].get(f"/dashboard/{queue.slug}/data.json").json()["sessions"]
     assert shown.fullmatch(session["until_shown"]) and session["until_shown"] in times
+
+
+def test_a_scheduled_queue_shows_its_phase_on_the_dashboard_and_in_admins_list(people, make_queue, admin_client):
+    """Issue 47: the dashboard's badge and admin's list said "open" for a queue in its pre-queue and for one
+    opening tomorrow; they say where the sale is, as the metrics and the alerts do (queueing/phases.py)."""
+    now = timezone.now()
+    later = make_queue(prequeue_opens_at=now + timedelta(days=1), starts_at=now + timedelta(days=1, hours=1))
+    drawing = make_queue(prequeue_opens_at=now - timedelta(minutes=5), starts_at=now + timedelta(hours=1))
+    paused = make_queue(state="paused")
+    expected = {later.slug: ("before_prequeue", "not yet open"), drawing.slug: ("prequeue", "pre-queue")}
+    expected[paused.slug] = ("paused", "paused")
+    cards = {card["slug"]: card for card in people["looker"].get("/dashboard/live.json").json()["queues"]}
+    assert {slug: (cards[slug]["phase"], cards[slug]["phase_words"]) for slug in expected} == expected
+    page = people["looker"].get("/dashboard/").content.decode()
+    for slug, (phase, words) in expected.items():
+        card = page[page.index(f'data-slug="{slug}"') :]
+        assert f'<span class="state state-{phase}" data-field="phase_words">{words}</span>' in card
+    listed = admin_client.get("/admin/queueing/queue/").content.decode()
+    for slug, (_, words) in expected.items():
+        row = listed[listed.index(f">{slug}</a>") :].split("</tr>")[0]
+        assert f'<td class="field-phase">{words}</td>' in row

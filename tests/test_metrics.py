@@ -8,8 +8,10 @@ import re
 import subprocess
 import sys
 import uuid
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -53,8 +55,23 @@ def test_a_scrape_tells_each_queues_figures_read_from_redis(client, api, make_qu
     assert figures[("waitingroom_queue_epoch", mine)] == 1
     outflow = (("kind", "configured"), ("queue", queue.slug))
     assert figures[("waitingroom_queue_outflow_per_minute", outflow)] == 90
-    assert figures[("waitingroom_queue_state", (("mode", "tracked"), ("queue", queue.slug), ("state", "paused")))] == 1
+    paused = (("mode", "tracked"), ("phase", "paused"), ("queue", queue.slug), ("state", "paused"))
+    assert figures[("waitingroom_queue_state", paused)] == 1
     assert figures[("waitingroom_redis_up", ())] == 1
+
+
+@pytest.mark.usefixtures("live_state")
+def test_the_state_carries_the_phase_of_the_sale_so_a_pre_queue_is_not_open(client, make_queue):
+    """Issue 47: the metrics said state="open" for a queue in its pre-queue and for one opening tomorrow,
+    and the shipped stall alert fired in every healthy pre-queue."""
+    now = timezone.now()
+    later = make_queue(prequeue_opens_at=now + timedelta(days=1), starts_at=now + timedelta(days=1, hours=1))
+    prequeue = make_queue(prequeue_opens_at=now - timedelta(minutes=5), starts_at=now + timedelta(hours=1))
+    running = make_queue()
+    figures = scrape(client)
+    for queue, phase in ((later, "before_prequeue"), (prequeue, "prequeue"), (running, "open")):
+        labels = (("mode", "tracked"), ("phase", phase), ("queue", queue.slug), ("state", "open"))
+        assert figures[("waitingroom_queue_state", labels)] == 1, (queue.slug, phase)
 
 
 def test_only_prometheus_may_read_it(client, settings):

@@ -65,6 +65,12 @@ def test_a_sale_goes_from_not_open_to_pre_queue_to_shuffled_start_to_closed_on_t
 
     later = join(slug, "late", now=t0 + 130)
     assert later.rank == 7  # behind the whole pre-queue
+    # The start and its draw are in the audit log (issue 47: only the webhook said "opened by schedule").
+    started = QueueChange.objects.get(queue=sale, action="scheduled_start")
+    assert started.actor_label == "schedule: starts_at" and started.before == {"phase": "prequeue"}
+    assert started.after == {"phase": "open", "drawn": 10, "commitment": record.commitment, "seed": record.seed}
+    services.queue_tick(slug=slug, now=t0 + 131)
+    assert QueueChange.objects.filter(queue=sale, action="scheduled_start").count() == 1  # once per start
 
     services.queue_tick(slug=slug, now=t0 + 600)  # the end: closed on time, audited, visitors told
     sale.refresh_from_db()

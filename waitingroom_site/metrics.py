@@ -193,7 +193,12 @@ def _queue_families(queues: list[dict[str, Any]]) -> Iterator[Metric]:
         "Admissions a minute: as configured, in force (the adaptive outflow's), observed.",
         labels=["queue", "kind"],
     )
-    state = GaugeMetricFamily(f"{prefix}_state", "1 for the queue's state.", labels=["queue", "state", "mode"])
+    state = GaugeMetricFamily(
+        f"{prefix}_state",
+        "1 for the queue's state as the operator set it, and its phase: where it is in its sale "
+        "(before_prequeue, prequeue, open, paused, closed).",
+        labels=["queue", "state", "phase", "mode"],
+    )
     waits = GaugeMetricFamily(
         f"{prefix}_average_wait_seconds", "The recent average wait from join to admission.", labels=["queue"]
     )
@@ -204,7 +209,8 @@ def _queue_families(queues: list[dict[str, Any]]) -> Iterator[Metric]:
                 expiries.add_metric([slug, reason], float(queue["totals"][total]))
         for kind, figure in OUTFLOWS.items():
             outflow.add_metric([slug, kind], float(queue.get(figure) or 0))
-        state.add_metric([slug, str(queue.get("state", "unknown")), str(queue.get("mode", ""))], 1.0)
+        labels = [slug, str(queue.get("state", "unknown")), str(queue.get("phase", "")), str(queue.get("mode", ""))]
+        state.add_metric(labels, 1.0)
         if queue.get("average_wait_seconds") is not None:
             waits.add_metric([slug], float(queue["average_wait_seconds"]))
     yield from (expiries, outflow, state, waits)

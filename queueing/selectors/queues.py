@@ -8,6 +8,7 @@ from typing import Any
 
 from .. import caching, clock, health, shuffle, store
 from ..models import Queue, QueueShuffle
+from ..phases import phase_from_policy
 from .tickets import PolicyMissing
 from .windows import observed_per_minute, window_public
 
@@ -58,6 +59,7 @@ def queue_stats_get(*, slug: str, now: float | None = None) -> dict[str, Any]:
     return {
         "slug": slug,
         "state": cfg.get("state", "unknown"),
+        "phase": phase_from_policy(cfg, now=time.time() if now is None else now),
         "waiting": snap.waiting,
         "waiting_away": snap.away,
         "head_position": snap.head_seq,
@@ -113,6 +115,7 @@ def _window_stats(slug: str, cfg: dict[str, str], now: float | None) -> dict[str
         "slug": slug,
         "mode": "stateless",
         "state": cfg.get("state", "unknown"),
+        "phase": phase_from_policy(cfg, now=now),
         "waiting": max(0, window.issued - window.active),
         "waiting_away": 0,
         "head_position": window.active + 1,

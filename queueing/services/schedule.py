@@ -10,6 +10,7 @@ from django.db import transaction
 
 from .. import caching, clock, realtime, selectors, shuffle, store
 from ..models import Queue, QueueShuffle
+from .audit import queue_change_record
 from .recovery import queue_config_sync
 
 
@@ -49,6 +50,7 @@ def queue_prequeue_shuffle(queue: Queue, *, now: float | None = None) -> QueueSh
             # No list of tickets: the pre-queue is a range of numbers, each placed by shuffle.place.
             span = store.window_prequeue_close(queue.slug, seed=record.seed)
             record.numbers = list(span) if span else []
+            drawn = span[1] - span[0] + 1 if span else 0
         else:
             entries = store.prequeue_entries(queue.slug, joined_before_ms=starts_ms)
             tickets = sorted((entry.seq, entry.priority) for entry in entries)
@@ -58,8 +60,18 @@ def queue_prequeue_shuffle(queue: Queue, *, now: float | None = None) -> QueueSh
             store.reorder(queue.slug, places, now_ms=clock.now_ms(now))
             record.tickets = [list(t) for t in tickets]
             record.order = order
+            drawn = len(tickets)
         record.revealed_at = datetime.fromtimestamp(now, tz=UTC)
         record.save(update_fields=["tickets", "order", "numbers", "revealed_at"])
+        # The start and its draw in the audit log, as an operator's change would be (issue 47).
+        queue_change_record(
+            queue,
+            action="scheduled_start",
+            before={"phase": "prequeue"},
+            after={"phase": "open", "drawn": drawn, "commitment": record.commitment, "seed": record.seed},
+            actor=None,
+            actor_label="schedule: starts_at",
+        )
         caching.forget(caching.shuffle_key(queue.slug))
     queue_config_sync(Queue.objects.prefetch_related("priority_levels", "texts").get(pk=queue.pk))
     # Everyone's place changed: the jump in the event sequence makes every page ask for its new one.

@@ -28,7 +28,7 @@
       var name = el.getAttribute("data-field");
       if (!(name in figures)) return;
       el.textContent = show(figures[name]);
-      if (name === "state") el.className = "state state-" + figures[name];
+      if (name === "phase_words") el.className = "state state-" + figures.phase;
     });
   }
 

@@ -71,7 +71,7 @@ def test_the_dashboard_shows_live_figures_and_charts_and_pausing_takes_effect(st
 
     page.goto(f"{stack.url}/dashboard/")
     card = page.locator(f'.card[data-slug="{slug}"]')
-    expect(card.locator('[data-field="state"]')).to_have_text("paused")
+    expect(card.locator('[data-field="phase_words"]')).to_have_text("paused")
     expect(card.locator('[data-field="waiting"]')).to_have_text("4")
     screenshot(page, "dashboard-3-index")
 
