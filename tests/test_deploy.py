@@ -477,3 +477,43 @@ def test_the_rate_limits_in_the_environment_change_only_the_entries_they_name(tm
     for wrong in ("[1]", '{"join": 5}', "{join: null}"):
         refused = manage("check", env=dict(env, WR_RATE_LIMITS=wrong))
         assert refused.returncode != 0 and "WR_RATE_LIMITS" in refused.stderr, (wrong, refused.stderr)
+
+
+def test_compose_runs_the_redis_version_the_tests_run():
+    """Compose's Redis images (the standalone one, the cluster's nodes and its create service) are pinned to a
+    full version whose major.minor is the redis-server's the tests run against (Debian's)."""
+    tested = devredis.server_version(devredis.server_binary())[:2]
+    services = cluster_compose()["services"]
+    images = {name: service["image"] for name, service in services.items() if "redis:" in service.get("image", "")}
+    assert {"redis", "redis-cluster-create", *cluster_nodes(services)} <= set(images), images
+    for name, image in images.items():
+        pinned = re.fullmatch(r"redis:(\d+)\.(\d+)\.(\d+)(-alpine)?", image)
+        assert pinned is not None, (name, image)  # no floating tag: what runs is what was tested
+        assert (int(pinned.group(1)), int(pinned.group(2))) == tested, (name, image, tested)
+
+
+def test_compose_runs_alertmanager_on_request_and_prometheus_sends_it_the_alerts():
+    services = compose()["services"]
+    alertmanager = services["alertmanager"]
+    assert alertmanager["profiles"] == services["prometheus"]["profiles"] == ["monitoring"]
+    assert re.fullmatch(r"prom/alertmanager:v\d+\.\d+\.\d+", alertmanager["image"]), alertmanager["image"]
+    assert all(port.startswith("127.0.0.1:") and port.endswith(":9093") for port in alertmanager["ports"])
+    # The config it is started with is the file mounted there: the shipped one unless ALERTMANAGER_CONFIG
+    # names the operator's own.
+    config_flag = next(arg for arg in alertmanager["command"] if arg.startswith("--config.file="))
+    mounted = {volume.removesuffix(":ro").rpartition(":")[2]: volume for volume in alertmanager["volumes"]}
+    source = mounted[config_flag.removeprefix("--config.file=")].removesuffix(":ro").rpartition(":")[0]
+    assert interpolate(source, {}) == "./deploy/alertmanager/alertmanager.yml"
+    assert interpolate(source, {"ALERTMANAGER_CONFIG": "./mine.yml"}) == "./mine.yml"
+    assert (ROOT / interpolate(source, {})).is_file()
+    assert not any(arg.startswith("--web.listen-address") for arg in alertmanager["command"])  # :9093 then
+    # Prometheus's alerting block names that service on that port.
+    scrape = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    targets = [
+        target
+        for manager in scrape["alerting"]["alertmanagers"]
+        for static in manager["static_configs"]
+        for target in static["targets"]
+    ]
+    assert targets == ["alertmanager:9093"]
+    assert any(volume.startswith("./deploy/prometheus:") for volume in services["prometheus"]["volumes"])
