@@ -7,8 +7,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     WR_VAR_DIR=/app/var
 
 WORKDIR /app
-COPY requirements.txt .
-RUN pip install -r requirements.txt
+# The runtime lock: every package at its locked version, each download checked against its locked hashes.
+COPY requirements.lock .
+RUN pip install --require-hashes -r requirements.lock
 
 COPY . .
 # Static files are collected at build time and served by whitenoise; the key is for this step only.

@@ -1,7 +1,10 @@
-# Sourced by bin/run and bin/test: a virtualenv in .venv with the pinned requirements installed.
+# Sourced by bin/run and bin/test: a virtualenv in .venv with the locked requirements installed.
 # Usage: . bin/_bootstrap.sh requirements.txt|requirements-dev.txt
+# What is installed is the lock compiled from the named file (requirements.lock, requirements-dev.lock):
+# every package, indirect ones included, at its locked version and checked against its locked hashes.
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 REQUIREMENTS="${1:-requirements.txt}"
+LOCK="${REQUIREMENTS%.txt}.lock"
 
 python_bin=""
 for candidate in "${PYTHON:-}" python3.11 python3; do
@@ -21,11 +24,12 @@ if [ ! -x "$ROOT/.venv/bin/python" ]; then
   "$python_bin" -m venv "$ROOT/.venv"
 fi
 
-# Reinstall only when the pinned requirements changed.
-stamp="$ROOT/.venv/.installed-$(cat "$ROOT/requirements.txt" "$ROOT/$REQUIREMENTS" | sha256sum | cut -c1-16)"
+# Reinstall only when the lock changed. --require-hashes: a download that is not the one locked is refused,
+# and so is any dependency the lock does not name.
+stamp="$ROOT/.venv/.installed-$(sha256sum <"$ROOT/$LOCK" | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
-  echo "[setup] installing $REQUIREMENTS"
-  "$ROOT/.venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$ROOT/$REQUIREMENTS"
+  echo "[setup] installing $LOCK"
+  "$ROOT/.venv/bin/python" -m pip install --quiet --disable-pip-version-check --require-hashes -r "$ROOT/$LOCK"
   touch "$stamp"
 fi
 

@@ -456,9 +456,9 @@ def test_the_proxy_config_forwards_to_the_web_service():
     assert "172.16.0.0/12" in trusted and "0.0.0.0/0" not in trusted
 
 
-def test_the_dockerfile_installs_the_pinned_requirements_and_runs_as_a_user():
+def test_the_dockerfile_installs_the_locked_requirements_and_runs_as_a_user():
     dockerfile = (ROOT / "Dockerfile").read_text()
-    assert "pip install -r requirements.txt" in dockerfile
+    assert "pip install --require-hashes -r requirements.lock" in dockerfile
     assert "collectstatic" in dockerfile and "\nUSER " in dockerfile
     for line in (ROOT / "requirements.txt").read_text().splitlines():
         if line and not line.startswith("#"):

@@ -1,4 +1,4 @@
-"""Run the whole product on one machine, supervised: web (gunicorn), websockets (uvicorn), a Celery worker
+"""Run the whole product on one machine, supervised: web (granian), websockets (uvicorn), a Celery worker
 and Celery beat, plus an embedded Redis when no other is available.
 
     python -m waitingroom_site.runstack [--setup] [--host 127.0.0.1] [--port 8000] [--ws-port 8001]
@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import ctypes
 import errno
+import importlib.util
 import os
 import re
 import secrets
@@ -373,6 +374,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    if "web" in args.only and args.web_server == "gunicorn" and importlib.util.find_spec("gunicorn") is None:
+        # gunicorn is for comparison only (bench/), so it is locked with the dev tools, not the runtime.
+        say(
+            "gunicorn is not installed in this environment: it comes with the dev requirements "
+            "(pip install --require-hashes -r requirements-dev.lock; bin/test installs them), "
+            "or leave --web-server at granian."
+        )
+        return 2
     ports = {"web": args.port, "ws": args.ws_port}
     for role, port in ports.items():
         if role in args.only and port_taken(args.host, port):
