@@ -59,9 +59,19 @@ def test_configure_queue_creates_then_updates_and_prints_the_result(db):
 def test_configure_queue_refuses_invalid_settings_clearly(db):
     with pytest.raises(CommandError, match="capacity"):
         run("configure_queue", "sale", "--target-url", "https://shop.example/", "--capacity", "0")
-    with pytest.raises(CommandError, match="target_url"):
+    with pytest.raises(CommandError, match="There is no queue 'sale'. To make one, give at least --target-url"):
         run("configure_queue", "sale")  # a new queue needs a target
     assert not Queue.objects.exists()
+
+
+def test_a_command_given_a_slug_that_does_not_exist_says_so(db):
+    """Issue 47: `configure_queue sael --state closed` (a typo) answered "target_url: This field cannot be
+    blank", and `verify_shuffle` of an unknown queue that it had no scheduled start."""
+    run("configure_queue", "sale", "--target-url", "https://shop.example/")
+    for command in (("configure_queue", "sael", "--state", "closed"), ("verify_shuffle", "sael")):
+        with pytest.raises(CommandError, match="There is no queue 'sael'"):
+            run(*command)
+    assert Queue.objects.get().state == "open" and list(Queue.objects.values_list("slug", flat=True)) == ["sale"]
 
 
 def test_create_api_key_prints_a_working_key_once(db):

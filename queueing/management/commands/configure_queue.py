@@ -81,6 +81,9 @@ class Command(BaseCommand):
         for moment in ("prequeue_opens_at", "starts_at", "ends_at"):
             if moment in changes:
                 changes[moment] = _datetime(changes[moment], moment)
+        if "target_url" not in changes and not Queue.objects.filter(slug=options["slug"]).exists():
+            # A slug mistyped in a change ("sael --state closed") is not a new queue missing its target.
+            raise CommandError(f"There is no queue '{options['slug']}'. To make one, give at least --target-url.")
         try:
             queue, created = services.queue_configure(
                 slug=options["slug"], changes=changes, actor_label="configure_queue command"

@@ -17,7 +17,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from queueing import shuffle
-from queueing.models import QueueShuffle
+from queueing.models import Queue, QueueShuffle
 
 
 class Command(BaseCommand):
@@ -32,6 +32,8 @@ class Command(BaseCommand):
         if options["file"]:
             record = json.loads(Path(options["file"]).read_text())
         else:
+            if not Queue.objects.filter(slug=options["slug"]).exists():
+                raise CommandError(f"There is no queue '{options['slug']}'.")
             found = QueueShuffle.objects.filter(queue__slug=options["slug"]).order_by("-starts_at").first()
             if found is None:
                 raise CommandError(f"Queue '{options['slug']}' has no scheduled start, so no shuffle.")
