@@ -151,6 +151,8 @@ def dashboard_control(request: HttpRequest, slug: str) -> HttpResponse:
         errors = form.errors.get_json_data()
     else:
         action = form.cleaned_data["action"]
+        if action == "revoke" and request.POST.get("confirm") != "yes":
+            return _revoke_unconfirmed(request, queue, form.cleaned_data["ticket_id"])
         try:
             if action == "revoke":
                 result = services.session_revoke(queue, ticket_id=form.cleaned_data["ticket_id"], actor=request.user)
@@ -180,6 +182,28 @@ def dashboard_control(request: HttpRequest, slug: str) -> HttpResponse:
     else:
         messages.success(request, done)
     return redirect("dashboard:queue", slug=queue.slug)
+
+
+def _revoke_unconfirmed(request: HttpRequest, queue: Queue, ticket_id: str) -> HttpResponse:
+    """Revoking ends a visitor's session at once, so it is asked first (issue 47, item 13): the page's script
+    asks with window.confirm and sends `confirm=yes`; without JavaScript the button leads here, to a page
+    that asks (as admin's delete actions do), and nothing changes until its own button is pressed."""
+    if _wants_json(request):
+        message = "Revoking a session needs confirmation (confirm=yes)."
+        error = {
+            "code": "unconfirmed",
+            "message": message,
+            "fields": {"confirm": [{"message": message, "code": "required"}]},
+        }
+        return JsonResponse({"error": error}, status=400)
+    session = next((s for s in selectors.queue_sessions(queue) if s["ticket_id"] == ticket_id), None)
+    context = {
+        "queue": queue,
+        "ticket_id": ticket_id,
+        "session": session,
+        "until_shown": shown_time(session["until"]) if session else "",
+    }
+    return render(request, "admin_dashboard/revoke_confirm.html", context)
 
 
 class _Echo:

@@ -292,14 +292,47 @@ def test_revoking_a_session_frees_its_slot_for_the_next_visitor_at_once(people, 
     assert tickets[0].ticket_id in page  # listed with a revoke button
     url = f"/dashboard/{queue.slug}/control"
     answer = people["operator"].post(
-        url, {"action": "revoke", "ticket_id": tickets[0].ticket_id}, headers={"Accept": "application/json"}
+        url,
+        {"action": "revoke", "ticket_id": tickets[0].ticket_id, "confirm": "yes"},
+        headers={"Accept": "application/json"},
     )
     assert answer.status_code == 200 and "revoked" in answer.json()["done"]
     snap = store.snapshot(queue.slug)
     assert (snap.admitted, snap.waiting) == (3, 1)  # the fourth went in at once
-    missing = people["operator"].post(url, {"action": "revoke", "ticket_id": "0000000999.nobody"})
+    missing = people["operator"].post(url, {"action": "revoke", "ticket_id": "0000000999.nobody", "confirm": "yes"})
     assert missing.status_code == 302  # told on the page, nothing changed
     assert store.snapshot(queue.slug).admitted == 3
+
+
+def test_revoking_asks_first_and_changes_nothing_until_it_is_confirmed(people, queue, clock):
+    """Issue 47, item 13: Revoke acted at once. Without JavaScript the button leads to a page that asks
+    (a POST that changes nothing); its own button carries the confirmation. The page's script asks with
+    window.confirm and sends the same field; a request without it is refused, in the API's error shape."""
+    tickets = [join(queue.slug, f"v{i}", now=clock.now) for i in range(4)]
+    engine.queue_tick(slug=queue.slug, now=clock.advance(1))
+    assert store.snapshot(queue.slug).admitted == 3
+    url = f"/dashboard/{queue.slug}/control"
+    first = tickets[0].ticket_id
+    asked = people["operator"].post(url, {"action": "revoke", "ticket_id": first})
+    assert asked.status_code == 200
+    page = asked.content.decode()
+    assert f"Revoke ticket <code>{first}</code>?" in page
+    form = re.search(r'<form method="post" action="([^"]+)"[^>]*>(.*?)</form>', page, re.S)
+    assert form and form.group(1) == url
+    assert f'name="ticket_id" value="{first}"' in form.group(2) and 'name="confirm" value="yes"' in form.group(2)
+    assert f'href="/dashboard/{queue.slug}/"' in page  # cancel: back to the queue
+    refused = people["operator"].post(
+        url, {"action": "revoke", "ticket_id": first}, headers={"Accept": "application/json"}
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "unconfirmed"
+    snap = store.snapshot(queue.slug)
+    assert (snap.admitted, snap.waiting) == (3, 1)  # nothing revoked
+    assert not QueueChange.objects.filter(queue=queue, action="revoke").exists()
+
+    done = people["operator"].post(url, {"action": "revoke", "ticket_id": first, "confirm": "yes"}, follow=True)
+    assert f"Ticket {first} revoked." in done.content.decode()
+    snap = store.snapshot(queue.slug)
+    assert (snap.admitted, snap.waiting) == (3, 0)  # the fourth went in with the freed slot
 
 
 def test_every_change_is_in_the_audit_log_with_who_what_before_and_after(people, queue):
@@ -308,7 +341,7 @@ def test_every_change_is_in_the_audit_log_with_who_what_before_and_after(people,
     people["operator"].post(url, {"action": "update", "capacity": 7, "outflow_per_minute": 30})
     people["operator"].post(url, {"action": "resume"})
     ticket = join(queue.slug, "gone")
-    people["operator"].post(url, {"action": "revoke", "ticket_id": ticket.ticket_id})
+    people["operator"].post(url, {"action": "revoke", "ticket_id": ticket.ticket_id, "confirm": "yes"})
     changes = list(QueueChange.objects.filter(queue=queue, actor__username="operator").order_by("id"))
     assert [(c.action, c.before, c.after) for c in changes] == [
         ("update", {"state": "open"}, {"state": "paused"}),

@@ -218,6 +218,9 @@
   }
 
   var PAUSE_QUESTION = "Pause this queue? Nobody is let in until you resume; everyone waiting keeps their place.";
+  // Revoke asks too (issue 47, item 13), and says yes to the server in so many words: a revoke without
+  // `confirm=yes` is only asked about (the page without JavaScript shows the question as a page).
+  var REVOKE_QUESTION = "Revoke ticket %s? The visitor's session ends at once and their slot goes to the next in line.";
 
   function csrf(form) {
     var input = form.querySelector("input[name=csrfmiddlewaretoken]");
@@ -265,9 +268,13 @@
   function wire(form) {
     form.addEventListener("submit", function (event) {
       event.preventDefault();
-      if (event.submitter && event.submitter.value === "pause" && !window.confirm(PAUSE_QUESTION)) return;
+      var asked = event.submitter ? event.submitter.value : "";
+      if (asked === "pause" && !window.confirm(PAUSE_QUESTION)) return;
+      var ticket = form.querySelector("[name=ticket_id]");
+      if (asked === "revoke" && !window.confirm(REVOKE_QUESTION.replace("%s", ticket ? ticket.value : ""))) return;
       var body = new FormData(form);
       if (event.submitter && event.submitter.name) body.set(event.submitter.name, event.submitter.value);
+      if (asked === "revoke") body.set("confirm", "yes");
       var result = document.getElementById("q-control-result");
       fetch(form.getAttribute("action"), { // not form.action: a button is named "action"
         method: "POST", body: body, credentials: "same-origin",
