@@ -81,6 +81,36 @@ def test_a_finished_ticket_offers_to_join_again(client, make_queue):
     assert b"Your place was withdrawn." in response.content
 
 
+def test_a_finished_visit_is_called_complete_not_expired_and_offers_to_join_again_while_the_line_takes_people(
+    client, make_queue
+):
+    """Issue 47, item 13: a visitor who went in, finished (the site completed the session) and came back
+    read "Your place has expired". The status says `completed`; the page says so, thanks them and offers to
+    join again, unless the line is closed."""
+    from queueing import tokens
+
+    queue = make_queue(capacity=5, burst=5, target_url="/demo/protected/")
+    page(client, queue.slug)
+    client.post(f"/q/{queue.slug}/", {"action": "join"})
+    admitted = re.search(rb"wr_access=([\w.-]+)", page(client, queue.slug).content)
+    assert admitted
+    claims = tokens.access_token_decode(admitted.group(1).decode(), slug=queue.slug)
+    assert services.session_complete(slug=queue.slug, claims=claims) == "completed"
+    response = page(client, queue.slug)
+    text = response.content.decode()
+    assert data_state(response) == "expired"  # the card of a finished ticket, worded for its reason
+    assert "Your place has expired" not in text
+    assert '<h2 id="wr-expired-title">Your visit is complete</h2>' in text
+    assert '<p id="wr-expired-why">Thank you!</p>' in text
+    assert re.search(r'<form method="post" id="wr-rejoin-form">', text)
+    german = client.get(f"/q/{queue.slug}/", HTTP_ACCEPT_LANGUAGE="de")
+    assert "Ihr Besuch ist abgeschlossen" in german.content.decode()
+
+    services.queue_configure(slug=queue.slug, changes={"state": "closed"}, actor_label="tests")
+    text = page(client, queue.slug).content.decode()
+    assert "Your visit is complete" in text and re.search(r'id="wr-rejoin-form"[^>]* hidden', text)
+
+
 def test_a_scheduled_start_shows_the_pre_queue_countdown(client, make_queue):
     queue = make_queue(starts_at=timezone.now() + timedelta(hours=2))
     page(client, queue.slug)

@@ -155,7 +155,8 @@
     if (before && after && after.hidden) { before.hidden = true; after.hidden = false; }
   }
 
-  function setState(name) {
+  // `said`: what to announce instead of the state's usual words.
+  function setState(name, said) {
     if (root.dataset.state === "prequeue" && name !== "prequeue" && name !== "offline") shuffleRevealed();
     if (root.dataset.state !== name) {
       root.dataset.state = name;
@@ -171,7 +172,7 @@
         pow: _("Checking your browser before you join."),
         notyet: _("This line has not opened yet."),
       };
-      if (messages[name]) announce(messages[name], true);
+      if (said || messages[name]) announce(said || messages[name], true);
     }
   }
 
@@ -268,7 +269,7 @@
       return;
     }
     if (info.status === "completed" || info.status === "expired") {
-      finished(info.reason);
+      finished(info.reason, info.queue_state);
       return;
     }
     S.queueLength = info.queue_length;
@@ -345,18 +346,24 @@
     });
   }
 
-  function finished(reason) {
+  // A finished ticket, worded for why it finished: a completed visit is not an expired place (issue 47,
+  // item 13). Joining again is offered while the line takes people.
+  function finished(reason, queueState) {
     S.stopped = true;
     closeSocket();
     clearTimeout(S.pollTimer);
     var why = {
       abandoned: _("You were away from this page for too long."),
-      completed: _("Your visit is complete."),
+      completed: _("Thank you!"),
       revoked: _("Your place was withdrawn."),
       left: _("You left the line."),
     };
+    var complete = reason === "completed";
+    setText("wr-expired-title", complete ? _("Your visit is complete") : _("Your place has expired"));
     setText("wr-expired-why", why[reason] || _("Your ticket is no longer valid."));
-    setState("expired");
+    var rejoin = $("wr-rejoin-form");
+    if (rejoin) rejoin.hidden = (queueState || S.queueState) === "closed";
+    setState("expired", complete ? _("Your visit is complete.") + " " + _("Thank you!") : null);
   }
 
   function onEvent(event) {

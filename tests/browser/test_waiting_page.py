@@ -94,6 +94,25 @@ def test_a_visitor_moves_up_is_sent_through_finishes_and_the_next_is_admitted_at
     screenshot(second, "flow-3-next-visitor-in")
 
 
+def test_a_visitor_back_from_a_finished_visit_reads_that_it_is_complete_and_may_join_again(stack, visitor):
+    """Issue 47, item 13: a visitor who went in, finished and came back to the waiting page read "Your
+    place has expired"."""
+    slug = stack.new_queue(capacity=1, outflow_per_minute=600, burst=5)
+    page = visitor()
+    page.goto(f"{stack.url}/q/{slug}/")
+    page.wait_for_url(re.compile(rf"/demo/{slug}/protected/$"), timeout=10_000)
+    page.get_by_role("button", name="Finish and let the next visitor in").click()
+    expect(page.get_by_role("heading", name="Thanks, you're done")).to_be_visible()
+    page.get_by_role("link", name="Back to the queue").click()
+    expect_state(page, "expired")
+    expect(page.locator("#wr")).not_to_contain_text("Your place has expired")
+    expect(page.get_by_role("heading", name="Your visit is complete")).to_be_visible()
+    expect(page.locator("#wr-expired-why")).to_have_text("Thank you!")
+    accessible(page)
+    page.get_by_role("button", name="Join again").click()  # a new ticket: the slot is free, so in at once
+    page.wait_for_url(re.compile(rf"/demo/{slug}/protected/$"), timeout=10_000)
+
+
 def test_around_you_counts_as_the_place_does_while_those_ahead_leave_and_go_in(stack, visitor):
     """Issue 47, item 10: "place 1 · 0 people ahead" beside "#1 Guest, #2 You", place 20 beside "#22 You":
     the list was asked for again only once the place had moved by three, so a move of one or two left it
