@@ -59,7 +59,7 @@ def test_configure_queue_creates_then_updates_and_prints_the_result(db):
 def test_configure_queue_refuses_invalid_settings_clearly(db):
     with pytest.raises(CommandError, match="capacity"):
         run("configure_queue", "sale", "--target-url", "https://shop.example/", "--capacity", "0")
-    with pytest.raises(CommandError, match="There is no queue 'sale'. To make one, give at least --target-url"):
+    with pytest.raises(CommandError, match=r"There is no queue 'sale'\. To make one, give at least --target-url"):
         run("configure_queue", "sale")  # a new queue needs a target
     assert not Queue.objects.exists()
 

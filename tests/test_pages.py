@@ -3,6 +3,7 @@ gets), per-queue templates, and the wording of waits."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -10,9 +11,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.core.exceptions import ValidationError
 from django.template import engines
+from django.template.loader import render_to_string
 from django.utils import timezone
 
-from queueing import services
+from queueing import selectors, services
 from queueing.templatetags.waiting import countdown_text, epoch_clock, epoch_iso, wait_text
 
 
@@ -387,3 +389,37 @@ def test_clock_times_without_javascript_are_in_the_queues_time_zone(client, make
     assert shown.group(1).startswith("2098-12-31T13:00:00+01:00")  # the same moment, for the script
     with pytest.raises(ValidationError):
         services.queue_configure(slug=queue.slug, changes={"time_zone": "Mars/Olympus_Mons"}, actor_label="tests")
+
+
+def test_a_wait_that_rests_on_a_slot_held_by_someone_who_left_says_so_with_its_latest_end(rf, settings):
+    """Issue 47, item 12: the visitor behind a slot held far past the queue's holds reads why, and by when it
+    frees at the latest (a clock time in the page's zone), not only "less than a minute" or a long figure."""
+    settings.TIME_ZONE = "UTC"
+    view = selectors.TicketView(
+        ticket_id="0000000009.AbCdEfGhIjKlMnOp",
+        status="waiting",
+        position=1,
+        ahead=0,
+        queue_length=1,
+        estimated_wait_seconds=780,
+        poll_after_seconds=2.0,
+        access_token=None,
+        redirect_url=None,
+        expires_at=None,
+        reason="",
+        epoch=1,
+        seq=9,
+        priority=0,
+        queue_state="open",
+        opens_in_seconds=None,
+        event_seq=0,
+        estimated_wait_range=[0, 780],
+        held_slot_ends_at=4_102_444_800,  # 2100-01-01 00:00:00 UTC
+    )
+    context = {"view": view, "state": "waiting", "queue": {"slug": "sale", "name": "Sale"}, "config": {}}
+    text = render_to_string("queueing/waiting.html", context, request=rf.get("/q/sale/"))
+    note = re.search(r'<p class="wr-gone-slot" id="wr-gone-slot">([^<]+)<time[^>]*>([^<]+)</time>', text)
+    assert note and "someone there may have left without finishing" in note.group(1), text
+    assert note.group(2) == "00:00:00 UTC"
+    quiet = dataclasses.replace(view, held_slot_ends_at=None, estimated_wait_range=[500, 900])
+    assert 'id="wr-gone-slot" hidden' in render_to_string("queueing/waiting.html", {**context, "view": quiet})

@@ -113,8 +113,9 @@ def test_it_parses_a_join_into_a_created_waiting_ticket_at_the_head_with_the_que
     assert figures.evseq == 0
 
     assert reply.moves == store.Moves(0, [])  # first in an empty line: nobody moved
-    # The layout the header gives: {outcome, ticket (11 fields), figures (17 fields), moves}.
-    assert len(raw) == 4 and len(raw[1]) == 11 and len(raw[2]) == len(dataclasses.fields(store.QueueFigures)) == 19
+    # The layout the header gives: {outcome, ticket (11 fields), figures (20 fields), moves}.
+    assert len(raw) == 4 and len(raw[1]) == 11 and len(raw[2]) == len(dataclasses.fields(store.QueueFigures)) == 20
+    assert figures.held_gone_until_ms == 0  # no slot held by a visitor who left
 
 
 def test_it_parses_a_second_join_of_the_same_visitor_as_the_existing_ticket(make_queue, clock):

@@ -78,6 +78,12 @@ class TicketResponseSerializer(serializers.Serializer):
         "is null until then; the estimate is for the pre-queue's middle place and its range runs from the "
         "first place to the last.",
     )
+    held_slot_ends_at = serializers.IntegerField(
+        required=False,
+        help_text="While waiting, when the estimate rests on a slot held far longer than this queue's visitors "
+        "hold theirs (someone who seems to have left the site without finishing): that slot frees at the "
+        "latest at this time (epoch s), sooner if they finish; the range then starts at 0.",
+    )
     event_seq = serializers.IntegerField(
         help_text="The queue's live-event sequence at this answer; websocket events continue from it."
     )

@@ -432,12 +432,13 @@ local CLAIM_LATE_S, HEAD_SLOTS = 10, 32
 -- claims' scores, then the sessions'), and the same as the line's holds (those let in at a join `shift`
 -- seconds older: claim_shift); the count of slots held; how many of the ages (the first) are of the
 -- admissions unclaimed for CLAIM_LATE_S that polls look at one by one (slots_back: the first HEAD_SLOTS of
--- them), and how many are of admissions unclaimed that long at all; and the weight of each age past the
--- first of those, which stand for the slots held less the ones looked at one by one.
+-- them), and how many are of admissions unclaimed that long at all; the weight of each age past the
+-- first of those, which stand for the slots held less the ones looked at one by one; and the seconds each
+-- sampled slot has left until its deadline (a claim's or a session's end).
 local function held_ages(p, now, shift)
   local n_claims = redis.call('ZCARD', K_CLAIMS)
   local held = n_claims + redis.call('ZCARD', K_SESSIONS)
-  local ages, lines, weight, head, late = {}, {}, 0, 0, 0
+  local ages, lines, left, weight, head, late = {}, {}, {}, 0, 0, 0
   if held > 0 then
     local count = math.min(held, HOLD_SAMPLES)
     local sample = (now % 991) / 991
@@ -454,11 +455,12 @@ local function held_ages(p, now, shift)
         local age = math.max(0, (now - (tonumber(row[2]) - ttl * 1000)) / 1000)
         local rec = shift > 0 and load(vk_of(row[1])) or nil
         ages[#ages + 1], lines[#lines + 1] = age, age + ((rec and rec[R_ADMITTED] == rec[R_JOINED]) and shift or 0)
+        left[#left + 1] = math.max(0, (tonumber(row[2]) - now) / 1000)
       end
     end
     weight = count > head and (held - n_head) / (count - head) or 0
   end
-  return ages, lines, held, head, late, weight
+  return ages, lines, held, head, late, weight, left
 end
 
 -- The admission tick's look at the slots held (once a second, on the leader's tick): adds the time they
@@ -474,7 +476,7 @@ local function returns_look(p, st, now)
     return
   end
   local shift = claim_shift(st.cwl, st.cwj)
-  local ages, lines, held, head, late, weight = held_ages(p, now, shift)
+  local ages, lines, held, head, late, weight, left = held_ages(p, now, shift)
   local h, x, ts, rebanded = hold_sums(st.svh, st.svx)
   local since = math.max(0, now - ts) / 1000  -- each slot's seconds since the last look (all, before one)
   if held > 0 then  -- (none held: nothing to add, and every slot held later is seen from its start)
@@ -485,9 +487,31 @@ local function returns_look(p, st, now)
     redis.call('HSET', K_ST, 'svh', fmt_all(h), 'svx', fmt(held > 0 and now or ts) .. ' ' .. fmt_all(x))
   end
   local S, mean_s = hold_survival(p, h, x)
-  if S == nil then return end
+  if S == nil then
+    if st.svo then redis.call('HDEL', K_ST, 'svo') end
+    return
+  end
   local svm = fmt(mean_s * 1000)
   if svm ~= st.svm then redis.call('HSET', K_ST, 'svm', svm) end
+  -- A slot held far longer than the holds seen (past 98 % of them, four mean holds and a minute) is taken
+  -- to be held by a visitor who left the site without finishing: it comes back at its deadline (the
+  -- session's end), not at the mean's pace. Seen (issue 47): one slot, holds of 20 s, a visitor who closed
+  -- the protected page; the one waiting was told 21 s for ten minutes. 'svo' says how many such slots are
+  -- held (sampled) and when the first of them ends, for the dashboard.
+  local overdue_s, overdue, first_end = math.max(60, 4 * mean_s), 0, nil
+  local function abandoned(i)
+    return i > late and lines[i] > overdue_s and S(lines[i]) < 0.02
+  end
+  for i = head + 1, #ages do
+    if abandoned(i) then
+      overdue = overdue + weight
+      first_end = math.min(first_end or math.huge, left[i])
+    end
+  end
+  local svo = overdue > 0 and (fmt(overdue) .. ' ' .. fmt(now + first_end * 1000)) or nil
+  if svo ~= st.svo then
+    if svo then redis.call('HSET', K_ST, 'svo', svo) else redis.call('HDEL', K_ST, 'svo') end
+  end
   local free = math.max(0, p.capacity - held)  -- filled at once by the line: holders of age 0
   if mean_s <= 0 then
     if st.svr then redis.call('HDEL', K_ST, 'svr') end
@@ -505,8 +529,10 @@ local function returns_look(p, st, now)
   for k = 1, RETURN_POINTS do
     local t, sum = k * step, free * gone(fill, k * step)
     for i = head + 1, #ages do  -- (the first HEAD_SLOTS late: slots_back)
-      -- an admission unclaimed for CLAIM_LATE_S lapses at its deadline, like those slots_back looks at
-      sum = sum + weight * (i <= late and (t >= p.claim_ttl - ages[i] and 1 or 0) or gone(lines[i], t))
+      -- an admission unclaimed for CLAIM_LATE_S lapses at its deadline, like those slots_back looks at; so
+      -- does a slot held far past the holds seen (abandoned, above)
+      local at_deadline = i <= late or abandoned(i)
+      sum = sum + weight * (at_deadline and (t >= left[i] and 1 or 0) or gone(lines[i], t))
     end
     first[k] = sum
     f[k] = F(k * step) - F((k - 1) * step)
@@ -592,16 +618,38 @@ local function estimate_wait(p, st, ahead, now, used, level, own_s)
     local age_s = math.max(0, now - num(st, 'ema_ts', 0)) / 1000
     r_cap = num(st, 'ema_rate', 0) * math.exp(-age_s / RATE_TAU_S)
   end
-  local back, curve = nil, nil
+  local back, curve, r_live, gone_n, gone_end = nil, nil, r_cap, 0, 0
   if r_cap ~= nil and r_cap > 0 and 2 * (present + 1) > free then
     curve = numbers(st.svr, RETURN_POINTS + 2)
-    back = slots_back(p, now, r_cap, curve)
+    -- slots held by visitors taken to have left (returns_look: 'svo') come back at their deadlines, the
+    -- first at gone_end; the rest of the site turns over at its pace
+    local svo = numbers(st.svo, 2)
+    if svo and p.capacity > 0 then
+      gone_n, gone_end = svo[1], math.max(0, svo[2] - now) / 1000
+      r_live = r_cap * math.max(0, p.capacity - gone_n) / p.capacity
+    end
+    back = slots_back(p, now, r_live, curve)
+  end
+  local function base(k)  -- seconds until k slots are back, of those held by visitors still there
+    if k <= 0 then return 0 end
+    if back then return back(k) end
+    if r_live > 0 then return returns_after(curve, now, k, r_live) or k / r_live end
+    return math.huge
+  end
+  local function returns(k)  -- and the first slot held by one who left, back at its end (then turning over)
+    local t = base(k)
+    if gone_n > 0 then
+      local rest = r_live > 0 and base(k - 1) or gone_end + math.max(0, k - 1) * p.capacity / r_cap
+      t = math.min(t, math.max(gone_end, rest))
+    end
+    return t
   end
   local function drained(n)  -- seconds until n admissions are allowed; nil: unknown
     local t = (n - tokens) / r_out
     if n > free then  -- this visitor needs a slot that is not free yet: when do slots come back?
       if r_cap == nil or r_cap <= 0 then return nil end  -- no slot has come back yet: nobody can know
-      t = math.max(t, back and back(n - free) or returns_after(curve, now, n - free, r_cap) or (n - free) / r_cap)
+      t = math.max(t, returns(n - free))
+      if t == math.huge then return nil end
     end
     return math.max(0, t)
   end

@@ -4,7 +4,7 @@
 -- The counters a poll reads: figures() and estimate_wait() (HGETALL would build every other one too).
 local FIGURE_FIELDS = {
   'admitted', 'evseq', 'ema_rate', 'ema_ts', 'ema_service_ms', 'reported_in_use', 'b_tokens', 'b_ts', 'thetas',
-  'w_lo', 'w_hi', 'silent', 'pri', 'head_js', 'lj', 'svr', 'svm',
+  'w_lo', 'w_hi', 'silent', 'pri', 'head_js', 'lj', 'svr', 'svm', 'svo',
 }
 
 local function figure_stats()
@@ -216,6 +216,7 @@ local function poll_figures(p, st, used)
     p.state, p.capacity, used or used_slots(p, st), line_count(), st.evseq or '0',
     p.presence_timeout, p.target_url, p.epoch, p.claim_ttl, p.starts_at_ms,
     st.w_lo or fmt(WAIT_LO_FIRST), st.w_hi or fmt(WAIT_HI_FIRST),
+    st.svo and st.svo:match(' (%S+)$') or '0',  -- a slot held by one who left: when it ends (returns_look)
   }
 end
 
@@ -223,8 +224,8 @@ end
 -- figures, then these.
 local function figures(p, st)
   local f = poll_figures(p, st)
-  f[13], f[14], f[15], f[16] = fmt(p.outflow), st.ema_rate or '0', st.ema_ts or '0', st.ema_service_ms or '0'
-  f[17], f[18], f[19] = num(st, 'admitted', 0), redis.call('ZCARD', K_AWAY), p.name
+  f[14], f[15], f[16], f[17] = fmt(p.outflow), st.ema_rate or '0', st.ema_ts or '0', st.ema_service_ms or '0'
+  f[18], f[19], f[20] = num(st, 'admitted', 0), redis.call('ZCARD', K_AWAY), p.name
   return f
 end
 

@@ -82,6 +82,9 @@ def queue_stats_get(*, slug: str, now: float | None = None) -> dict[str, Any]:
             if "svm" in st or "ema_service_ms" in st
             else None
         ),
+        # slots held far longer than the queue's holds, by visitors who seem to have left the site without
+        # finishing (lua/_estimates.lua returns_look, sampled): how many, and when the first of them frees
+        **_held_by_gone(st.get("svo")),
         "totals": {
             "joined": count("joined"),
             "admitted": count("admitted"),
@@ -101,6 +104,11 @@ def queue_stats_get(*, slug: str, now: float | None = None) -> dict[str, Any]:
         "epoch": int(cfg.get("epoch") or 1),
         "viewers": store.viewers_count(slug, now=time.time() if now is None else now),
     }
+
+
+def _held_by_gone(svo: str | None) -> dict[str, Any]:
+    count, ends_ms = (float(v) for v in (svo or "0 0").split()[:2])
+    return {"slots_held_by_gone": round(count), "first_gone_slot_frees_at": round(ends_ms / 1000) if count else None}
 
 
 def _window_stats(slug: str, cfg: dict[str, str], now: float | None) -> dict[str, Any]:

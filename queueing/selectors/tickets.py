@@ -52,6 +52,9 @@ class TicketView:
     estimated_wait_range: list[int] | None = None  # [low, high] seconds: ~8 in 10 of the queue's waits fall within
     drawn_at_start: bool = False  # in a pre-queue: its place is drawn at the start (no place until then)
     place: int | None = None  # stateless mode: the ticket's place (its number, shuffled, less its epoch's gap)
+    # The wait rests on a slot held by a visitor who seems to have left the site without finishing: it
+    # frees at the latest then (epoch s), earlier if they finish (lua/_estimates.lua returns_look).
+    held_slot_ends_at: int | None = None
     window: dict[str, Any] | None = None  # stateless mode: the window as window_public() shows it
 
     @property
@@ -80,6 +83,8 @@ class TicketView:
             body["opens_in_seconds"] = self.opens_in_seconds
         if self.drawn_at_start:
             body["place_drawn_at_start"] = True
+        if self.held_slot_ends_at is not None:
+            body["held_slot_ends_at"] = self.held_slot_ends_at
         if self.access_token:
             body.update(access_token=self.access_token, redirect_url=self.redirect_url, expires_at=self.expires_at)
         if self.reason:
@@ -175,6 +180,18 @@ def ticket_view(slug: str, reply: TicketReply | StatusReply, *, now_ms: int | No
         estimate_range = _drawn_range(ticket.est_wait_s, (figures.starts_at_ms - now_ms) / 1000)
     else:
         estimate_range = figures.wait_range(ticket.est_wait_s) if waiting else None
+    held_until = None
+    gone_left_s = (figures.held_gone_until_ms - now_ms) // 1000 if figures.held_gone_until_ms > now_ms else None
+    # the estimate is that slot's end (the next tick after it): the wait rests on it
+    if (
+        waiting
+        and not drawn
+        and ticket.est_wait_s is not None
+        and gone_left_s is not None
+        and ticket.est_wait_s >= gone_left_s
+    ):
+        held_until = figures.held_gone_until_ms // 1000
+        estimate_range = [0, ticket.est_wait_s]  # it may free any moment, and no later than its end
     return TicketView(
         ticket_id=ticket.ticket_id,
         status=public_status(ticket.status),
@@ -197,6 +214,7 @@ def ticket_view(slug: str, reply: TicketReply | StatusReply, *, now_ms: int | No
         event_seq=max(figures.evseq, reply.moves.seq),
         heartbeat_ceiling_seconds=heartbeat_ceiling(figures),
         placement=ticket.score,
+        held_slot_ends_at=held_until,
     )
 
 

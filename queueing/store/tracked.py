@@ -55,6 +55,11 @@ class PollFigures(Reply):
     # wait_learn): the estimate's range is the estimate times e^wait_low .. e^wait_high.
     wait_low: float
     wait_high: float
+    # When the first slot held by a visitor taken to have left the site without finishing ends (ms; 0:
+    # none): held far longer than the queue's holds (lua/_estimates.lua returns_look), it comes back then.
+    held_gone_until_ms: int
+
+    CONVERT = {"held_gone_until_ms": whole}
 
     @property
     def free(self) -> int:
@@ -82,7 +87,7 @@ class QueueFigures(PollFigures):
     away: int  # waiting visitors parked because they were absent at the head
     name: str
 
-    CONVERT = {"ema_ts_ms": whole}
+    CONVERT = {**PollFigures.CONVERT, "ema_ts_ms": whole}
 
 
 def _line_score(value: Any) -> float | None:

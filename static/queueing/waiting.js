@@ -281,6 +281,7 @@
       setText("wr-prequeue-label", ngettext("person has", "people have", info.queue_length));
     } else if (info.position !== null && info.position !== undefined) S.position = info.position;
     eta.update(info.estimated_wait_seconds);
+    showGoneSlot(info.held_slot_ends_at);
     S.range = info.estimated_wait_range || null;
     S.rangeFor = info.estimated_wait_seconds || null;
     if (info.opens_in_seconds) S.opensAt = Date.now() + info.opens_in_seconds * 1000;
@@ -291,6 +292,19 @@
     setText("wr-updated", updatedText());
     drawPosition();
     everySecond();
+  }
+
+  // The wait rests on a slot held far longer than this queue's visitors hold theirs (issue 47): someone who
+  // may have left the site without finishing. Say so, and by when it frees at the latest (its session's end).
+  function showGoneSlot(endsAt) {
+    var note = $("wr-gone-slot"), at = $("wr-gone-slot-at");
+    if (!note || !at) return;
+    note.hidden = !endsAt;
+    if (!endsAt) return;
+    var when = new Date(endsAt * 1000);
+    at.setAttribute("datetime", when.toISOString());
+    try { at.textContent = new Intl.DateTimeFormat(LANG, { timeStyle: "medium" }).format(when); }
+    catch (e) { at.textContent = when.toLocaleTimeString(); }
   }
 
   // Admitted: call the visitor back wherever they are (a background tab on a phone): the tab's title, a
