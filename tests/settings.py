@@ -8,8 +8,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 os.environ.setdefault("SECRET_KEY", "tests-only-" + "x" * 50)
 os.environ.setdefault("HTTPS", "0")
-# Not the checkout's var/: an installation a developer runs there (var/installation.env) is not the tests'.
-os.environ.setdefault("WR_VAR_DIR", str(Path(tempfile.gettempdir()) / "waitingroom-test-var"))
 
 from waitingroom_site.settings import *  # noqa: F403
 from waitingroom_site.settings import REDIS_URL as _BASE_REDIS_URL

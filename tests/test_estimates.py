@@ -1339,3 +1339,26 @@ def test_a_slot_held_far_past_the_queues_holds_frees_at_its_sessions_end_as_the_
     tick(slug, t1 + 311)
     assert status(slug, waiter, now=t1 + 311).status is store.TicketStatus.ADMITTED
     assert selectors.queue_stats_get(slug=slug, now=t1 + 311)["slots_held_by_gone"] == 0
+
+
+def test_a_session_held_by_one_who_left_is_counted_exactly_and_only_the_waits_resting_on_it_say_so(make_queue, clock):
+    """The review of the above: thirty slots (more than the tick samples), one held by a visitor who left
+    and twenty-nine by visitors still there. The one left is counted once at every tick (sampled, it came and
+    went, and counted as 30/24 of a slot), and those waiting, whose turns come with the slots still turning
+    over, are told those, not that session's end."""
+    queue = make_queue(capacity=30, outflow_per_minute=6000, burst=100, session_ttl=900)
+    slug, t0 = queue.slug, clock.now
+    held_for(slug, 20, capacity=30, now=t0)
+    t1 = t0 + 60
+    sessions(slug, ["gone"], now=t1)
+    sessions(slug, [f"here{i}" for i in range(29)], now=t1 + 100)
+    line = [join(slug, f"w{i}", now=t1 + 105) for i in range(40)]
+    for second in range(105, 111):
+        tick(slug, t1 + second)
+        live = selectors.queue_stats_get(slug=slug, now=t1 + second)
+        assert (live["slots_held_by_gone"], live["first_gone_slot_frees_at"]) == (1, round(t1 + 900)), second
+    for ticket in (line[0], line[20], line[39]):
+        reply = status_reply(slug, ticket, now=t1 + 110)
+        view = selectors.ticket_view(slug, reply, now_ms=int((t1 + 110) * 1000))
+        assert view.estimated_wait_seconds is not None and view.estimated_wait_seconds < 120, view
+        assert view.held_slot_ends_at is None and "held_slot_ends_at" not in view.payload()

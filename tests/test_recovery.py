@@ -274,41 +274,6 @@ def test_a_queue_never_used_starts_its_first_epoch_without_calling_it_a_loss(mak
     assert not QueueChange.objects.filter(queue=queue, action="epoch").exists()
 
 
-def test_a_queue_first_held_under_another_prefix_starts_clean_there_and_a_loss_under_it_is_still_a_loss(
-    make_queue, settings, clock
-):
-    """Issue 47: a queue made by a command acting on another namespace (manage.py used the prefix `wr` beside
-    bin/run's `wr-…`) reached bin/run's Redis as "lost": epoch 2, a 60-s restore hold, estimates of a restore.
-    Redis has never held it under this prefix: it begins clean (its epoch, no hold, no audit of a loss), its
-    numbers still above every one reserved; the other namespace's tickets get no place. A real loss under
-    the new prefix is one again."""
-    queue = make_queue(state="paused")
-    old = join(queue.slug, "before", now=clock())
-    reserved = Queue.objects.get(pk=queue.pk).seq_reserved
-    here = settings.WR_REDIS_PREFIX
-    assert Queue.objects.get(pk=queue.pk).live_prefix == here
-    settings.WR_REDIS_PREFIX = f"{here}x"  # under the run's prefix: cleaned up with its keys
-    assert store.live_state(queue.slug).epoch is None  # this namespace has never held the queue
-
-    services.queues_tick(now=clock.advance(1))
-    queue.refresh_from_db()
-    assert (queue.epoch, queue.live_prefix) == (1, f"{here}x")
-    assert store.live_state(queue.slug) == store.LiveState(1, reserved)
-    assert int(store.config_read(queue.slug).get("restore_hold_until_ms") or 0) == 0
-    assert not QueueChange.objects.filter(queue=queue, action="epoch").exists()
-    assert join(queue.slug, "after", now=clock()).seq == reserved + 1
-    with pytest.raises(selectors.TicketGone):
-        modes.status(claims=claims_of(queue.slug, old), now=clock())
-
-    for key in store.client().scan_iter(match=f"{here}x:{{{queue.slug}}}*"):  # the state under it is lost
-        store.client().delete(key)
-    services.queues_tick(now=clock.advance(1))
-    queue.refresh_from_db()
-    assert queue.epoch == 2
-    assert int(store.config_read(queue.slug)["restore_hold_until_ms"]) > clock() * 1000
-    assert QueueChange.objects.filter(queue=queue, action="epoch").count() == 1
-
-
 def test_scripts_refuse_to_run_on_a_policy_whose_epoch_was_not_started(make_queue):
     queue = make_queue(state="paused")
     store.client().hdel(store.queue_keys(queue.slug).cfg, "live_epoch")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -236,18 +237,24 @@ def test_each_installation_gets_its_own_redis_prefix_kept_in_its_var_dir(tmp_pat
 
 
 def test_the_installation_file_carries_what_the_run_decided_and_the_environment_still_wins(tmp_path, monkeypatch):
-    """bin/run keeps its installation's namespace for the other commands of the checkout (issue 47); never a
-    secret, and a variable a command's environment sets is that command's."""
+    """bin/run keeps its installation's namespace for the other commands of the checkout (issue 47): never a
+    secret or a relaxed setting, this user's only; a variable a command's environment sets is that
+    command's; and a process given SECRET_KEY (a deployment) does not read the file at all."""
     from waitingroom_site import environment
 
     env = {"WR_REDIS_PREFIX": "wr-0badcafe", "REDIS_URL": "redis://127.0.0.1:7001/0", "SECRET_KEY": "s" * 50}
-    environment.installation_write(tmp_path, env)
-    assert environment.installation_read(tmp_path / "installation.env") == {
+    env.update(HTTPS="0", WR_ALLOW_GENERATED_SECRET="1")  # bin/run's, never kept: bin/manage asks for them
+    written = environment.installation_write(tmp_path, env)
+    assert stat.S_IMODE(written.stat().st_mode) == 0o600  # a URL may carry a password
+    assert environment.installation_read(written) == {
         "REDIS_URL": "redis://127.0.0.1:7001/0",
         "WR_REDIS_PREFIX": "wr-0badcafe",
     }
     monkeypatch.setenv("REDIS_URL", "redis://elsewhere:6379/2")
     monkeypatch.delenv("WR_REDIS_PREFIX", raising=False)
+    monkeypatch.setenv("SECRET_KEY", "s" * 50)  # a deployment: the file is not read at all
+    assert environment.installation_environment(tmp_path) == {} and "WR_REDIS_PREFIX" not in os.environ
+    monkeypatch.delenv("SECRET_KEY")  # bin/run's development install: its secret is generated
     supplied = environment.installation_environment(tmp_path)
     assert supplied == {"WR_REDIS_PREFIX": "wr-0badcafe"}
     assert os.environ["REDIS_URL"] == "redis://elsewhere:6379/2" and os.environ["WR_REDIS_PREFIX"] == "wr-0badcafe"

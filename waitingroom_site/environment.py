@@ -101,8 +101,9 @@ def generated_secret(path: Path) -> str:
 
 INSTALLATION_FILE = "installation.env"
 # What bin/run decided for its installation and every other process of the same checkout must agree on:
-# where the live state is and under which keys, the broker's keys and queue, the database, the local
-# plain-HTTP run and its generated secret. No secret itself is ever written here.
+# where the live state is and under which keys, the broker's keys and queue, the database. Nothing that
+# relaxes security (HTTPS=0, a generated secret) is kept here: bin/manage asks for those itself, as bin/run
+# does. The file is this user's only (a URL may carry a password).
 INSTALLATION_NAMES = (
     "REDIS_URL",
     "REDIS_CLUSTER_NODES",
@@ -113,8 +114,6 @@ INSTALLATION_NAMES = (
     "CHANNEL_LAYER_URL",
     "CACHE_URL",
     "DATABASE_URL",
-    "HTTPS",
-    "WR_ALLOW_GENERATED_SECRET",
 )
 _LINE = re.compile(r"([A-Z][A-Z0-9_]*)=(.*)")
 
@@ -144,8 +143,11 @@ def installation_environment(var_dir: Path) -> dict[str, str]:
     """One installation, one namespace (issue 47): what bin/run kept in var/installation.env applies to
     every process started from the same checkout (manage.py, a Celery command, a shell), so that each acts
     on the running installation's Redis keys, broker and database. The process's own environment wins
-    over the file. Returns what the file supplied."""
-    supplied = {}
+    over the file, and a process given SECRET_KEY (a deployment, never bin/run's development install,
+    whose secret is generated) does not read it at all. Returns what the file supplied."""
+    supplied: dict[str, str] = {}
+    if os.environ.get("SECRET_KEY"):
+        return supplied
     for name, value in installation_read(var_dir / INSTALLATION_FILE).items():
         if name not in os.environ:
             os.environ[name] = value
@@ -163,6 +165,8 @@ def installation_write(var_dir: Path, env: dict[str, str]) -> Path:
     ]
     lines += [f"{name}={env[name]}" for name in INSTALLATION_NAMES if env.get(name)]
     partial = path.with_suffix(".partial")
-    partial.write_text("\n".join(lines) + "\n")
+    partial.unlink(missing_ok=True)
+    with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
+        out.write("\n".join(lines) + "\n")
     partial.replace(path)
     return path

@@ -32,9 +32,9 @@ from waitingroom_site.environment import (
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("WR_VAR_DIR", BASE_DIR / "var"))
-# One installation, one namespace: a command run beside bin/run (manage.py, celery) takes the Redis, key
-# prefix, broker and database that bin/run kept in var/installation.env, unless its environment says
-# otherwise (README "Configuration"). A deployment without that file is configured by its environment alone.
+# One installation, one namespace: a command run beside bin/run (bin/manage, manage.py, celery) takes the
+# Redis, key prefix, broker and database that bin/run kept in var/installation.env, unless its environment
+# says otherwise (docs/configuration.md). A deployment (SECRET_KEY set) never reads that file.
 INSTALLATION_SUPPLIED = installation_environment(VAR_DIR)
 
 DEBUG = envbool("DEBUG", False)

@@ -472,7 +472,7 @@ end
 -- and it had 10 s, the shortest session).
 local function returns_look(p, st, now)
   if p.capacity_source == 'reported' then  -- the site counts its sessions: no holds seen here
-    if st.svr or st.svm then redis.call('HDEL', K_ST, 'svr', 'svm') end
+    if st.svr or st.svm or st.svo then redis.call('HDEL', K_ST, 'svr', 'svm', 'svo') end
     return
   end
   local shift = claim_shift(st.cwl, st.cwj)
@@ -493,24 +493,36 @@ local function returns_look(p, st, now)
   end
   local svm = fmt(mean_s * 1000)
   if svm ~= st.svm then redis.call('HSET', K_ST, 'svm', svm) end
-  -- A slot held far longer than the holds seen (past 98 % of them, four mean holds and a minute) is taken
-  -- to be held by a visitor who left the site without finishing: it comes back at its deadline (the
-  -- session's end), not at the mean's pace. Seen (issue 47): one slot, holds of 20 s, a visitor who closed
-  -- the protected page; the one waiting was told 21 s for ten minutes. 'svo' says how many such slots are
-  -- held (sampled) and when the first of them ends, for the dashboard.
-  local overdue_s, overdue, first_end = math.max(60, 4 * mean_s), 0, nil
-  local function abandoned(i)
-    return i > late and lines[i] > overdue_s and S(lines[i]) < 0.02
+  -- A session held far longer than the holds seen (past 98 % of them by the life table, four mean holds
+  -- and a minute: `gone_age`) is taken to be held by a visitor who left the site without finishing: it
+  -- comes back at its deadline (the session's end), not at the mean's pace, and the curve leaves it out
+  -- (polls count it apart: estimate_wait). Seen (issue 47): one slot, holds of 20 s, a visitor who closed
+  -- the protected page; the one waiting was told 29 s for the whole 900-s session. 'svo': how many such
+  -- sessions are held (counted exactly: sessions are scored by their ends) and when the first one ends.
+  local gone_age = math.max(60, 4 * mean_s)
+  if S(math.max(gone_age, p.session_ttl)) >= 0.02 then
+    gone_age = nil  -- the holds seen run as long as a session may: none is out of the ordinary
+  elseif S(gone_age) >= 0.02 then
+    local lo, hi = gone_age, math.max(gone_age, p.session_ttl)
+    for _ = 1, 16 do
+      local mid = (lo + hi) / 2
+      if S(mid) < 0.02 then hi = mid else lo = mid end
+    end
+    gone_age = hi
   end
-  for i = head + 1, #ages do
-    if abandoned(i) then
-      overdue = overdue + weight
-      first_end = math.min(first_end or math.huge, left[i])
+  local svo = nil
+  if gone_age then
+    local cutoff = now + (p.session_ttl - gone_age) * 1000
+    local first = redis.call('ZRANGEBYSCORE', K_SESSIONS, '-inf', cutoff, 'WITHSCORES', 'LIMIT', 0, 1)
+    if first[2] then
+      svo = redis.call('ZCOUNT', K_SESSIONS, '-inf', cutoff) .. ' ' .. fmt(tonumber(first[2]))
     end
   end
-  local svo = overdue > 0 and (fmt(overdue) .. ' ' .. fmt(now + first_end * 1000)) or nil
   if svo ~= st.svo then
     if svo then redis.call('HSET', K_ST, 'svo', svo) else redis.call('HDEL', K_ST, 'svo') end
+  end
+  local function abandoned(i)  -- (an age past gone_age is a session's: claims that old are the late ones)
+    return gone_age ~= nil and i > late and ages[i] >= gone_age
   end
   local free = math.max(0, p.capacity - held)  -- filled at once by the line: holders of age 0
   if mean_s <= 0 then
@@ -529,10 +541,13 @@ local function returns_look(p, st, now)
   for k = 1, RETURN_POINTS do
     local t, sum = k * step, free * gone(fill, k * step)
     for i = head + 1, #ages do  -- (the first HEAD_SLOTS late: slots_back)
-      -- an admission unclaimed for CLAIM_LATE_S lapses at its deadline, like those slots_back looks at; so
-      -- does a slot held far past the holds seen (abandoned, above)
-      local at_deadline = i <= late or abandoned(i)
-      sum = sum + weight * (at_deadline and (t >= left[i] and 1 or 0) or gone(lines[i], t))
+      -- an admission unclaimed for CLAIM_LATE_S lapses at its deadline, like those slots_back looks at; a
+      -- session held by one who left (above) is counted apart
+      if i <= late then
+        sum = sum + weight * (t >= left[i] and 1 or 0)
+      elseif not abandoned(i) then
+        sum = sum + weight * gone(lines[i], t)
+      end
     end
     first[k] = sum
     f[k] = F(k * step) - F((k - 1) * step)

@@ -273,10 +273,6 @@ class Queue(models.Model):
     # numbering resumes above every number that may have been issued: none is issued twice.
     epoch = models.PositiveIntegerField(default=1, editable=False)
     seq_reserved = models.PositiveBigIntegerField(default=0, editable=False)
-    # The Redis key prefix (WR_REDIS_PREFIX) the live state's epoch last began under. Redis without the
-    # queue's state under another prefix has never held it (a queue first run by another installation's
-    # namespace): it starts clean, not as a loss. '' (before this was kept): any prefix counts as this one.
-    live_prefix = models.CharField(max_length=40, blank=True, default="", editable=False)
     # Counts the operators' changes (queue_configure, priority levels). Mirrored with the policy: a process
     # holding an older copy (a tick that read the queue before a pause) cannot write its settings back
     # over a newer one's (lua/config.lua).

@@ -182,13 +182,14 @@ def ticket_view(slug: str, reply: TicketReply | StatusReply, *, now_ms: int | No
         estimate_range = figures.wait_range(ticket.est_wait_s) if waiting else None
     held_until = None
     gone_left_s = (figures.held_gone_until_ms - now_ms) // 1000 if figures.held_gone_until_ms > now_ms else None
-    # the estimate is that slot's end (the next tick after it): the wait rests on it
+    # the estimate is that slot's end (rounded up, at the next tick): the wait rests on it. A visitor further
+    # back, told more, waits for other slots too; one told less, for slots of visitors still there.
     if (
         waiting
         and not drawn
         and ticket.est_wait_s is not None
         and gone_left_s is not None
-        and ticket.est_wait_s >= gone_left_s
+        and gone_left_s <= ticket.est_wait_s <= gone_left_s + 2
     ):
         held_until = figures.held_gone_until_ms // 1000
         estimate_range = [0, ticket.est_wait_s]  # it may free any moment, and no later than its end

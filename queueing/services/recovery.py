@@ -130,11 +130,8 @@ def queue_live_state_ensure(queue_pk: int, *, now: float | None = None, switched
                 queue.seq_reserved = max(queue.seq_reserved, live.seq) + block
                 queue.save(update_fields=["seq_reserved"])
         else:
-            # Nothing in Redis although numbers were handed out under this prefix, or Redis from another
-            # epoch: a new epoch. A queue whose epoch began under another prefix (another installation's
-            # namespace) was never held here: it starts clean, its numbering still above every reserved one.
-            held_here = queue.live_prefix in ("", _this_prefix())
-            lost = not switched and (live.epoch is not None or (queue.seq_reserved > 0 and held_here))
+            # Nothing in Redis although numbers were handed out, or Redis from another epoch: a new epoch.
+            lost = not switched and (live.epoch is not None or queue.seq_reserved > 0)
             before = queue.epoch
             floor = max(queue.seq_reserved, tracked.seq, window.seq)
             if lost:
@@ -165,18 +162,12 @@ def queue_live_state_ensure(queue_pk: int, *, now: float | None = None, switched
     return fresh
 
 
-def _this_prefix() -> str:
-    """The namespace this process keeps live state under, as Queue.live_prefix records it."""
-    return str(settings.WR_REDIS_PREFIX)[: Queue._meta.get_field("live_prefix").max_length]
-
-
 def _live_epoch_start(queue: Queue, *, floor: int, lost: bool, moved: bool = False, now: float) -> bool:
     """Save the queue's new epoch and reservation, and start the epoch in Redis (inside the row lock)."""
     if queue.is_stateless:
         # Places continue where the last epoch's left off: this epoch skips the numbers up to the floor.
         queue.window_gaps = {**queue.window_gaps, str(queue.epoch): floor - queue.window_issued}
-        queue.live_prefix = _this_prefix()
-        queue.save(update_fields=["epoch", "seq_reserved", "window_gaps", "live_prefix"])
+        queue.save(update_fields=["epoch", "seq_reserved", "window_gaps"])
         return store.window_epoch_start(
             queue.slug,
             epoch=queue.epoch,
@@ -186,8 +177,7 @@ def _live_epoch_start(queue: Queue, *, floor: int, lost: bool, moved: bool = Fal
             gap=queue.window_gaps[str(queue.epoch)],
             now_ms=clock.now_ms(now),
         )
-    queue.live_prefix = _this_prefix()
-    queue.save(update_fields=["epoch", "seq_reserved", "live_prefix"])
+    queue.save(update_fields=["epoch", "seq_reserved"])
     priors = [
         (store.walk_prior_seed, _prior_or_none(queue, walk_prior, "walking away"), "walking away"),
         (store.hold_prior_seed, _prior_or_none(queue, hold_prior, "holding slots"), "holding slots"),

@@ -39,11 +39,14 @@ def _answers(url: str) -> bool:
         return False
 
 
-def manage(var: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """`manage.py ARGS` as the README gives it, from the checkout, with no environment but WR_VAR_DIR (the
-    checkout's var/ in a test of its own)."""
+def manage(var: Path, *args: str, command: str = "bin/manage", **env: str) -> subprocess.CompletedProcess[str]:
+    """`bin/manage ARGS` as the docs give it (or `manage.py`), from the checkout, with no environment but
+    WR_VAR_DIR (the checkout's var/ in a test of its own)."""
+    program = (
+        ["bash", str(ROOT / "bin" / "manage")] if command == "bin/manage" else [sys.executable, str(ROOT / "manage.py")]
+    )
     return subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), *args],
+        [*program, *args],
         env=dict(BARE, WR_VAR_DIR=str(var), **env),
         cwd=ROOT,
         capture_output=True,
@@ -117,20 +120,16 @@ def test_a_queue_changed_with_the_readmes_command_is_the_running_installations_a
 
 def test_a_broken_installation_file_is_said_in_one_line_never_another_namespace(tmp_path):
     (tmp_path / "installation.env").write_text("WR_REDIS_PREFIX=wr-1234abcd\nthis is not a setting\n")
-    broken = manage(tmp_path, "configure_queue", "sale", "--state", "closed")
+    broken = manage(tmp_path, "configure_queue", "sale", "--state", "closed", command="manage.py")
     assert broken.returncode == 2
     assert broken.stderr.strip().count("\n") == 0, broken.stderr
     assert "installation.env, line 2" in broken.stderr
 
 
 def test_bin_manage_without_an_installation_says_so(tmp_path):
-    missing = subprocess.run(
-        ["bash", str(ROOT / "bin" / "manage"), "configure_queue", "sale"],
-        env=dict(BARE, WR_VAR_DIR=str(tmp_path)),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    missing = manage(tmp_path, "configure_queue", "sale")
     assert missing.returncode == 2
     assert "installation.env is missing" in missing.stderr and "bin/run" in missing.stderr
+    (tmp_path / "installation.env").write_text("WR_REDIS_PREFIX=wr-1234abcd\n")
+    deployed = manage(tmp_path, "configure_queue", "sale", SECRET_KEY="s" * 50)  # a deployment's environment
+    assert deployed.returncode == 2 and "SECRET_KEY is set" in deployed.stderr
