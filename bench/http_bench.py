@@ -64,7 +64,7 @@ BENCH_RATE_LIMITS = json.dumps(
 def bench_rate_limits(env: dict[str, str]) -> str:
     """The product's default limiters (read from its settings), with joins lifted as above."""
     defaults = subprocess.run(
-        [sys.executable, "-c", "from waitingroom_site.settings import WR_RATE_LIMITS as L, json; print(json.dumps(L))"],
+        [sys.executable, "-c", "import json; from waitingroom_site.settings import WR_RATE_LIMITS as L; print(json.dumps(L))"],
         env={k: v for k, v in env.items() if k != "WR_RATE_LIMITS"},
         cwd=ROOT,
         capture_output=True,
