@@ -1,5 +1,5 @@
 """The real stack for end-to-end and browser tests: `python -m waitingroom_site.runstack --setup`, exactly
-as bin/run starts it (gunicorn, uvicorn for websockets, Celery worker, Celery beat), with its own SQLite
+as bin/run starts it (granian, uvicorn for websockets, Celery worker, Celery beat), with its own SQLite
 file, Redis key prefix and ports. One per test session, started by the first test that asks for it."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The ASGI application (uvicorn): websockets for live push. HTTP is served by gunicorn (wsgi.py); the
-ASGI app answers HTTP too, for completeness, but is not deployed for it (bench/RESULTS.md says why)."""
+"""The ASGI application (uvicorn): websockets for live push. HTTP is served by granian running web.py (or,
+for comparison, gunicorn running wsgi.py); this ASGI app answers HTTP too, for completeness, but is not
+deployed for it (bench/RESULTS.md says why)."""
 
 import os
 
