@@ -61,10 +61,13 @@ BENCH_RATE_LIMITS = json.dumps(
 )
 
 
+READ_LIMITS = "import json\nfrom waitingroom_site.settings import WR_RATE_LIMITS\nprint(json.dumps(WR_RATE_LIMITS))"
+
+
 def bench_rate_limits(env: dict[str, str]) -> str:
     """The product's default limiters (read from its settings), with joins lifted as above."""
     defaults = subprocess.run(
-        [sys.executable, "-c", "import json; from waitingroom_site.settings import WR_RATE_LIMITS as L; print(json.dumps(L))"],
+        [sys.executable, "-c", READ_LIMITS],
         env={k: v for k, v in env.items() if k != "WR_RATE_LIMITS"},
         cwd=ROOT,
         capture_output=True,
