@@ -15,9 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from queueing import health
-from queueing.phases import phase_of, schedule_of
-
-__all__ = ["phase_of", "schedule_of"]  # the phase is the queue's, said alike everywhere (queueing/phases.py)
 
 from .names import (
     CLOSED,

@@ -67,7 +67,7 @@ def figures_from_stats(
     site = stats["site_health"]
     capacity = int(stats.get("capacity") or 0)
     return events.Figures(
-        phase=events.phase_of(state=state, schedule=schedule),
+        phase=phases.phase_of(state=state, schedule=schedule),
         schedule=schedule,
         waiting=int(stats.get("waiting") or 0),
         waiting_here=int(stats.get("waiting") or 0) - int(stats.get("waiting_away") or 0),

@@ -145,6 +145,16 @@ def _wait_for(predicate: Any, timeout: float, what: str, log: Path) -> None:
     raise AssertionError(f"timed out waiting for {what}; log:\n{log.read_text()[-4000:]}")
 
 
+def stop_process(process: subprocess.Popen[bytes], *, timeout: float, signum: int = signal.SIGTERM) -> None:
+    """Stop a process a test started (by its own handle): `signum`, then a kill if it outlasts `timeout`."""
+    process.send_signal(signum)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def _healthy(url: str) -> bool:
     try:
         return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
@@ -219,11 +229,7 @@ def _run_stack(tmp_path_factory: pytest.TempPathFactory, mailbox: Mailbox, smtp_
         _wait_for(lambda: "ready." in log.read_text(), 90, "the Celery worker", log)
         yield stack
     finally:
-        process.send_signal(signal.SIGINT)  # what Ctrl-C does
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_process(process, timeout=60, signum=signal.SIGINT)  # what Ctrl-C does
         keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
         if keys:
             client.delete(*keys)

@@ -432,13 +432,12 @@ local CLAIM_LATE_S, HEAD_SLOTS = 10, 32
 -- claims' scores, then the sessions'), and the same as the line's holds (those let in at a join `shift`
 -- seconds older: claim_shift); the count of slots held; how many of the ages (the first) are of the
 -- admissions unclaimed for CLAIM_LATE_S that polls look at one by one (slots_back: the first HEAD_SLOTS of
--- them), and how many are of admissions unclaimed that long at all; the weight of each age past the
--- first of those, which stand for the slots held less the ones looked at one by one; and the seconds each
--- sampled slot has left until its deadline (a claim's or a session's end).
+-- them), and how many are of admissions unclaimed that long at all; and the weight of each age past the
+-- first of those, which stand for the slots held less the ones looked at one by one.
 local function held_ages(p, now, shift)
   local n_claims = redis.call('ZCARD', K_CLAIMS)
   local held = n_claims + redis.call('ZCARD', K_SESSIONS)
-  local ages, lines, left, weight, head, late = {}, {}, {}, 0, 0, 0
+  local ages, lines, weight, head, late = {}, {}, 0, 0, 0
   if held > 0 then
     local count = math.min(held, HOLD_SAMPLES)
     local sample = (now % 991) / 991
@@ -455,12 +454,11 @@ local function held_ages(p, now, shift)
         local age = math.max(0, (now - (tonumber(row[2]) - ttl * 1000)) / 1000)
         local rec = shift > 0 and load(vk_of(row[1])) or nil
         ages[#ages + 1], lines[#lines + 1] = age, age + ((rec and rec[R_ADMITTED] == rec[R_JOINED]) and shift or 0)
-        left[#left + 1] = math.max(0, (tonumber(row[2]) - now) / 1000)
       end
     end
     weight = count > head and (held - n_head) / (count - head) or 0
   end
-  return ages, lines, held, head, late, weight, left
+  return ages, lines, held, head, late, weight
 end
 
 -- The admission tick's look at the slots held (once a second, on the leader's tick): adds the time they
@@ -476,7 +474,7 @@ local function returns_look(p, st, now)
     return
   end
   local shift = claim_shift(st.cwl, st.cwj)
-  local ages, lines, held, head, late, weight, left = held_ages(p, now, shift)
+  local ages, lines, held, head, late, weight = held_ages(p, now, shift)
   local h, x, ts, rebanded = hold_sums(st.svh, st.svx)
   local since = math.max(0, now - ts) / 1000  -- each slot's seconds since the last look (all, before one)
   if held > 0 then  -- (none held: nothing to add, and every slot held later is seen from its start)
@@ -544,7 +542,7 @@ local function returns_look(p, st, now)
       -- an admission unclaimed for CLAIM_LATE_S lapses at its deadline, like those slots_back looks at; a
       -- session held by one who left (above) is counted apart
       if i <= late then
-        sum = sum + weight * (t >= left[i] and 1 or 0)
+        sum = sum + weight * (t >= p.claim_ttl - ages[i] and 1 or 0)
       elseif not abandoned(i) then
         sum = sum + weight * gone(lines[i], t)
       end

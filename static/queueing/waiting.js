@@ -301,10 +301,8 @@
     if (!note || !at) return;
     note.hidden = !endsAt;
     if (!endsAt) return;
-    var when = new Date(endsAt * 1000);
-    at.setAttribute("datetime", when.toISOString());
-    try { at.textContent = new Intl.DateTimeFormat(LANG, { timeStyle: "medium" }).format(when); }
-    catch (e) { at.textContent = when.toLocaleTimeString(); }
+    at.setAttribute("datetime", new Date(endsAt * 1000).toISOString());
+    localTime(at);
   }
 
   // Admitted: call the visitor back wherever they are (a background tab on a phone): the tab's title, a
@@ -761,14 +759,16 @@
   // A finished ticket waits for the visitor to choose to join again; otherwise join (or get the ticket back).
   // Times the server wrote in its own zone ("31 December 2098, 12:00 UTC"), shown in the visitor's zone
   // and the page language's format.
-  function localTimes() {
+  function localTime(el) {
     var styles = { "date-time": { dateStyle: "long", timeStyle: "short" }, time: { timeStyle: "medium" } };
-    document.querySelectorAll("time[data-local]").forEach(function (el) {
-      var when = new Date(el.getAttribute("datetime"));
-      var style = styles[el.getAttribute("data-local")];
-      if (isNaN(when.getTime()) || !style || !window.Intl) return;
-      try { el.textContent = new Intl.DateTimeFormat(LANG, style).format(when); } catch (e) { /* as written */ }
-    });
+    var when = new Date(el.getAttribute("datetime"));
+    var style = styles[el.getAttribute("data-local")];
+    if (isNaN(when.getTime()) || !style || !window.Intl) return;
+    try { el.textContent = new Intl.DateTimeFormat(LANG, style).format(when); } catch (e) { /* as written */ }
+  }
+
+  function localTimes() {
+    document.querySelectorAll("time[data-local]").forEach(localTime);
   }
 
   localTimes();

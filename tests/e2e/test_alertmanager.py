@@ -35,7 +35,7 @@ import redis
 import yaml
 
 from ..receivers import Receiver
-from ..stack import Stack, _healthy, _wait_for, free_port, product_env, start_runstack
+from ..stack import Stack, _healthy, _wait_for, free_port, product_env, start_runstack, stop_process
 from .test_faults import RedisServer
 from .test_prometheus import _answers, eventually, query
 
@@ -101,12 +101,7 @@ def serving(command: list[str], directory: Path, ready: str) -> Iterator[None]:
             time.sleep(0.2)
         yield
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_process(server, timeout=20)
 
 
 @pytest.fixture
@@ -127,12 +122,7 @@ def product(tmp_path: Path) -> Iterator[tuple[Stack, RedisServer]]:
         _wait_for(lambda: "ready." in log.read_text(), 90, "the Celery worker", log)
         yield stack, server
     finally:
-        process.send_signal(signal.SIGINT)  # what Ctrl-C does: the supervisor stops what it runs
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, timeout=60, signum=signal.SIGINT)  # Ctrl-C: the supervisor stops what it runs
         client.close()
         server.stop()
 

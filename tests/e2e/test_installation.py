@@ -10,33 +10,16 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from ..stack import ROOT, free_port
+from ..stack import ROOT, _healthy, _wait_for, free_port, stop_process
 
 pytestmark = pytest.mark.e2e
 
 # What a new shell on the machine has: nothing of the product's.
 BARE = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER")}
-
-
-def _wait_for(predicate: Any, timeout: float, what: str, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}; log:\n{log.read_text()[-4000:]}")
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def manage(var: Path, *args: str, command: str = "bin/manage", **env: str) -> subprocess.CompletedProcess[str]:
@@ -70,15 +53,10 @@ def installation(tmp_path):
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_for(lambda: "ready." in log.read_text(), 120, "the worker", log)
-        _wait_for(lambda: _answers(url), 60, "the web server", log)
+        _wait_for(lambda: _healthy(url), 60, "the web server", log)
         yield var, url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, timeout=60)
 
 
 def _join(client: httpx.Client, slug: str) -> httpx.Response:
