@@ -23,8 +23,9 @@ import redis
 
 from queueing import selectors, services, store
 from queueing.models import Queue, QueueChange
+from queueing.store import TicketStatus
 
-from .factories import join
+from .factories import access_claims, access_token, join, status
 from .stack import free_port, redis_server
 from .test_recovery import api_join, api_poll
 
@@ -188,3 +189,39 @@ def test_a_state_whose_epoch_began_before_servers_were_noted_takes_this_one_with
     services.queues_tick(now=clock.advance(1))
     assert Queue.objects.get(pk=queue.pk).epoch == 1
     assert store.snapshot(queue.slug).waiting == 1 and ticket.seq == 1
+
+
+def test_a_visit_whose_admission_the_failover_lost_is_completed_with_its_first_token(make_queue, pair, settings, clock):
+    # Two slots held at the site; two completions free them for the next two in line. The replica gets
+    # none of it: on it the sessions are live and both admissions never happened.
+    queue = make_queue(capacity=2, outflow_per_minute=600, burst=5, session_ttl=900)
+
+    def complete(ticket: store.TicketState) -> str:
+        claims = access_claims(queue.slug, ticket)
+        return services.session_complete(slug=queue.slug, claims=claims, now=clock.advance(1))
+
+    carol, dave = (join(queue.slug, name, now=clock()) for name in ("carol", "dave"))
+    ada, bob = (join(queue.slug, name, now=clock()) for name in ("ada", "bob"))
+    assert (carol.status, ada.status) == (TicketStatus.ADMITTED, TicketStatus.WAITING)
+    pair.in_step()
+    pair.replica_cut()
+    assert complete(carol) == complete(dave) == "completed"
+    ada, bob = (status(queue.slug, t, now=clock()) for t in (ada, bob))
+    assert (ada.status, bob.status) == (TicketStatus.ADMITTED, TicketStatus.ADMITTED)
+    pair.fail_over()
+    settings.REDIS_URL = pair.url(pair.replica_port)
+
+    # Bob's visit ends at the site while the promoted replica has him back at the head of the line: it ends.
+    assert complete(bob) == "completed"
+    assert status(queue.slug, bob, now=clock()).status == TicketStatus.COMPLETED
+    # The site replays a completion the replica lacks: Ada is admitted again, under a newer fence; the
+    # site's completion with the token of her first admission ends that visit, and frees its slot.
+    assert complete(carol) == "completed"
+    again = status(queue.slug, ada, now=clock())
+    assert again.status == TicketStatus.ADMITTED and again.fence > ada.fence
+    assert complete(ada) == "completed"
+    assert status(queue.slug, ada, now=clock()).status == TicketStatus.COMPLETED
+    assert complete(ada) == complete(again) == "already"
+    assert store.slot_members(queue.slug) == ([dave.ticket_id], [])  # the lost completion's, until replayed
+    # The first token's session is over: it does not start again (its admission's link answered `superseded`).
+    assert services.session_verify(slug=queue.slug, raw_token=access_token(queue.slug, ada)).reason == "superseded"

@@ -301,7 +301,7 @@ def test_it_parses_the_visitors_around_one_in_line_order_with_names_and_levels(m
     refuses_a_missing_and_an_extra_field(store.Neighbour.parse, rows[0])
 
 
-# --- session_start.lua, complete.lua: SessionReply, CompleteReply ----------------------------------------
+# --- session_start.lua, complete.lua: SessionReply, ChangeReply ------------------------------------------
 
 
 def test_it_parses_a_session_start_with_the_sessions_end(make_queue, clock):
@@ -329,9 +329,9 @@ def test_it_parses_a_completion_as_freeing_the_slot_once(make_queue, clock):
 
     raw = run("complete", keys(queue.slug), args)
 
-    assert tuple(store.CompleteReply.parse(raw)) == ("completed", True)
-    assert tuple(store.CompleteReply.parse(run("complete", keys(queue.slug), args))) == ("already", False)
-    refuses_a_missing_and_an_extra_field(store.CompleteReply.parse, raw)
+    assert tuple(store.ChangeReply.parse(raw)) == ("completed", True, store.NO_MOVES)
+    assert tuple(store.ChangeReply.parse(run("complete", keys(queue.slug), args))) == ("already", False, store.NO_MOVES)
+    refuses_a_missing_and_an_extra_field(store.ChangeReply.parse, raw)
 
 
 # --- admit.lua: AdmitReply, Admission; the wait samples it leaves: WaitSample ----------------------------

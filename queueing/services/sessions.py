@@ -108,6 +108,7 @@ def session_complete(*, slug: str, claims: tokens.AccessClaims, now: float | Non
     if claims.stateless:
         return "completed"
     reply = _of_session(store.complete, slug, claims, now)
+    realtime.send(realtime.queue_move(slug, reply.moves))
     if reply.freed:
         queue_admit(slug=slug, now=now)
     return reply.result

@@ -261,7 +261,7 @@ def status(slug: str, *, visitor_key: str, seq: int, now_ms: int, restore: Resto
 
 @dataclass(frozen=True)
 class ChangeReply(Reply):
-    """leave.lua and revoke.lua: {result, freed 0|1, moves}."""
+    """leave.lua, revoke.lua and complete.lua: {result, freed 0|1, moves}."""
 
     result: str
     freed: bool
@@ -347,14 +347,6 @@ def session_start(
     return SessionReply.parse(run("session_start", [*keys.script_keys(), keys.tagged(f"bind:{visitor_key}")], args))
 
 
-@dataclass(frozen=True)
-class CompleteReply(Reply):
-    """complete.lua: {result, freed 0|1}."""
-
-    result: str
-    freed: bool
-
-
-def complete(slug: str, *, visitor_key: str, seq: int, fence: int, now_ms: int, epoch: int) -> CompleteReply:
+def complete(slug: str, *, visitor_key: str, seq: int, fence: int, now_ms: int, epoch: int) -> ChangeReply:
     args = (visitor_key, seq, fence, now_ms, epoch)
-    return CompleteReply.parse(run("complete", queue_keys(slug).script_keys(), args))
+    return ChangeReply.parse(run("complete", queue_keys(slug).script_keys(), args))
