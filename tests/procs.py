@@ -25,22 +25,23 @@ def setup_django(prefix: str, database: str) -> None:
 def race_ticks(
     slug: str,
     instance: str,
-    start_at: float,
     seconds: float,
     prefix: str,
     database: str,
     out: Any,
+    go: Any,
     revoke_oldest: bool = False,
 ) -> None:
-    """From `start_at` for `seconds`: tick as `instance`, and also run the leaderless immediate
-    admission, as fast as sensible; with `revoke_oldest`, each round also ends the oldest session (its
-    slot goes to the next visitor at once, as a completion does). Report the most slots seen in use, by
-    the admission script itself and by a separate read."""
+    """Once set up, say so on `out` and wait for `go`; then for `seconds`: tick as `instance`, and also run
+    the leaderless immediate admission, as fast as sensible; with `revoke_oldest`, each round also ends the
+    oldest session (its slot goes to the next visitor at once, as a completion does). Report the most slots
+    seen in use, by the admission script itself and by a separate read, and when the last round ended."""
     setup_django(prefix, database)
     from queueing import services, store
 
-    time.sleep(max(0.0, start_at - time.time()))
-    deadline = start_at + seconds
+    out.put(("ready", instance))
+    go.wait(120)
+    deadline = time.time() + seconds
     peak = 0
     while time.time() < deadline:
         for reply in (services.queue_tick(slug=slug, instance=instance), services.queue_admit(slug=slug)):
@@ -52,4 +53,4 @@ def race_ticks(
             for ticket_id, _, _ in store.sessions_list(slug, limit=1):
                 services.session_revoke(slug=slug, ticket_id=ticket_id)  # "already" if the other runner won
         time.sleep(0.05)
-    out.put(peak)
+    out.put((peak, time.time()))
