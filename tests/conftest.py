@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import socket
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -23,6 +25,60 @@ from .receivers import Mailbox, smtp_server
 from .stack import Stack, run_stack
 
 _slugs = itertools.count(1)
+
+# Each test's time (setup, call and teardown, in seconds) in a whole run, written by `--record-durations`
+# (tests whose time is at least a second). The run takes the slowest first: spread over the parallel workers
+# (bin/test) from the start, rather than a long one left for the end. `--quick` leaves out those that take
+# QUICK_LIMIT or more, with the browser, end-to-end and Cluster runs (tests/README.md).
+DURATIONS = Path(__file__).with_name("durations.json")
+QUICK_LIMIT = 3.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("waitingroom")
+    group.addoption(
+        "--quick",
+        action="store_true",
+        help="the loop between edits: no browser, end-to-end or Cluster runs, nothing known to take "
+        f"{QUICK_LIMIT:g} s or more (tests/durations.json)",
+    )
+    group.addoption("--record-durations", action="store_true", help=f"write each test's time to {DURATIONS.name}")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    known: dict[str, float] = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    here = Path(__file__).parent
+    for item in items:
+        package = item.path.relative_to(here).parts[0]
+        if package in ("e2e", "browser"):
+            item.add_marker(getattr(pytest.mark, package))
+    if config.getoption("--quick"):
+        quick = [item for item in items if _quick(item, known)]
+        config.hook.pytest_deselected(items=[item for item in items if not _quick(item, known)])
+        items[:] = quick
+    items.sort(key=lambda item: -known.get(item.nodeid, 0.0))  # stable: the rest keep their order
+
+
+def _quick(item: pytest.Item, known: dict[str, float]) -> bool:
+    callspec = getattr(item, "callspec", None)
+    on_cluster = callspec is not None and callspec.params.get("live_state") == "cluster"
+    slow = item.get_closest_marker("e2e") or item.get_closest_marker("browser")
+    return not on_cluster and not slow and known.get(item.nodeid, 0.0) < QUICK_LIMIT
+
+
+_durations: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if not session.config.getoption("--record-durations") or hasattr(session.config, "workerinput"):
+        return  # (under pytest-xdist the controller hears every worker's reports, and writes them)
+    slow = {nodeid: round(seconds, 1) for nodeid, seconds in sorted(_durations.items()) if seconds >= 1.0}
+    DURATIONS.write_text(json.dumps(slow, indent=0, ensure_ascii=False) + "\n")
 
 
 @pytest.fixture(autouse=True)
@@ -49,11 +105,39 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
         cluster.stop()
 
 
-@pytest.fixture(params=["redis", "cluster"])
+# The modules whose tests run on the Redis Cluster too, and why: what they test depends on keys in more
+# than one slot, on the cluster client, or on how the product finds its way round the masters. Everything
+# else keeps one queue's keys in one slot (one hash tag: test_engine_join checks it), so a cluster adds
+# nothing a single Redis does not show (tests/test_cluster.py has the cluster's own: six queues over the
+# three masters, a slot moved under the event loop, a master without the scripts). A test that points the
+# live state away (`redis_away`) runs on both as well: the cluster client's errors are answered as a
+# single Redis's are.
+CLUSTER_TOO = {
+    "test_engine_join": "the queue's keys share one hash tag; a master without the scripts gets them loaded",
+    "test_engine_stateful": "random sequences of every transition, on the library as each master loaded it",
+    "test_api_visitors": "a join's address limiter lives in a slot of its own, apart from the queue's",
+    "test_ratelimit": "the limiters' keys (by address, by visitor, by key) in slots apart from the queues'",
+    "test_fastpath": "the event loop's own connections, one per master, routed by the queue's slot",
+    "test_metrics": "the queues' figures gathered from every master (a pipeline per master)",
+    "test_readyz": "readiness asks the cluster for its state (CLUSTER INFO), not a node for PONG",
+    "test_runstack": "the product's processes given a cluster (REDIS_CLUSTER_NODES) instead of a URL",
+    "test_stateless": "a stateless queue's windows and their keys, and that Redis does not grow, per master",
+}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "live_state" not in metafunc.fixturenames:
+        return
+    both = metafunc.module.__name__.rsplit(".", 1)[-1] in CLUSTER_TOO or "redis_away" in metafunc.fixturenames
+    metafunc.parametrize("live_state", ["redis", "cluster"] if both else ["redis"], indirect=True)
+
+
+@pytest.fixture
 def live_state(request: pytest.FixtureRequest, settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The live state on a single Redis, then on the Redis Cluster (REDIS_CLUSTER_NODES): a module that
-    uses it (`pytestmark = pytest.mark.usefixtures("live_state")`) runs each of its tests on both. Processes
-    the test spawns find the cluster in their environment (tests/settings.py)."""
+    """The live state on a single Redis, and for the modules in CLUSTER_TOO on the Redis Cluster too
+    (REDIS_CLUSTER_NODES): a module that uses it (`pytestmark = pytest.mark.usefixtures("live_state")`) runs
+    each of its tests on both. Processes the test spawns find the cluster in their environment
+    (tests/settings.py)."""
     if request.param == "cluster":
         cluster = request.getfixturevalue("redis_cluster")
         settings.REDIS_CLUSTER_NODES = cluster.nodes
