@@ -24,12 +24,16 @@ if [ ! -x "$ROOT/.venv/bin/python" ]; then
   "$python_bin" -m venv "$ROOT/.venv"
 fi
 
-# Reinstall only when the lock changed. --require-hashes: a download that is not the one locked is refused,
-# and so is any dependency the lock does not name.
+# Reinstall only when the lock changed. --require-hashes: a download that is not the one locked is refused.
+# --no-deps: the lock names every package, so pip installs exactly those (pip 23's resolver, asked for a
+# locked package's dependency with an extra, such as pytest-cov's coverage[toml], looked past the lock and
+# refused it as unpinned); `pip check` then fails the setup if a package needs one the lock does not name.
 stamp="$ROOT/.venv/.installed-$(sha256sum <"$ROOT/$LOCK" | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   echo "[setup] installing $LOCK"
-  "$ROOT/.venv/bin/python" -m pip install --quiet --disable-pip-version-check --require-hashes -r "$ROOT/$LOCK"
+  "$ROOT/.venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes \
+    -r "$ROOT/$LOCK"
+  "$ROOT/.venv/bin/python" -m pip check --disable-pip-version-check
   touch "$stamp"
 fi
 
