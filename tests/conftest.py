@@ -58,6 +58,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=[item for item in items if not _quick(item, known)])
         items[:] = quick
     items.sort(key=lambda item: -known.get(item.nodeid, 0.0))  # stable: the rest keep their order
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # (collected in each worker)
+    if workers > 1:  # bin/test's --dist worksteal gives each worker one run of the list: deal them out
+        items[:] = [item for hand in _dealt(items, workers) for item in hand]
+
+
+def _dealt(items: list[pytest.Item], hands: int) -> list[list[pytest.Item]]:
+    """`items` (slowest first) dealt into `hands` runs of equal length, there and back (0 1 2 2 1 0 ...), so
+    that each run holds a like share of the slow ones and starts with its slowest. A worker that finishes
+    early takes the later half of another's run (worksteal), the quick end."""
+    dealt: list[list[pytest.Item]] = [[] for _ in range(hands)]
+    for index, item in enumerate(items):
+        turn, place = divmod(index, hands)
+        dealt[place if turn % 2 == 0 else hands - 1 - place].append(item)
+    return dealt
 
 
 def _quick(item: pytest.Item, known: dict[str, float]) -> bool:
