@@ -66,11 +66,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _dealt(items: list[pytest.Item], hands: int) -> list[list[pytest.Item]]:
     """`items` (slowest first) dealt into `hands` runs of equal length, there and back (0 1 2 2 1 0 ...), so
     that each run holds a like share of the slow ones and starts with its slowest. A worker that finishes
-    early takes the later half of another's run (worksteal), the quick end."""
+    early takes the later half of another's run (worksteal), the quick end. Tests marked `together(name)`
+    go to the run of the first of them (they share a module's costly fixture)."""
     dealt: list[list[pytest.Item]] = [[] for _ in range(hands)]
-    for index, item in enumerate(items):
+    groups: dict[str, int] = {}
+    index = 0
+    for item in items:
+        marker = item.get_closest_marker("together")
+        if marker is not None and marker.args[0] in groups:
+            dealt[groups[marker.args[0]]].append(item)
+            continue
         turn, place = divmod(index, hands)
-        dealt[place if turn % 2 == 0 else hands - 1 - place].append(item)
+        hand = place if turn % 2 == 0 else hands - 1 - place
+        dealt[hand].append(item)
+        index += 1
+        if marker is not None:
+            groups[marker.args[0]] = hand
     return dealt
 
 
