@@ -15,14 +15,14 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from rest_framework.test import APIClient
 
-from queueing import services, signing_keys, store
+from queueing import logcontext, services, signing_keys, store
 from queueing.models import Queue
 from queueing.store.connection import cluster_client
 from waitingroom_site.devcluster import LocalCluster
 
 from .factories import Clock
 from .receivers import Mailbox, smtp_server
-from .stack import Stack, run_stack
+from .stack import Stack, free_port, redis_server, run_stack, stop_process
 
 _slugs = itertools.count(1)
 
@@ -104,6 +104,35 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return  # (under pytest-xdist the controller hears every worker's reports, and writes them)
     slow = {nodeid: round(seconds, 1) for nodeid, seconds in sorted(_durations.items()) if seconds >= 1.0}
     DURATIONS.write_text(json.dumps(slow, indent=0, ensure_ascii=False) + "\n")
+
+
+@pytest.fixture
+def redis_of_its_own(live_state: str, settings: Any) -> Iterator[str]:
+    """On the single-Redis side, a redis-server that only this test uses (its URL): for a test that counts
+    what the server did (INFO commandstats) or deletes what it holds for all its databases (the scripts'
+    library), which other workers' calls on the shared server would change in between (tests/README.md,
+    rule 13). A worker's cluster is its own already: on that side, the live state as it is."""
+    if live_state == "cluster":
+        yield ""
+        return
+    port = free_port()
+    server = redis_server(port)
+    settings.REDIS_URL = f"redis://127.0.0.1:{port}/0"  # (settings gives the shared one back first)
+    try:
+        yield settings.REDIS_URL
+    finally:
+        stop_process(server, timeout=10)
+
+
+@pytest.fixture(autouse=True)
+def _clean_log_context() -> Iterator[None]:
+    """Each test starts outside any request, and leaves no request behind: a request served in the test's
+    thread by a client that never closes its response (schemathesis's WSGI calls) keeps its request id
+    bound there (it is unbound at request_finished), and a task the next test published "outside any
+    request" carried it (seen in a parallel run: tests/test_logs.py)."""
+    logcontext.bind(request_id="", queue="", ticket="")  # (not `bound`: it would give back what was there)
+    yield
+    logcontext.bind(request_id="", queue="", ticket="")
 
 
 @pytest.fixture(autouse=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from queueing import services, store, tokens
@@ -160,3 +162,24 @@ def test_the_first_browser_to_verify_holds_the_session_and_the_site_may_hand_it_
     assert verify("browser-b" * 3, rebind=True).valid  # the site hands it over on purpose
     assert verify("browser-a" * 3).reason == "bound_elsewhere"
     assert store.snapshot(queue.slug).active == 1
+
+
+def commands_of(client: Any) -> dict[str, int]:
+    """The commands a server has run since its counts were reset (scripts' own included), by name."""
+    found = {name.removeprefix("cmdstat_"): int(row["calls"]) for name, row in client.info("commandstats").items()}
+    return {name: calls for name, calls in found.items() if name not in {"config|resetstat", "info"}}
+
+
+def test_a_completion_runs_its_budget_of_redis_commands(redis_of_its_own, make_queue, clock):
+    """The hot path's budget, held deterministically: the Redis commands one completion runs, counted on a
+    server of the test's own. Its record is read once (it was read twice: once to see whether a failover
+    had taken the admission, again by the session lookup)."""
+    queue, ticket = admitted(make_queue, clock)
+    claims = access_claims(queue.slug, ticket)
+    client = store.client()
+    client.config_resetstat()
+    assert services.session_complete(slug=queue.slug, claims=claims, now=clock.advance(1)) == "completed"
+    ran = commands_of(client)
+    # Two round trips (the completion, then the admission its freed slot allows, with nobody waiting) and
+    # 25 commands in all: 27 when the record was read twice (two HGETs more).
+    assert ran["fcall"] == 2 and sum(ran.values()) <= 25, ran

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -17,7 +16,6 @@ from queueing import ratelimit, store
 from queueing.ratelimit import FixedWindow, LeakingBucket, SlidingLog, SlidingWindowCounter, TokenBucket
 from queueing.visitors import client_address
 
-from .stack import free_port, redis_server, stop_process
 from .test_engine_join import library_loaded, lose_the_library
 
 pytestmark = pytest.mark.usefixtures("live_state")  # on a single Redis and on a Redis Cluster (conftest.live_state)
@@ -283,23 +281,6 @@ def _params(limiter: ratelimit.Limiter) -> dict[str, Any]:
     return asdict(limiter)  # type: ignore[call-overload]
 
 
-@pytest.fixture
-def scripts_of_its_own(live_state: str, settings: Any) -> Iterator[None]:
-    """A Redis whose scripts only this test loads: it counts the calls that find them gone, and on the
-    tests' shared server another worker's call loads them again in between (tests/README.md, rule 13; a
-    worker's cluster is its own already)."""
-    if live_state == "cluster":
-        yield
-        return
-    port = free_port()
-    server = redis_server(port)
-    settings.REDIS_URL = f"redis://127.0.0.1:{port}/0"  # (settings gives the shared one back first)
-    try:
-        yield
-    finally:
-        stop_process(server, timeout=10)
-
-
 @override_settings(WR_RATE_LIMITS=STATUS_LIMIT)
 @pytest.mark.parametrize(
     "limit",
@@ -309,7 +290,7 @@ def scripts_of_its_own(live_state: str, settings: Any) -> Iterator[None]:
     ],
 )
 def test_the_status_limiter_rides_in_the_polls_round_trip_and_survives_a_server_that_lost_its_scripts(
-    scripts_of_its_own, make_queue, monkeypatch, settings, limit
+    redis_of_its_own, make_queue, monkeypatch, settings, limit
 ):
     settings.WR_RATE_LIMITS = {**settings.WR_RATE_LIMITS, "status": limit}
     queue = make_queue(state="paused")

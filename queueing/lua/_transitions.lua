@@ -152,8 +152,8 @@ end
 -- Find the session an access token speaks of. Returns rec, reason: reason is nil when the session
 -- is live; else 'expired' | 'superseded' | 'revoked' | 'completed'. A session found overdue is
 -- finished here; the third value is then 1 when that freed a slot.
-local function session_lookup(p, vk, seq, fence, now)
-  local rec = load(vk)
+local function session_lookup(p, vk, seq, fence, now, known)
+  local rec = known or load(vk)  -- `known`: the record as the caller loaded it already (nil: not loaded)
   if not rec then return nil, 'expired', 0 end
   local live = rec[R_STATUS] == ADMITTED or rec[R_STATUS] == ACTIVE
   if rec[R_SEQ] ~= seq or rec[R_FENCE] ~= fence then

@@ -33,7 +33,7 @@ end
 if rec and rec[R_SEQ] == seq and (rec[R_FENCE] or 0) > fence then fence = rec[R_FENCE] end  -- admitted again
 
 local reason, freed
-rec, reason, freed = session_lookup(p, vk, seq, fence, now)
+rec, reason, freed = session_lookup(p, vk, seq, fence, now, rec)
 if reason == 'completed' then return {'already', 0, 0} end
 if reason then return {reason, freed, 0} end
 
