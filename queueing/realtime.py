@@ -153,6 +153,12 @@ def snapshot(slug: str, stats: dict[str, Any]) -> Message:
     return queue_group(slug), event
 
 
+def queue_state(slug: str, state: str) -> Message:
+    """The queue's state changed (an operator paused, resumed, closed or opened it, or its schedule did):
+    every watcher hears it at once, not at the next snapshot."""
+    return queue_group(slug), {"type": "state", "state": state}
+
+
 def window_moved(slug: str, window: dict[str, Any]) -> Message:
     """A stateless queue's window moved: every watcher can tell its own state from it (SPEC 4)."""
     return queue_group(slug), {"type": "window", "seq": window["event_seq"], **window}

@@ -200,6 +200,23 @@ async def test_snapshots_reach_every_watcher(queue):
     await communicator.disconnect()
 
 
+async def test_a_change_of_the_queues_state_reaches_every_watcher_at_once_and_once(queue):
+    """Issue 51: a pause, resume, close or open is pushed when it is made (watchers heard it only with the
+    next snapshot, every 5 s: 2.5-4.2 s after the API's answer), once per change; a write of the policy that
+    changes no state (the tick's, every second) tells nothing."""
+    sockets = [(await open_socket(queue.slug, await waiting_visitor(queue.slug, f"v{i}")))[0] for i in range(2)]
+    for state in ("open", "paused", "closed", "open"):
+        changed = time.monotonic()
+        await sync_to_async(services.queue_configure)(slug=queue.slug, changes={"state": state})
+        for communicator in sockets:
+            assert (await next_event(communicator, "state", timeout=2))["state"] == state
+        assert time.monotonic() - changed < 2
+    await sync_to_async(services.queue_configure)(slug=queue.slug, changes={"name": "The same state"})
+    for communicator in sockets:
+        await no_event(communicator, "state", within=1)
+        await communicator.disconnect()
+
+
 async def test_viewers_are_counted_per_queue(queue):
     tickets = [await waiting_visitor(queue.slug, f"v{i}") for i in range(3)]
     sockets = [(await open_socket(queue.slug, t))[0] for t in tickets]

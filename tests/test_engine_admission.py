@@ -251,9 +251,14 @@ def test_a_change_redis_took_but_the_database_never_committed_gives_way_to_the_d
     queue = make_queue(capacity=10)
     now = int(time.time())
     policy = {**queue.policy(), "seq_max": queue.seq_reserved}
-    store.config_write(queue.slug, {**policy, "revision": queue.revision + 1, "state": "paused", "synced_at": now})
-    assert not store.config_write(queue.slug, {**policy, "synced_at": now + 5}).taken
+    newer = {**policy, "revision": queue.revision + 1, "state": "paused", "synced_at": now}
+    paused = store.config_write(queue.slug, newer)
+    assert paused.state_changed == "paused"  # the write that changed the state says so (realtime.queue_state)
+    older = store.config_write(queue.slug, {**policy, "synced_at": now + 5})
+    assert not older.taken and older.state_changed == ""
     assert store.config_read(queue.slug)["state"] == "paused"
-    assert store.config_write(queue.slug, {**policy, "synced_at": now + 31}).taken
+    back = store.config_write(queue.slug, {**policy, "synced_at": now + 31})
+    assert back.taken and back.state_changed == "open"
     assert store.config_read(queue.slug)["state"] == "open"
-    assert store.config_write(queue.slug, {**policy, "synced_at": now + 32}).taken
+    again = store.config_write(queue.slug, {**policy, "synced_at": now + 32})
+    assert again.taken and again.state_changed == ""  # the same state written again: no change to tell

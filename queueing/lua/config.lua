@@ -3,8 +3,10 @@
 -- KEYS: the standard queue keys (see _lib.lua).
 -- ARGV: field, value, field, value, ... (the policy; one field is 'epoch', the database's epoch)
 --
--- Returns {live_epoch or false, seq or false, taken}: the epoch the live state runs in, its last number,
--- and 1 when the policy was taken (0: it was older than the one held, below).
+-- Returns {live_epoch or false, seq or false, taken, changed}: the epoch the live state runs in, its last
+-- number, 1 when the policy was taken (0: it was older than the one held, below), and the queue's new state
+-- when this write changed it (open, paused, closed; false otherwise, and on a queue's first write): the
+-- writer pushes it to every watcher (queueing/realtime.py queue_state), once, whichever process wrote it.
 --
 -- Epochs only go up. A process holding an older copy of the queue (read before a recovery or a mode
 -- switch in another process started the next epoch) writes the rest of the policy but leaves the newer
@@ -25,7 +27,7 @@ local KEPT_FROM_OLDER = {epoch = true, seq_max = true, synced_at = true, leader_
 
 local given = {}
 for i = 1, #ARGV, 2 do given[ARGV[i]] = ARGV[i + 1] end
-local held = redis.call('HMGET', K_CFG, 'revision', 'revised_at', 'epoch')
+local held = redis.call('HMGET', K_CFG, 'revision', 'revised_at', 'epoch', 'state')
 local held_rev, revised_at, current = tonumber(held[1]) or 0, tonumber(held[2]) or 0, tonumber(held[3]) or 0
 local rev = tonumber(given.revision or '') or held_rev
 local synced = tonumber(given.synced_at or '') or 0
@@ -46,4 +48,5 @@ end
 if #fields > 0 then redis.call('HSET', K_CFG, unpack(fields)) end
 policy_pack()
 policy()  -- on another server than its epoch's, the epoch stops being live here (_policy.lua server_moved)
-return {redis.call('HGET', K_CFG, 'live_epoch'), redis.call('HGET', K_ST, 'seq'), older and 0 or 1}
+local changed = not older and held[4] and given.state and given.state ~= held[4] and given.state or false
+return {redis.call('HGET', K_CFG, 'live_epoch'), redis.call('HGET', K_ST, 'seq'), older and 0 or 1, changed}

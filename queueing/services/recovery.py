@@ -14,7 +14,7 @@ import redis
 from django.conf import settings
 from django.db import transaction
 
-from .. import clock, selectors, shuffle, store
+from .. import clock, realtime, selectors, shuffle, store
 from ..models import Queue
 from .audit import queue_change_record
 from .errors import QueueNotFound
@@ -80,6 +80,8 @@ def _config_write(queue: Queue) -> store.LiveState:
     )
     policy["shuffle_pending"] = "1" if pending else "0"
     live = store.config_write(queue.slug, policy)
+    if live.state_changed:  # told by whichever write changed it in Redis: once per change
+        realtime.send([realtime.queue_state(queue.slug, live.state_changed)])
     if not queue.is_stateless:
         return live
     if not live.taken:  # an older copy of the queue than the one Redis holds: the window keeps the newer

@@ -23,6 +23,8 @@ class LiveState(NamedTuple):
     # False when the policy written was an older revision than the one Redis holds (lua/config.lua):
     # its settings were not taken.
     taken: bool = True
+    # The queue's new state when this write changed it (lua/config.lua), else ''.
+    state_changed: str = ""
 
 
 def config_write(slug: str, policy: dict[str, Any]) -> LiveState:
@@ -39,14 +41,14 @@ def live_state(slug: str, *, policy: dict[str, Any] | None = None) -> LiveState:
         args: list[str] = []
         for name, value in policy.items():
             args += [name, "" if value is None else str(value)]
-        epoch, seq, taken = run("config", keys.script_keys(), args)
+        epoch, seq, taken, changed = run("config", keys.script_keys(), args)
     else:
         pipe = client().pipeline(transaction=False)
         pipe.hmget(keys.cfg, "live_epoch", "server_moved")
         pipe.hget(keys.st, "seq")
         (epoch, moved_from), seq = pipe.execute()
         return LiveState(int(epoch) if epoch else None, int(seq or 0), moved_from or "")
-    return LiveState(int(epoch) if epoch else None, int(seq or 0), taken=bool(int(taken)))
+    return LiveState(int(epoch) if epoch else None, int(seq or 0), taken=bool(int(taken)), state_changed=changed or "")
 
 
 def epoch_start(

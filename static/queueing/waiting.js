@@ -4,7 +4,8 @@
  * On arrival it joins through the API (the visitor cookie makes that idempotent: a reload or a second
  * tab gets the same ticket back), then listens on the websocket: `admitted` sends the visitor through
  * at once, `queue_move` moves its place (ops applied in event-sequence order; a gap means an event was
- * missed, so it asks for the truth), `position` and `snapshot` refresh the figures. Polling the status
+ * missed, so it asks for the truth), `position` and `snapshot` refresh the figures, `state` says at once
+ * that the line paused, resumed, closed or opened. Polling the status
  * API is the safety net: rarely while the socket is healthy, at the server's `poll_after_seconds` (which
  * carries jitter) whenever it is not. The estimated wait counts down smoothly between updates and only
  * moves up again when two updates in a row say so.
@@ -286,12 +287,27 @@
     S.rangeFor = info.estimated_wait_seconds || null;
     if (info.opens_in_seconds) S.opensAt = Date.now() + info.opens_in_seconds * 1000;
     else S.opensAt = null;
+    showQueueState();
+    drawPosition();
+    everySecond();
+  }
+
+  // What the queue's state (open, paused, closed) means for a visitor in line.
+  function showQueueState() {
     if (S.queueState === "closed") setState("closed");
     else if (S.opensAt !== null) setState("prequeue");
     else setState(S.queueState === "paused" ? "paused" : "waiting");
     setText("wr-updated", updatedText());
-    drawPosition();
-    everySecond();
+  }
+
+  // The queue's state changed (an operator paused, resumed, closed or opened it): shown at once, as the
+  // next status would show it (that status follows at its usual time, and is the truth). A stateless
+  // queue's page, or one not in line, asks.
+  function onState(event) {
+    if (!event.state || event.state === S.queueState || S.status === null) return;
+    if (S.stateless || S.status !== "waiting") { poll(); return; }
+    S.queueState = event.state;
+    showQueueState();
   }
 
   // The wait rests on a slot held far longer than this queue's visitors hold theirs (issue 47): someone who
@@ -385,6 +401,7 @@
     if (event.type === "position") { apply(event); return; }
     if (event.type === "queue_move") { onMove(event); return; }
     if (event.type === "snapshot") { onSnapshot(event); return; }
+    if (event.type === "state") { onState(event); return; }
     if (event.type === "window") { onWindow(event); return; }
   }
 

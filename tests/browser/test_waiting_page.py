@@ -175,6 +175,24 @@ def test_with_the_socket_gone_the_page_still_gets_through_by_polling(stack, visi
     expect(page.get_by_role("heading", name="You're in")).to_be_visible()
 
 
+def test_a_pause_and_a_resume_show_on_the_page_at_once_without_a_poll(stack, visitor):
+    """Issue 51: the page hears a change of the queue's state over its socket when it is made (it heard it
+    only from the next snapshot, every 5 s, which made it poll: 2.5-4.2 s after the API's answer)."""
+    slug = stack.new_queue(capacity=1, outflow_per_minute=600, burst=1, state="paused")
+    api_join(stack, slug)  # someone ahead, who takes the one slot once the line opens
+    page = visitor()
+    polls: list[str] = []
+    page.on("request", lambda request: polls.append(request.url) if "/status" in request.url else None)
+    page.goto(f"{stack.url}/q/{slug}/")
+    expect_state(page, "paused")
+    wait_until(page, "window.waitingRoom.socketOpen === true")
+    polls.clear()
+    for state, shown in (("open", "waiting"), ("paused", "paused"), ("closed", "closed")):
+        stack.configure(slug, state=state)
+        expect(page.locator("#wr")).to_have_attribute("data-state", shown, timeout=3_000)
+    assert polls == []  # told by the push, not found by a poll
+
+
 def test_without_javascript_a_visitor_still_gets_through(stack, visitor, screenshot):
     slug = stack.new_queue(capacity=5, outflow_per_minute=600, burst=5, state="paused")
     page = visitor(java_script_enabled=False)
