@@ -260,3 +260,20 @@ def test_the_installation_file_carries_what_the_run_decided_and_the_environment_
     assert os.environ["REDIS_URL"] == "redis://elsewhere:6379/2" and os.environ["WR_REDIS_PREFIX"] == "wr-0badcafe"
     monkeypatch.delenv("WR_REDIS_PREFIX")  # monkeypatch restores only what it set
     assert environment.installation_environment(tmp_path / "none") == {}
+
+
+@pytest.mark.parametrize("only", [("web", "ws", "worker", "beat"), ("worker",)])
+def test_the_banner_names_the_cluster_the_live_state_is_on(capsys, only):
+    """Issue 51: with REDIS_CLUSTER_NODES set, the banner named only REDIS_URL (the broker's, the channel
+    layer's and the cache's), as though the queues were there."""
+    import argparse
+
+    args = argparse.Namespace(host="127.0.0.1", port=8000, only=only)
+    env = {"WR_WS_BASE_URL": "ws://127.0.0.1:8001", "WR_REDIS_PREFIX": "wr-1"}
+    runstack._banner(args, env, "redis://127.0.0.1:6379/0", embedded=False)
+    alone = capsys.readouterr().out
+    nodes = "10.0.0.1:7000,10.0.0.2:7000"
+    runstack._banner(args, {**env, "REDIS_CLUSTER_NODES": nodes}, "redis://r:6379/0", embedded=False)
+    clustered = capsys.readouterr().out
+    assert "(Redis redis://127.0.0.1:6379/0" in alone and "Cluster" not in alone
+    assert f"(live state on the Redis Cluster {nodes}; the rest on Redis redis://r:6379/0" in clustered

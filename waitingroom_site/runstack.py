@@ -460,8 +460,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _banner(args: argparse.Namespace, env: dict[str, str], redis_url: str, *, embedded: bool) -> None:
     base = f"http://{args.host}:{args.port}"
+    # With a cluster the live state is there, and only the broker, channel layer and cache on REDIS_URL.
+    cluster = env.get("REDIS_CLUSTER_NODES", "")
+    redis_said = f"live state on the Redis Cluster {cluster}; the rest on Redis" if cluster else "Redis"
     if "web" not in args.only:
-        say(f"running {', '.join(args.only)} (Redis {redis_url}); Ctrl-C stops.")
+        say(f"running {', '.join(args.only)} ({redis_said} {redis_url}); Ctrl-C stops.")
         return
     prefix = env.get("WR_REDIS_PREFIX", "wr")
     if embedded:
@@ -469,7 +472,7 @@ def _banner(args: argparse.Namespace, env: dict[str, str], redis_url: str, *, em
     else:
         whose = f"already running, not started by this run and maybe shared: this installation's keys are {prefix}:*"
     say(
-        f"Waiting Room on {base}/  (Redis {redis_url}, {whose})\n"
+        f"Waiting Room on {base}/  ({redis_said} {redis_url}, {whose})\n"
         f"[runstack]   waiting page: {base}/q/demo/   websockets: {env['WR_WS_BASE_URL']}\n"
         f"[runstack]   join:  curl -X POST {base}/api/v1/queues/demo/join\n"
         f"[runstack]   admin: {base}/admin/   API docs: /api/docs/\n"
