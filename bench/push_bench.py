@@ -370,13 +370,28 @@ class ClientProcs:
         """`position` messages heard so far (the servers' status reads on the visitors' behalf)."""
         return sum(json.loads(line)["other"].get("position", 0) for line in self._ask("STATS"))
 
+    def close_crowd(self, k: int) -> dict[str, Any]:
+        """Close k sockets at once, the back of the line, split over the client processes; when every
+        process has sent its closes and seen the server close them all."""
+        for i, proc in enumerate(self.procs):
+            assert proc.stdin is not None
+            proc.stdin.write(f"CLOSE {k // len(self.procs) + (i < k % len(self.procs))}\n")
+            proc.stdin.flush()
+        answers = [json.loads(self._answer(proc)) for proc in self.procs]
+        return {
+            "closed": sum(a["closed"] for a in answers),
+            "closes_sent_s": max(a["sent_s"] for a in answers),
+            "all_closed_s": max(a["all_closed_s"] for a in answers),
+            "ticket_ids": [t for a in answers for t in a["ticket_ids"]],
+        }
+
     def stop(self) -> dict[str, Any]:
         """What all the clients heard, merged."""
         self._ask("STOP")
         for proc in self.procs:
             proc.wait(timeout=60)
         merged: dict[str, Any] = {"pushed_at": {}, "polled_at": {}, "move_last": {}, "move_count": Counter()}
-        merged.update(other=Counter(), closed_by_server=0)
+        merged.update(other=Counter(), closed_by_server=0, state_last={}, state_count=Counter())
         for out in self.outs:
             heard = json.loads(out.read_text())
             merged["pushed_at"].update(heard["pushed_at"])
@@ -384,6 +399,9 @@ class ClientProcs:
             for seq, at in heard["move_last"].items():
                 merged["move_last"][int(seq)] = max(at, merged["move_last"].get(int(seq), 0.0))
             merged["move_count"].update({int(seq): n for seq, n in heard["move_count"].items()})
+            for k, at in heard["state_last"].items():
+                merged["state_last"][int(k)] = max(at, merged["state_last"].get(int(k), 0.0))
+            merged["state_count"].update({int(k): n for k, n in heard["state_count"].items()})
             merged["other"].update(heard["other"])
             merged["closed_by_server"] += heard["closed_by_server"]
         return merged
@@ -482,6 +500,8 @@ def measure(
             f"worst pause {result['idle_open']['worst_loop_pause_ms']} ms"
         )
 
+        result["state_changes"] = state_changes(args, slug)
+
         # Tag the pushed `admitted` events (this process only; the server forwards events verbatim), so that a
         # client tells them from the `admitted` its socket's own status read sends when it sees the news first.
         original_admitted = realtime.admitted
@@ -498,16 +518,24 @@ def measure(
         reports = Reports(stack.logs)
         window = CpuWindow(stack.ws_pids, clients.pids)
         positions = clients.positions()
-        end = time.monotonic() + args.duration
-        while time.monotonic() < end:
-            t0 = time.time()
-            reply = services.queue_admit(slug=slug)
-            t1 = time.time()
-            ids = [a.ticket_id for a in reply.admitted]
-            for ticket_id in ids:
-                sent[ticket_id] = t0
-            rounds.append({"t0": t0, "call_s": t1 - t0, "admitted": len(ids), "ids": ids, "seq": reply.moves.seq})
-            time.sleep(max(0.0, args.interval - (time.time() - t0)))
+        began = time.monotonic()
+        end = began + args.duration
+        crowd: Any = None  # the mass close under way (a thread waiting for the clients to close the crowd)
+        with ThreadPoolExecutor(1) as closer:
+            while time.monotonic() < end:
+                if args.mass_close and crowd is None and time.monotonic() >= began + args.duration / 2:
+                    rss_close = [rss_bytes(pid) for pid in stack.ws_pids]
+                    close_at, crowd = time.time(), closer.submit(clients.close_crowd, args.mass_close)
+                    log(f"N={n}: closing {args.mass_close} sockets at once")
+                t0 = time.time()
+                reply = services.queue_admit(slug=slug)
+                t1 = time.time()
+                ids = [a.ticket_id for a in reply.admitted]
+                for ticket_id in ids:
+                    sent[ticket_id] = t0
+                rounds.append({"t0": t0, "call_s": t1 - t0, "admitted": len(ids), "ids": ids, "seq": reply.moves.seq})
+                time.sleep(max(0.0, args.interval - (time.time() - t0)))
+        closed = crowd.result() if crowd is not None else None
         result["rounds_cpu"] = window.result()
         result["rounds_cpu"]["status_messages_per_second"] = round(
             (clients.positions() - positions) / result["rounds_cpu"]["seconds"]
@@ -516,11 +544,41 @@ def measure(
             result["rounds_cpu"]["py_spy"] = py_spy_stop(spy)
         time.sleep(LOST_AFTER_S)  # stragglers
         result["rounds_pause"] = reports.worst_pause_ms()
+        if closed is not None:
+            rss_after_close = [rss_bytes(pid) for pid in stack.ws_pids]
+            result["mass_close"] = {
+                "sockets": closed["closed"],
+                "closes_sent_s": closed["closes_sent_s"],
+                "all_closed_s": closed["all_closed_s"],
+                "at": close_at,
+                "server_rss_before_close_bytes": rss_close,
+                "server_rss_after_close_bytes": rss_after_close,  # the rounds' second half, and 5 s, later
+            }
         realtime.admitted = original_admitted
         heard = clients.stop()
+        time.sleep(args.settle)
+        result["server_rss_after_all_closed_bytes"] = [rss_bytes(pid) for pid in stack.ws_pids]
     finally:
         clients.kill()
-    return figures(args, result, heard, sent, rounds, {t["ticket_id"] for t in tickets})
+    crowd_ids = set(closed["ticket_ids"]) if closed is not None else set()
+    return figures(args, result, heard, sent, rounds, {t["ticket_id"] for t in tickets}, crowd_ids)
+
+
+def state_changes(args: argparse.Namespace, slug: str) -> list[tuple[float, float]]:
+    """Pause and resume the queue `--state-changes` times (an even number: it ends open), one every
+    `--interval` seconds, as the management API does (services.queue_configure): the moments just before
+    each call and just after it returned. Each is pushed to every socket as a `state` event."""
+    from queueing import services
+
+    moments = []
+    for i in range(args.state_changes):
+        t0 = time.time()
+        services.queue_configure(slug=slug, changes={"state": "paused" if i % 2 == 0 else "open"})
+        t1 = time.time()
+        moments.append((t0, t1))
+        time.sleep(max(0.0, args.interval - (time.time() - t0)))
+    time.sleep(1)
+    return moments
 
 
 def figures(
@@ -530,15 +588,18 @@ def figures(
     sent: dict[str, float],
     rounds: list[dict[str, Any]],
     known: set[str],
+    crowd: set[str],
 ) -> dict[str, Any]:
     def first(arrivals: dict[str, list[float]], ticket_id: str, t0: float) -> float | None:
         times = [t - t0 for t in arrivals.get(ticket_id, []) if t - t0 <= LOST_AFTER_S]
         return min(times) if times else None
 
-    latencies, either, lost, poll_first = [], [], 0, 0
+    latencies, either, lost, poll_first, gone = [], [], 0, 0, 0
     for ticket_id, t0 in sent.items():
         pushed, polled = first(heard["pushed_at"], ticket_id, t0), first(heard["polled_at"], ticket_id, t0)
-        if pushed is None:
+        if pushed is None and ticket_id in crowd:
+            gone += 1  # admitted after its socket closed with the crowd: nobody there to hear it
+        elif pushed is None:
             lost += 1
         else:
             latencies.append(pushed)
@@ -548,6 +609,29 @@ def figures(
         if seen:
             either.append(min(seen))
     fanout = [heard["move_last"][r["seq"]] - r["t0"] for r in rounds if r["seq"] and r["seq"] in heard["move_last"]]
+    states = result.pop("state_changes", [])
+    # The open before the state changes was each socket's first `state` event; the k-th change its (k+1)-th.
+    state_fanout = [heard["state_last"][k + 2] - t0 for k, (t0, _) in enumerate(states) if k + 2 in heard["state_last"]]
+    state_after = [heard["state_last"][k + 2] - t1 for k, (_, t1) in enumerate(states) if k + 2 in heard["state_last"]]
+    if "mass_close" in result:
+        close_at = result["mass_close"].pop("at")
+        settled = close_at + result["mass_close"]["all_closed_s"]
+
+        def moves(lo: float, hi: float) -> dict[str, Any]:
+            return summary_ms(
+                [
+                    heard["move_last"][r["seq"]] - r["t0"]
+                    for r in rounds
+                    if lo <= r["t0"] < hi and r["seq"] in heard["move_last"]
+                ]
+            )
+
+        result["mass_close"].update(
+            queue_move_last_socket_ms_before=moves(0, close_at),
+            queue_move_last_socket_ms_while_closing=moves(close_at, settled + 1),
+            queue_move_last_socket_ms_after=moves(settled + 1, float("inf")),
+            admitted_after_their_socket_closed=gone,
+        )
     move_delivered = [heard["move_count"][r["seq"]] for r in rounds if r["seq"]]
     slowest = sorted(rounds, key=lambda r: heard["move_last"].get(r["seq"], r["t0"]) - r["t0"])[-5:]
     result.update(
@@ -566,6 +650,10 @@ def figures(
         admit_call_ms=summary_ms([r["call_s"] for r in rounds]),
         queue_move_last_socket_ms=summary_ms(fanout),  # t0 -> the round's queue_move at the last socket
         queue_move_min_sockets_reached=min(move_delivered) if move_delivered else None,
+        state_changes=len(states),
+        state_last_socket_ms=summary_ms(state_fanout),  # just before the change's call -> its last socket
+        state_last_socket_after_call_ms=summary_ms(state_after),  # the call's return -> its last socket
+        state_min_sockets_reached=min((heard["state_count"][k + 2] for k in range(len(states))), default=None),
         slowest_rounds_queue_move_ms=[
             round((heard["move_last"].get(r["seq"], 0) - r["t0"]) * 1000, 1) for r in slowest
         ],
@@ -604,7 +692,7 @@ def py_spy(args: argparse.Namespace, pid: int, name: str) -> tuple[subprocess.Po
     if not args.py_spy:
         return None
     path = OUT / name
-    command = [args.py_spy, "record", "-p", str(pid), "-r", "100", "--nonblocking", "--gil"]
+    command = [args.py_spy, "record", "-p", str(pid), "-r", str(args.py_spy_rate), "--nonblocking", "--gil"]
     command += ["--format", "raw", "-o", str(path)]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), path
 
@@ -649,6 +737,10 @@ def run_one(args: argparse.Namespace, n: int, env: dict[str, str], var: Path) ->
         ours, floor = result["queue_move_last_socket_ms"], result["reference"]["queue_move_last_socket_ms"]
         result["public_event_vs_reference"] = {
             q: round(ours[q] / floor[q], 2) if ours[q] and floor[q] else None for q in ("p50", "p99")
+        }
+        state = result["state_last_socket_ms"]
+        result["state_event_vs_reference"] = {
+            q: round(state[q] / floor[q], 2) if state[q] and floor[q] else None for q in ("p50", "p99")
         }
         log(
             f"N={n}: reference: queue_move at the last socket p50 {floor['p50']} p99 {floor['p99']} ms "
@@ -719,6 +811,11 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of each idle CPU measurement")
     parser.add_argument("--open-settle", type=float, default=13.0, help="seconds from opening to the rounds")
     parser.add_argument("--py-spy", default="", help="path of a py-spy binary: also profile the server")
+    parser.add_argument("--py-spy-rate", type=int, default=100, help="py-spy's samples a second")
+    parser.add_argument("--state-changes", type=int, default=20, help="pauses and resumes before the rounds")
+    parser.add_argument(
+        "--mass-close", type=int, default=0, help="sockets (the back of the line) closed at once mid-rounds"
+    )
     parser.add_argument(
         "--reference-rounds", type=int, default=120, help="events on the framework-free reference (0: none)"
     )
@@ -726,7 +823,7 @@ def main() -> None:
     args = parser.parse_args()
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = max(args.sockets) + 1000
+    wanted = max(args.sockets) + 1000  # (the hard limit may be lower: 20,000 on the host of 2026-12-05)
     if soft < wanted:  # the stack's processes inherit it
         resource.setrlimit(
             resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY else min(hard, wanted), hard)

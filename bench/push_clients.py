@@ -5,10 +5,12 @@ that their CPU is theirs and not counted as the server's or the admitting proces
 
 FILE holds [{"ticket", "ticket_id", "ws_url"}, ...]. It opens a socket per ticket (saying hello with the
 ticket), prints `OPEN <open> <failures>` and then reads every socket until told to stop. On its stdin it
-takes `STATS` (prints one JSON line of message counts so far) and `STOP` (closes everything, writes what
-it heard to --out and prints `DONE`). What it heard: when each `admitted` arrived (by ticket; the push and
-the socket's own status read apart), when each `queue_move` reached its last socket here (by sequence)
-and at how many, and how many other messages came by type. Every connection goes to 127.0.0.1.
+takes `STATS` (prints one JSON line of message counts so far), `CLOSE k` (closes its last k sockets, the
+back of the line, at once, and prints one JSON line when the server has closed them all) and `STOP`
+(closes everything, writes what it heard to --out and prints `DONE`). What it heard: when each `admitted`
+arrived (by ticket; the push and the socket's own status read apart), when each `queue_move` reached its
+last socket here (by sequence) and at how many, the same for each `state` event (by its order), and how
+many other messages came by type. Every connection goes to 127.0.0.1.
 
 The clients are plain asyncio protocols speaking RFC 6455 themselves (the handshake, masked frames out,
 pings answered), not a websockets library: at 18,000 sockets and two events a second each, a library's
@@ -33,6 +35,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 SEQ = b'"seq": '
+STATE = b'{"type": "state"'
 
 
 class Heard:
@@ -43,8 +46,15 @@ class Heard:
         self.polled_at: dict[str, list[float]] = {}  # `admitted` sent by the socket's own status read
         self.move_last: dict[int, float] = {}
         self.move_count: Counter[int] = Counter()
+        self.state_last: dict[int, float] = {}  # the k-th `state` event a socket heard: when the last heard it
+        self.state_count: Counter[int] = Counter()
         self.other: Counter[str] = Counter()
         self.closed_by_server = 0
+
+    def state(self, ordinal: int, now: float) -> None:
+        self.state_count[ordinal] += 1
+        if now > self.state_last.get(ordinal, 0.0):
+            self.state_last[ordinal] = now
 
     def message(self, payload: bytes, now: float) -> None:
         if b'"queue_move"' in payload[:40]:
@@ -82,12 +92,17 @@ def masked(opcode: int, payload: bytes) -> bytes:
 
 
 class Client(asyncio.Protocol):
-    def __init__(self, heard: Heard, request: bytes, hello: bytes, ready: asyncio.Future[bool]) -> None:
+    def __init__(
+        self, heard: Heard, request: bytes, hello: bytes, ready: asyncio.Future[bool], ticket_id: str = ""
+    ) -> None:
         self.heard, self.request, self.hello, self.ready = heard, request, hello, ready
+        self.ticket_id = ticket_id
         self.buffer = bytearray()
         self.upgraded = False
         self.transport: Any = None
         self.closing = False
+        self.states = 0  # `state` events heard
+        self.lost: asyncio.Future[None] | None = None  # set when a close was asked: done when it is closed
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -123,8 +138,14 @@ class Client(asyncio.Protocol):
                 return
             payload = bytes(buffer[at : at + length])
             del buffer[: at + length]
-            if opcode == 0x1:
-                self.heard.message(payload, now)
+            if opcode == 0x1 and self.closing:
+                pass  # its visitor left: what still comes before the server's close is heard by nobody
+            elif opcode == 0x1:
+                if payload.startswith(STATE):
+                    self.states += 1
+                    self.heard.state(self.states, now)
+                else:
+                    self.heard.message(payload, now)
             elif opcode == 0x9:  # ping: the server closes a socket that does not answer
                 self.transport.write(masked(0xA, payload))
             elif opcode == 0x8:
@@ -143,24 +164,35 @@ class Client(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.ready.done():
             self.ready.set_result(False)
+        if self.lost is not None and not self.lost.done():
+            self.lost.set_result(None)
 
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.closing = True
             self.transport.write(masked(0x8, struct.pack("!H", 1000)))
 
+    def close_noting(self) -> asyncio.Future[None]:
+        """Close it (as close()), with a future done when the server has closed the connection."""
+        self.lost = asyncio.get_running_loop().create_future()
+        if self.transport is None or self.transport.is_closing():
+            self.lost.set_result(None)
+        self.close()
+        return self.lost
 
-def _factory(heard: Heard, request: bytes, hello: bytes, ready: asyncio.Future[bool]) -> Any:
-    return lambda: Client(heard, request, hello, ready)
+
+def _factory(heard: Heard, request: bytes, hello: bytes, ready: asyncio.Future[bool], ticket_id: str) -> Any:
+    return lambda: Client(heard, request, hello, ready, ticket_id)
 
 
 async def open_all(heard: Heard, tickets: list[dict[str, Any]], concurrency: int) -> tuple[list[Client], int]:
+    """The tickets' sockets, in the tickets' order (the line's), those that failed left out."""
     loop = asyncio.get_running_loop()
     gate = asyncio.Semaphore(concurrency)
-    clients: list[Client] = []
+    opened: dict[int, Client] = {}
     failures = 0
 
-    async def open_one(ticket: dict[str, Any]) -> None:
+    async def open_one(index: int, ticket: dict[str, Any]) -> None:
         nonlocal failures
         url = urlsplit(ticket["ws_url"])
         key = base64.b64encode(os.urandom(16)).decode()
@@ -175,18 +207,18 @@ async def open_all(heard: Heard, tickets: list[dict[str, Any]], concurrency: int
                 ready: asyncio.Future[bool] = loop.create_future()
                 try:
                     _, client = await loop.create_connection(
-                        _factory(heard, request, hello, ready), url.hostname, url.port
+                        _factory(heard, request, hello, ready, ticket["ticket_id"]), url.hostname, url.port
                     )
                     if await asyncio.wait_for(ready, 60):
-                        clients.append(client)
+                        opened[index] = client
                         return
                 except (OSError, TimeoutError):
                     pass
                 await asyncio.sleep(0.5)
             failures += 1
 
-    await asyncio.gather(*(open_one(t) for t in tickets))
-    return clients, failures
+    await asyncio.gather(*(open_one(i, t) for i, t in enumerate(tickets)))
+    return [opened[i] for i in sorted(opened)], failures
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -202,6 +234,9 @@ async def main(args: argparse.Namespace) -> None:
         line = (await asyncio.to_thread(sys.stdin.readline)).strip()
         if line == "STATS":
             print(json.dumps({"other": heard.other, "closed_by_server": heard.closed_by_server}), flush=True)
+        elif line.startswith("CLOSE "):  # the last k sockets (the back of the line) at once
+            clients, closed = await close_crowd(clients, int(line.split()[1]))
+            print(json.dumps(closed), flush=True)
         elif line in ("STOP", ""):  # "": the bench went away
             break
     for client in clients:
@@ -212,6 +247,8 @@ async def main(args: argparse.Namespace) -> None:
         "polled_at": heard.polled_at,
         "move_last": heard.move_last,
         "move_count": heard.move_count,
+        "state_last": heard.state_last,
+        "state_count": heard.state_count,
         "other": heard.other,
         "closed_by_server": heard.closed_by_server,
         "connect_failures": failures,
@@ -219,6 +256,19 @@ async def main(args: argparse.Namespace) -> None:
     }
     Path(args.out).write_text(json.dumps(result))
     print("DONE", flush=True)
+
+
+async def close_crowd(clients: list[Client], k: int) -> tuple[list[Client], dict[str, Any]]:
+    """Close the last k of the sockets in one go, as a proxy's restart or the end of a sale does; what stays,
+    and the ticket ids closed, how long sending the closes took and how long until the server had closed
+    every one."""
+    crowd, stay = clients[len(clients) - k :] if k else [], clients[: len(clients) - k]
+    started = time.monotonic()
+    waits = [client.close_noting() for client in crowd]
+    sent = time.monotonic() - started
+    await asyncio.wait_for(asyncio.gather(*waits), 120)
+    closed = {"closed": len(crowd), "sent_s": round(sent, 3), "all_closed_s": round(time.monotonic() - started, 3)}
+    return stay, {**closed, "ticket_ids": [client.ticket_id for client in crowd]}
 
 
 def _loop_factory() -> Any:

@@ -23,7 +23,7 @@ import random
 import time
 import uuid
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from channels.consumer import get_handler_name
@@ -33,6 +33,9 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from . import instruments, loopwatch, modes, ratelimit, realtime, selectors, signing_keys, tokens, wscollector, wsserver
 from .services import viewers as viewer_services
+
+if TYPE_CHECKING:
+    from asgiref.typing import WebSocketDisconnectEvent
 
 CLOSE_MESSAGE_TOO_BIG = 1009  # RFC 6455's own code
 CLOSE_TRY_AGAIN_LATER = 1013  # Redis is away: the page polls meanwhile and reconnects
@@ -74,7 +77,7 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         except StopConsumer:
             pass
         finally:
-            await self._release()
+            self._release()
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         # Channels' own dispatch first runs close_old_connections in its one sync thread before every
@@ -151,17 +154,24 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
     def _catch_up(self) -> None:
         wsserver.spawn(self.send_status())
 
+    async def websocket_disconnect(self, message: WebSocketDisconnectEvent) -> None:
+        # Channels' own leaves the groups of its `groups` (none: the router's are left in _release) and
+        # closes the thread's database connections through its sync thread, a thread hop per socket (a third
+        # of the loop's time when 9,000 sockets closed together; no database is used in the loop).
+        await self.disconnect(message["code"])
+        raise StopConsumer()
+
     async def disconnect(self, code: int) -> None:
-        await self._release()
+        self._release()
 
     async def drop(self, code: int) -> None:
-        await self._release()
+        self._release()
         await self.close(code=code)  # waits for room in the socket's buffer (the server's send does)
 
     def _lane_changed(self) -> None:
         wsserver.router().refresh(self)
 
-    async def _release(self) -> None:
+    def _release(self) -> None:
         if self.wire is not None:
             self.wire.watch = None  # (the protocol and this consumer would hold each other)
         if self.timer is not None:
@@ -170,10 +180,11 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
             return
         self.claims = None
         instruments.sockets_open().dec()
+        # No Redis call of its own: a crowd closing together is a few calls for all (RollCall.discard).
         server = wsserver.router()
         for group in self.groups_joined:
-            await server.leave(group, self)
-        await wsserver.roll_call().discard(self)
+            server.leave(group, self)
+        wsserver.roll_call().discard(self)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
         # A client says hello, then at most {"type": "status"}: anything big is refused outright, binary

@@ -48,7 +48,24 @@ def queue_group(slug: str) -> str:
 
 def ticket_group(slug: str, visitor_key: str) -> str:
     """The sockets of one visitor's ticket: admitted, position and expired events (private)."""
-    return f"ticket.{slug}.{visitor_key}"
+    return f"{TICKET}{slug}.{visitor_key}"
+
+
+TICKET = "ticket."
+
+
+def heard_through(group: str) -> str:
+    """The layer's group (its pub/sub channel) a group's events are published on: a queue's own, and for
+    every ticket of a queue one channel, the queue's private events (`private.<slug>`), from which a
+    websocket server's router hands each event to its ticket's sockets (wsserver.Router).
+
+    A channel per ticket cost a SUBSCRIBE when each socket said hello and an UNSUBSCRIBE when it closed:
+    5,000 sockets closing at once held a server's event loop for 0.44 s, most of it those UNSUBSCRIBEs
+    queueing on the connection's lock (bench/RESULTS.md). A server now hears every private event of a
+    queue it serves, and drops those for tickets it holds no socket of: one dictionary lookup each."""
+    if group.startswith(TICKET):
+        return f"private.{group[len(TICKET) :].rpartition('.')[0]}"
+    return group
 
 
 def _layer_prefix() -> str:
@@ -61,10 +78,11 @@ def _serializer() -> Any:
 
 
 def encoded(messages: Iterable[Message]) -> list[tuple[str, bytes]]:
-    """Each event as the (channel, payload) to PUBLISH: RedisPubSubChannelLayer's group channel name and
-    message envelope, the event's text encoded here, once (a server forwards it to each socket as it is),
-    its group, by which a websocket server's router finds the sockets it is for (wsserver.Router), and for
-    a ticket's news the status it tells, so that the server's roll call does not read it again."""
+    """Each event as the (channel, payload) to PUBLISH: RedisPubSubChannelLayer's group channel name (of
+    the group the event is heard through: heard_through) and message envelope, the event's text encoded
+    here, once (a server forwards it to each socket as it is), its group, by which a websocket server's
+    router finds the sockets it is for (wsserver.Router), and for a ticket's news the status it tells, so
+    that the server's roll call does not read it again."""
     prefix, serializer = _layer_prefix(), _serializer()
     published = []
     for group, event in messages:
@@ -72,7 +90,7 @@ def encoded(messages: Iterable[Message]) -> list[tuple[str, bytes]]:
         known = _tells(event)
         if known:
             envelope["known"] = known
-        published.append((f"{prefix}__group__{group}", serializer.serialize(envelope)))
+        published.append((f"{prefix}__group__{heard_through(group)}", serializer.serialize(envelope)))
     return published
 
 

@@ -5,15 +5,27 @@ socket's hello (consumers.py)."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
 import logging
 import time
+from collections.abc import Callable
 
 from django.conf import settings
 
 from .wsserver import roll_call
 
 logger = logging.getLogger(__name__)
+
+TRIM_AFTER_LEAVING = 1000  # sockets closed since the most held: the memory they used is given back to the OS
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None where the C library has none (musl, macOS)."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 class Collector:
@@ -31,11 +43,19 @@ class Collector:
     everything (gc.unfreeze, gc.collect) runs whenever the server holds no sockets, when it costs no one
     anything, and every WR_WS_GC_FULL_SECONDS if an operator sets it (0: never on a timer). Each one is
     logged with what it found, so a leak would show.
+
+    When a crowd has left (TRIM_AFTER_LEAVING sockets fewer than the most held since the last time) the
+    memory the C allocator holds free is given back to the OS (glibc's malloc_trim: a few milliseconds).
+    A server that held 10,000 sockets kept its peak, 320 MB, after 9,000 of them closed (bench/RESULTS.md);
+    what stays is Python's own: its small objects' arenas are given back only when wholly empty, and the
+    sockets that stay hold objects in many of them.
     """
 
     def __init__(self) -> None:
         self._task: asyncio.Task[None] | None = None
         self.full_collections = 0
+        self.trims = 0
+        self.most_held = 0  # sockets, since the last trim
 
     def ensure(self) -> None:
         if settings.WR_WS_GC_FREEZE_SECONDS <= 0:
@@ -56,6 +76,23 @@ class Collector:
             )
         gc.freeze()
 
+    def trim_after_crowd(self, held: int) -> bool:
+        """Give the OS back the memory freed by the sockets closed since the most held, when that is
+        TRIM_AFTER_LEAVING or more (`held`: the sockets held now). Whether it did."""
+        self.most_held = max(self.most_held, held)
+        trim = _malloc_trim()
+        if self.most_held - held < TRIM_AFTER_LEAVING or trim is None:
+            return False
+        started = time.perf_counter()
+        trim(0)
+        self.trims += 1
+        logger.info(
+            "websocket server: %s sockets closed since %s were held; memory given back in %.1f ms",
+            *(self.most_held - held, self.most_held, (time.perf_counter() - started) * 1000),
+        )
+        self.most_held = held
+        return True
+
     async def _run(self) -> None:
         last_full, idle_collected = time.monotonic(), False
         while True:
@@ -64,6 +101,7 @@ class Collector:
             timed = 0 < settings.WR_WS_GC_FULL_SECONDS <= time.monotonic() - last_full
             full = timed or (idle and not idle_collected)
             self.cycle(full=full)
+            self.trim_after_crowd(roll_call().held())
             idle_collected = idle and (full or idle_collected)
             if full:
                 last_full = time.monotonic()

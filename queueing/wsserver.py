@@ -13,14 +13,14 @@ import contextlib
 import logging
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Generator
 from typing import Any, Protocol
 
 import redis
 from channels.layers import get_channel_layer
 
-from . import instruments, selectors
+from . import instruments, realtime, selectors
 from .services import viewers as viewer_services
 from .wsprotocol import LeanSansIOProtocol
 
@@ -213,7 +213,8 @@ class Router:
         self.groups: dict[str, dict[Socket, Any]] = {}  # group -> its sockets -> their lanes
         self.slow: dict[str, dict[Socket, None]] = {}  # group -> its sockets without a lane
         self.losses: dict[str, list[tuple[Socket, Any]]] = {}  # group -> lanes lost since its fan-out's event began
-        self.subscribed: set[str] = set()  # the groups the server's channel is in
+        self.hearing: Counter[str] = Counter()  # the layer's groups wanted: how many groups here are heard through each
+        self.subscribed: set[str] = set()  # the layer's groups the server's channel is in
         self.syncing: set[str] = set()
         self.writers: dict[str, deque[Event]] = {}  # a big group's events not yet written, and its writer runs
         self.channel = ""
@@ -225,9 +226,11 @@ class Router:
         return len(self.groups.get(group, ()))
 
     async def join(self, group: str, socket: Socket) -> None:
+        if group not in self.groups:
+            self.hearing[realtime.heard_through(group)] += 1
         self._lane(group, socket, lane(socket))
         await self._listening()
-        await self._sync(group)
+        await self._sync(realtime.heard_through(group))
 
     def _lane(self, group: str, socket: Socket, now: Any) -> None:
         self.groups.setdefault(group, {})[socket] = now
@@ -260,7 +263,9 @@ class Router:
         if losses is not None and not transport.is_closing():
             losses.append((socket, transport))
 
-    async def leave(self, group: str, socket: Socket) -> None:
+    def leave(self, group: str, socket: Socket) -> None:
+        """Nothing here for the socket in the group any more. No Redis call but for the last socket of a
+        queue here: the layer's group it was heard through is left then, in a task of its own."""
         members = self.groups.get(group)
         if members is None or socket not in members:
             return
@@ -270,8 +275,15 @@ class Router:
             self._lost(group, socket, before)
         if not members:
             del self.groups[group]
-            with contextlib.suppress(Exception):  # Redis away: the subscription goes with the connection
-                await self._sync(group)
+            through = realtime.heard_through(group)
+            self.hearing[through] -= 1
+            if self.hearing[through] <= 0:
+                del self.hearing[through]
+                spawn(self._unsync(through))
+
+    async def _unsync(self, through: str) -> None:
+        with contextlib.suppress(Exception):  # Redis away: the subscription goes with the connection
+            await self._sync(through)
 
     async def _listening(self) -> None:
         async with self.starting:  # sockets say hello together: one channel, one listener
@@ -282,13 +294,14 @@ class Router:
                 self.listener = asyncio.ensure_future(self._listen(self.channel))
 
     async def _sync(self, group: str) -> None:
-        """Bring the channel's membership of `group` in line with whether a socket here listens to it. One
-        sync per group at a time: it looks again after each change, so joins and leaves meanwhile count."""
+        """Bring the channel's membership of the layer's `group` in line with whether a socket here listens
+        to a group heard through it. One sync per group at a time: it looks again after each change, so joins
+        and leaves meanwhile count."""
         if group in self.syncing:
             return
         self.syncing.add(group)
         try:
-            while (wanted := group in self.groups) != (group in self.subscribed):
+            while (wanted := group in self.hearing) != (group in self.subscribed):
                 if wanted:
                     await self.layer.group_add(group, self.channel)
                     self.subscribed.add(group)
@@ -373,21 +386,28 @@ class RollCall:
         self.members: dict[str, dict[Socket, None]] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.reading = asyncio.Semaphore(READS_AT_ONCE)
+        self.leaving: dict[str, list[viewer_services.SocketLease]] = {}  # leases to give back, by queue
+        self.giving_back: asyncio.Task[None] | None = None
 
     def count(self, slug: str) -> int:
         return len(self.members.get(slug, ()))
 
+    def held(self) -> int:
+        """The sockets this server holds."""
+        return sum(len(members) for members in self.members.values())
+
     def describe(self) -> str:
         """What this server holds, for its reports (loopwatch.py)."""
-        sockets = sum(len(members) for members in self.members.values())
-        return f"{sockets} sockets over {len(self.members)} queues"
+        return f"{self.held()} sockets over {len(self.members)} queues"
 
     def add(self, socket: Socket) -> None:
         self.members.setdefault(socket.slug, {})[socket] = None
         if socket.slug not in self.tasks:
             self.tasks[socket.slug] = asyncio.ensure_future(self._forever(socket.slug))
 
-    async def discard(self, socket: Socket) -> None:
+    def discard(self, socket: Socket) -> None:
+        """The socket closed: out of its queue's roll call, and its lease given back (with those of the
+        other sockets closing meanwhile, by give_back)."""
         members = self.members.get(socket.slug)
         if members is None or socket not in members:
             return
@@ -398,8 +418,29 @@ class RollCall:
             if task is not None:
                 task.cancel()
         if socket.answering is not None:
-            with contextlib.suppress(redis.RedisError):  # then its lease runs out on its own
-                await viewer_services.aviewer_close(socket.answering.lease, now=time.time())
+            self.leaving.setdefault(socket.slug, []).append(socket.answering.lease)
+            if self.giving_back is None or self.giving_back.done():
+                self.giving_back = asyncio.ensure_future(self._give_back())
+
+    async def given_back(self) -> None:
+        """Until the leases of the sockets closed so far are given back (or their calls failed)."""
+        while self.giving_back is not None and not self.giving_back.done():
+            await asyncio.shield(self.giving_back)
+
+    async def _give_back(self) -> None:
+        """The leases of the sockets that closed, ROLL_CALL_SOCKETS of one queue's per Redis call, until none
+        is left: a crowd closing at once (a sale's end, a proxy's restart) is a few calls, not one each, and
+        the loop is let go between them. A call that fails leaves its leases to run out on their own."""
+        while self.leaving:
+            slug, leases = next(iter(self.leaving.items()))
+            batch, rest = leases[:ROLL_CALL_SOCKETS], leases[ROLL_CALL_SOCKETS:]
+            if rest:
+                self.leaving[slug] = rest
+            else:
+                del self.leaving[slug]
+            with contextlib.suppress(redis.RedisError):
+                await viewer_services.aviewers_close(slug, batch, now=time.time())
+            await asyncio.sleep(0)
 
     async def call(self, slug: str) -> float:
         """One roll call of the queue's sockets here; returns the seconds until the next."""

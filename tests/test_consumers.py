@@ -223,10 +223,41 @@ async def test_viewers_are_counted_per_queue(queue):
     await wsserver.roll_call().call(queue.slug)
     assert await sync_to_async(store.viewers_count)(queue.slug, now=time.time()) == 3
     await sockets[0].disconnect()
+    await wsserver.roll_call().given_back()
     await wsserver.roll_call().call(queue.slug)
     assert await sync_to_async(store.viewers_count)(queue.slug, now=time.time()) == 2
     for communicator in sockets[1:]:
         await communicator.disconnect()
+
+
+async def test_every_tickets_private_events_come_through_one_channel_of_the_queue_and_reach_only_its_sockets(
+    queue,
+):
+    """A server listens to two channels of a queue however many tickets it holds sockets of (a channel per
+    ticket cost a SUBSCRIBE per hello and an UNSUBSCRIBE per close), and still hands a ticket's private
+    events to that ticket's sockets only; the channels are left with the queue's last socket."""
+    tickets = [await waiting_visitor(queue.slug, f"v{i}") for i in range(3)]
+    sockets = [(await open_socket(queue.slug, t))[0] for t in tickets]
+    router = wsserver.router()
+    assert router.subscribed == {realtime.queue_group(queue.slug), f"private.{queue.slug}"}
+    prefix = realtime._layer_prefix()
+    channels = await sync_to_async(store.connection._layer.get().pubsub_channels)(f"{prefix}__group__*{queue.slug}*")
+    assert sorted(c.decode() if isinstance(c, bytes) else c for c in channels) == [
+        f"{prefix}__group__private.{queue.slug}",
+        f"{prefix}__group__queue.{queue.slug}",
+    ]
+    claims = await sync_to_async(decode_ticket)(tickets[1], slug=queue.slug)
+    await sync_to_async(realtime.send)(realtime.expired(queue.slug, [claims.ticket_id], "revoked"))
+    assert (await next_event(sockets[1], "expired"))["ticket_id"] == claims.ticket_id
+    for other in (sockets[0], sockets[2]):
+        await no_event(other, "expired", within=0.5)
+    for communicator in sockets:
+        await communicator.disconnect()
+    deadline = asyncio.get_running_loop().time() + 5
+    while router.subscribed:
+        assert asyncio.get_running_loop().time() < deadline, router.subscribed
+        await asyncio.sleep(0.02)
+    assert not router.hearing
 
 
 async def test_a_client_that_saw_a_gap_can_ask_for_its_status_at_once(queue):
@@ -406,9 +437,9 @@ async def test_an_event_the_server_cannot_route_is_dropped_and_the_sockets_carry
     assert connected
     claims = await sync_to_async(decode_ticket)(ticket, slug=queue.slug)
     group = realtime.ticket_group(queue.slug, claims.visitor_key)
-    layer = wsserver.router().layer
-    await layer.group_send(group, {"type": "queue.event", "text": "{}"})  # no group
-    await layer.group_send(group, {"type": "no.such.event", "group": group})  # no text
+    layer, through = wsserver.router().layer, realtime.heard_through(group)
+    await layer.group_send(through, {"type": "queue.event", "text": "{}"})  # no group
+    await layer.group_send(through, {"type": "no.such.event", "group": group})  # no text
     await sync_to_async(realtime.send)([(group, {"type": "expired", "ticket_id": claims.ticket_id, "reason": "x"})])
     assert (await next_event(communicator, "expired"))["reason"] == "x"
     await communicator.disconnect()
@@ -468,12 +499,15 @@ async def test_a_ticket_holds_a_few_sockets_the_next_is_refused_and_all_of_them_
     assert await sync_to_async(store.viewers_count)(queue.slug, now=time.time()) == 2
 
     await tabs.pop().disconnect()  # a tab closed: its place is free again
+    await wsserver.roll_call().given_back()
     again, ready, _ = await open_socket(queue.slug, ticket)
     assert ready
     for communicator in [*tabs, again]:
         await communicator.disconnect()
+    await wsserver.roll_call().given_back()
     assert await sync_to_async(store.viewers_count)(queue.slug, now=time.time()) == 1
     await other.disconnect()
+    await wsserver.roll_call().given_back()
     assert await sync_to_async(store.viewers_count)(queue.slug, now=time.time()) == 0
 
 

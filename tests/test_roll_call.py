@@ -141,7 +141,7 @@ async def test_an_admission_whose_push_was_lost_reaches_the_socket_through_the_r
     consumer: Any = next(iter(wsserver.roll_call().members[queue.slug]))
     # The push is lost: the socket is no longer subscribed to its ticket's events.
     assert consumer.claims is not None
-    await wsserver.router().leave(consumer.mode.private_group(consumer.claims), consumer)
+    wsserver.router().leave(consumer.mode.private_group(consumer.claims), consumer)
     await sync_to_async(services.queue_configure)(slug=queue.slug, changes={"state": "open"})
     await sync_to_async(services.queue_admit)(slug=queue.slug)
     await no_event(communicator, "admitted", within=0.5)

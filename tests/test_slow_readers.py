@@ -189,7 +189,7 @@ async def test_a_socket_that_falls_behind_while_a_fan_out_yields_gets_the_rest_b
             untold.wire.direct.close()  # closed where its protocol could not say (uvicorn's own close)
             behind.pending = deque([{"type": "websocket.send", "text": "held"}])  # its client fell behind
             router.refresh(behind)
-            await router.leave(group, leaver)  # released (its consumer no longer told of its lane)...
+            router.leave(group, leaver)  # released (its consumer no longer told of its lane)...
             leaver.wire.direct = None  # ...then a close sent: nothing may follow the close frame
             noted.extend(router.losses[group])
 
@@ -225,7 +225,7 @@ async def test_a_socket_that_falls_behind_while_a_fan_out_yields_gets_the_rest_b
         assert [m["text"] for m in behind.pending] == ["held", text, "next"]
         assert [m["text"] for m in told.sent] == ["next"]
         for socket in sockets:
-            await router.leave(group, socket)
+            router.leave(group, socket)
         assert group not in router.groups and group not in router.slow
     finally:
         for _, writer in clients:

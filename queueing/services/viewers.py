@@ -4,6 +4,8 @@ tickets with a live socket (store/viewers.py, lua/roll_call.lua)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..store import viewers as viewer_store
 from ..store.viewers import OVERDUE, PARKED, UNKNOWN, WAITING, Answering, RollCall, SocketLease, aroll_call
 
@@ -16,8 +18,8 @@ __all__ = [
     "RollCall",
     "SocketLease",
     "aroll_call",
-    "aviewer_close",
     "aviewer_open",
+    "aviewers_close",
 ]
 
 
@@ -26,5 +28,6 @@ async def aviewer_open(lease: SocketLease, *, most: int, now: float) -> bool:
     return await viewer_store.aviewer_open(lease, most=most, now=now)
 
 
-async def aviewer_close(lease: SocketLease, *, now: float) -> None:
-    await viewer_store.aviewer_close(lease, now=now)
+async def aviewers_close(slug: str, leases: Sequence[SocketLease], *, now: float) -> None:
+    """Sockets of one queue closed: their leases given back, in one call."""
+    await viewer_store.aviewers_close(slug, leases, now=now)

@@ -40,9 +40,12 @@ async def aviewer_open(lease: SocketLease, *, most: int, now: float) -> bool:
     return bool(taken)
 
 
-async def aviewer_close(lease: SocketLease, *, now: float) -> None:
-    """Give a socket's lease back (it closed)."""
-    await arun("viewer_close", _keys(lease), [lease.socket_id, lease.ticket_id, _ms(now)])
+async def aviewers_close(slug: str, leases: Sequence[SocketLease], *, now: float) -> None:
+    """Give back the leases of sockets of one queue that closed (lua/viewer_close.lua), in one call."""
+    args: list[Any] = [_ms(now)]
+    for lease in leases:
+        args += (lease.socket_id, lease.ticket_id)
+    await arun("viewer_close", [queue_keys(slug).tagged("watchers")], args)
 
 
 class Answering(NamedTuple):
