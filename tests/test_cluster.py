@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from typing import Any, cast
 
 import pytest
 import redis
@@ -16,7 +17,7 @@ from queueing import services, store
 from queueing.models import Queue
 from queueing.store import TicketStatus, connection
 
-from .factories import join, status, status_reply, visitor
+from .factories import access_claims, access_token, join, status, status_reply, visitor
 
 
 @pytest.fixture
@@ -217,3 +218,99 @@ def test_the_orphan_sweep_finds_queues_on_every_master(on_cluster, make_queue, c
     assert set(slugs) <= set(dropped)
     assert not set(slugs) & set(store.queue_slugs())
     assert visitor("x")  # the visitor keys' alphabet is what record_hashes names
+
+
+def _raw(cluster: Any) -> redis.RedisCluster:
+    """A cluster client that keeps replies as bytes (DUMP's are binary)."""
+    return redis.RedisCluster.from_url(f"redis://{cluster.nodes.split(',')[0]}")
+
+
+def _queue_keys_now(cluster: Any, slug: str) -> dict[str, bytes]:
+    """Every key of the queue, DUMPed (its master's copy), to be put back as a failover would leave them."""
+    raw = _raw(cluster)
+    try:
+        pattern = f"{store.queue_keys(slug).cfg[: -len('cfg')]}*"
+        return {key.decode(): cast(bytes, raw.dump(key)) for key in raw.scan_iter(match=pattern, count=1000)}
+    finally:
+        raw.close()
+
+
+def _as_before(cluster: Any, slug: str, before: dict[str, bytes]) -> None:
+    """The queue's keys put back as they were: the writes since, lost (a promoted replica that lacked them)."""
+    raw = _raw(cluster)
+    try:
+        for key in set(_queue_keys_now(cluster, slug)) - set(before):
+            raw.delete(key)
+        for key, dumped in before.items():
+            raw.restore(key, 0, dumped, replace=True)
+    finally:
+        raw.close()
+
+
+def test_a_completion_a_failover_lost_is_made_again_once_the_cluster_has_failed_over(
+    on_cluster, make_queue, clock, settings, monkeypatch
+):
+    """Issue 51: after a failover that lost acknowledged writes, completions that had answered 204 were
+    undone and their slots held for the whole session (900 s by default). Here the completion is lost as
+    a failover loses it (the queue's keys put back as they were before it), and a real failover (CLUSTER
+    FAILOVER on the master's replica) moves the cluster's epoch on: the web process's journal makes the
+    completion again, the slot is freed and the next visitor admitted."""
+    from queueing.services import completions, sessions
+
+    settings.WR_FAILOVER_CHECK_SECONDS = 3600  # the journal's own thread stays asleep: checked here
+    journal = completions.Journal(sessions._again)
+    monkeypatch.setattr(sessions, "journal", journal)
+    queue = make_queue(state="open", capacity=1)
+    shopper = join(queue.slug, "shopper", now=clock())
+    assert shopper.status == TicketStatus.ADMITTED
+    nxt = join(queue.slug, "next", now=clock())
+    assert nxt.status == TicketStatus.WAITING
+    claims = access_claims(queue.slug, shopper)
+    assert services.session_verify(slug=queue.slug, raw_token=access_token(queue.slug, shopper), now=clock()).valid
+
+    before = _queue_keys_now(on_cluster, queue.slug)
+    assert services.session_complete(slug=queue.slug, claims=claims, now=clock.advance(5)) == "completed"
+    assert status(queue.slug, nxt, now=clock()).status == TicketStatus.ADMITTED
+    assert journal.check(now=clock()) == 0  # the epoch as it was: nothing made again
+
+    _as_before(on_cluster, queue.slug, before)  # what the failover loses
+    assert status(queue.slug, shopper, now=clock()).status == TicketStatus.ACTIVE
+    assert status(queue.slug, nxt, now=clock()).status == TicketStatus.WAITING  # the slot held again
+
+    master = slot_owners(on_cluster.ports[0])[key_slot(f"{{{queue.slug}}}".encode())]
+    replica = int(node_client(master).info("replication")["slave0"]["port"])
+    epoch = store.cluster_epoch()
+    node_client(replica).execute_command("CLUSTER FAILOVER")
+    deadline = time.monotonic() + 30
+    while replica not in on_cluster.master_ports() or not on_cluster.healthy():
+        assert time.monotonic() < deadline, "the replica was not promoted"
+        time.sleep(0.1)
+    cast(
+        Any, store.client()
+    ).nodes_manager.initialize()  # (the product's client finds the new master on its first error)
+    assert (store.cluster_epoch() or 0) > (epoch or 0)
+
+    assert journal.check(now=clock.advance(1)) == 1  # made again, and it freed the slot
+    assert journal.check(now=clock.advance(1)) == 0  # once
+    assert status(queue.slug, shopper, now=clock()).status == TicketStatus.COMPLETED
+    assert status(queue.slug, nxt, now=clock()).status == TicketStatus.ADMITTED
+
+
+def test_completions_are_kept_for_a_replay_only_on_a_cluster_and_only_for_the_window(make_queue, clock, settings):
+    from queueing.services import completions, sessions
+
+    journal = completions.Journal(sessions._again)
+    slug = make_queue(state="open", capacity=1).slug
+    claims = access_claims(slug, join(slug, "a", now=clock()))
+    settings.REDIS_CLUSTER_NODES = ""
+    journal.note(slug, claims, now=clock())
+    assert not journal._recent  # a single Redis has no failover
+    settings.REDIS_CLUSTER_NODES = "127.0.0.1:1"  # (no node answers: the epoch is unknown, nothing replays)
+    settings.WR_FAILOVER_CHECK_SECONDS = 3600
+    settings.WR_COMPLETION_REPLAY_SECONDS = 60
+    journal.note(slug, claims, now=clock())
+    journal.note(slug, claims, now=clock.advance(61))
+    assert len(journal._recent) == 1  # the first is older than the window
+    settings.WR_COMPLETION_REPLAY_SECONDS = 0
+    journal.note(slug, claims, now=clock())
+    assert len(journal._recent) == 1

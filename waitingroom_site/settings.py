@@ -238,6 +238,11 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 # REDIS_URL then names a standalone Redis for what a cluster does not carry: the channel layer, and by
 # default the Celery broker and Django's cache.
 REDIS_CLUSTER_NODES = os.environ.get("REDIS_CLUSTER_NODES", "").strip()
+# On a cluster, each web process keeps its completions this long and, when it sees the cluster's epoch
+# move on (it looks every WR_FAILOVER_CHECK_SECONDS), makes them again: those a failover lost free their
+# slots then, not at their sessions' ends (queueing/services/completions.py). 0 keeps none.
+WR_COMPLETION_REPLAY_SECONDS = envint("WR_COMPLETION_REPLAY_SECONDS", 60)
+WR_FAILOVER_CHECK_SECONDS = float(os.environ.get("WR_FAILOVER_CHECK_SECONDS", "1"))
 WR_REDIS_PREFIX = os.environ.get("WR_REDIS_PREFIX", "wr")
 
 

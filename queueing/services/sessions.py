@@ -4,12 +4,14 @@ complete it (freeing the slot at once), revoke a visitor, and the site's own cou
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from .. import clock, realtime, selectors, store, tokens
 from ..models import Queue
+from . import completions
 from .admission import queue_admit
 from .errors import NotInStatelessMode, QueueNotFound, TicketNotFound
 from .recovery import with_policy
@@ -99,19 +101,32 @@ def _of_session(script: Callable[..., R], slug: str, claims: tokens.AccessClaims
     )
 
 
-def session_complete(*, slug: str, claims: tokens.AccessClaims, now: float | None = None) -> str:
+def session_complete(
+    *, slug: str, claims: tokens.AccessClaims, now: float | None = None, journaled: bool = True
+) -> str:
     """End a session and free its slot at once; the next visitor is admitted without waiting for a tick.
 
     Returns 'completed', 'already' (completing twice is harmless) or why the session is not live. A
-    stateless queue's session holds no slot: completing it changes nothing.
+    stateless queue's session holds no slot: completing it changes nothing. A completion is kept a while
+    for a replay should a failover of the Redis Cluster lose it (completions.py), unless it is that replay.
     """
     if claims.stateless:
         return "completed"
     reply = _of_session(store.complete, slug, claims, now)
+    if journaled and reply.result == "completed":
+        journal.note(slug, claims, now=time.time())
     realtime.send(realtime.queue_move(slug, reply.moves))
     if reply.freed:
         queue_admit(slug=slug, now=now)
     return reply.result
+
+
+def _again(slug: str, claims: tokens.AccessClaims, now: float) -> str:
+    return session_complete(slug=slug, claims=claims, now=now, journaled=False)
+
+
+# This process's completions, made again should a failover of the Redis Cluster lose them.
+journal = completions.Journal(_again)
 
 
 def session_revoke(*, slug: str, ticket_id: str, now: float | None = None) -> str:

@@ -68,7 +68,7 @@ from .inspect import (
 )
 from .keys import SEQ_DIGITS, QueueKeys, key_pattern, limit_key, parse_ticket_id, queue_keys, ticket_id
 from .limits import LimitCall, LimitReply, limit_hit
-from .liveness import alive_key, alive_mark, alive_mark_read, beat_lease, ping
+from .liveness import alive_key, alive_mark, alive_mark_read, beat_lease, cluster_epoch, ping
 from .state import (
     LiveState,
     config_read,
@@ -181,6 +181,7 @@ __all__ = [
     "capacity_report",
     "cleanup",
     "client",
+    "cluster_epoch",
     "clustered",
     "complete",
     "config_read",

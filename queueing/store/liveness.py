@@ -52,3 +52,13 @@ def ping() -> str:
     if state != "ok":
         raise redis.exceptions.ClusterDownError(f"cluster_state:{state}")
     return "cluster_state:ok"
+
+
+def cluster_epoch() -> int | None:
+    """The Redis Cluster's current epoch as a node tells it (CLUSTER INFO; a failover moves it on), or None
+    on a single Redis."""
+    if not clustered():
+        return None
+    cluster: Any = client()
+    info = cluster.execute_command("CLUSTER INFO", target_nodes=redis.RedisCluster.RANDOM)
+    return int(info["cluster_current_epoch"]) if isinstance(info, dict) else None

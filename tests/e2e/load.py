@@ -32,6 +32,7 @@ class Record:
     most_used: int = 0
     bounced: dict[str, str] = field(default_factory=dict)  # ticket -> why the site's verify said no
     errors_at: list[float] = field(default_factory=list)  # when a 503 or a cut connection was seen
+    completed: list[tuple[float, str]] = field(default_factory=list)  # (when answered 204, access token)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def count(self, kind: str, when: float) -> None:
@@ -218,6 +219,9 @@ class Load:
                     )
                     if done is not None and done.status_code == 409 and done.json()["error"]["reason"] != "expired":
                         self.record.violations.append(f"a late completion: 409 {done.text[:200]}")
+                    elif done is not None and done.status_code == 204:
+                        with self.record.lock:
+                            self.record.completed.append((time.time(), token))
                 time.sleep(0.1)
 
     def _watch(self) -> None:
@@ -247,6 +251,17 @@ class Load:
         self.stopping.set()
         for thread in self.threads:
             thread.join(timeout=40)
+
+    def still_live(self, tokens: list[str]) -> list[str]:
+        """Of these access tokens, those whose sessions the product holds as live (the site's verify says
+        valid): a completion that answered 204 and was undone."""
+        live = []
+        with httpx.Client(base_url=self.bases[0], timeout=10, trust_env=False) as client:
+            for token in tokens:
+                answer = self._site(client, "verify", token)
+                if answer is not None and answer.status_code == 200 and answer.json()["valid"]:
+                    live.append(token)
+        return live
 
     def admissions_after(self, moment: float) -> float | None:
         """Seconds from `moment` to the first admission seen after it."""
