@@ -485,7 +485,9 @@
     if (event.viewers) {
       setText("wr-viewers", fill(ngettext("%(n)s person watching this line.", "%(n)s people watching this line.", event.viewers), { n: event.viewers }));
     }
-    if (event.state && event.state !== S.queueState) poll();
+    // A snapshot read before a state change can arrive after its `state` event: ask over the socket (not
+    // a poll) for the truth.
+    if (event.state && event.state !== S.queueState) askStatus();
   }
 
   // --- Talking to the server -----------------------------------------------------------------------
