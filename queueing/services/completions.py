@@ -48,7 +48,6 @@ class Journal:
         self._lock = threading.Lock()
         self._epoch: int | None = None
         self._watcher: threading.Thread | None = None
-        self.replayed = 0  # completions made again that had been lost (each freed a slot)
 
     def note(self, slug: str, claims: tokens.AccessClaims, *, now: float) -> None:
         """A session of `slug` completed (its end written); kept for a replay while the window lasts. Only
@@ -92,7 +91,6 @@ class Journal:
                 "lost by a failover",
                 *(epoch, len(kept), settings.WR_COMPLETION_REPLAY_SECONDS, again),
             )
-            self.replayed += again
         return again
 
     def _watch(self) -> None:
