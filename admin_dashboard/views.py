@@ -38,7 +38,8 @@ SOCKET_PATH = "/ws/dashboard/"
 View = Callable[..., HttpResponseBase]
 
 # One way of showing a time on the dashboard (issue 19): the schedule, the sessions and the audit log alike,
-# in the server's time zone (TIME_ZONE) and named. Templates use the same format string.
+# named; a queue's pages in the queue's own time zone, as admin types them (issue 47), the list of queues in
+# the server's (TIME_ZONE). Templates use the same format string.
 SHOWN_TIME_FORMAT = "Y-m-d H:i:s T"
 
 
@@ -105,6 +106,11 @@ def _queue_data(queue: Queue, hours: float, *, sessions: bool = False) -> dict[s
 @staff_required
 def dashboard_queue(request: HttpRequest, slug: str) -> HttpResponse:
     queue = get_object_or_404(Queue, slug=slug)
+    with timezone.override(queue.zone):
+        return _dashboard_queue(request, queue)
+
+
+def _dashboard_queue(request: HttpRequest, queue: Queue) -> HttpResponse:
     hours = _hours(request)
     can_change = request.user.has_perm(CHANGE_PERMISSION)
     data = _queue_data(queue, hours, sessions=can_change)
@@ -130,7 +136,8 @@ def dashboard_queue(request: HttpRequest, slug: str) -> HttpResponse:
 def dashboard_queue_data(request: HttpRequest, slug: str) -> JsonResponse:
     """Live figures, chart series and wait-estimate truth of one queue (polling fallback, chart load)."""
     queue = get_object_or_404(Queue, slug=slug)
-    return JsonResponse(_queue_data(queue, _hours(request), sessions=request.user.has_perm(CHANGE_PERMISSION)))
+    with timezone.override(queue.zone):
+        return JsonResponse(_queue_data(queue, _hours(request), sessions=request.user.has_perm(CHANGE_PERMISSION)))
 
 
 def _wants_json(request: HttpRequest) -> bool:
@@ -201,9 +208,10 @@ def _revoke_unconfirmed(request: HttpRequest, queue: Queue, ticket_id: str) -> H
         "queue": queue,
         "ticket_id": ticket_id,
         "session": session,
-        "until_shown": shown_time(session["until"]) if session else "",
     }
-    return render(request, "admin_dashboard/revoke_confirm.html", context)
+    with timezone.override(queue.zone):
+        context["until_shown"] = shown_time(session["until"]) if session else ""
+        return render(request, "admin_dashboard/revoke_confirm.html", context)
 
 
 class _Echo:

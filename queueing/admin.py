@@ -42,16 +42,16 @@ CAP_COUNTS_FROM_NOW = (
 )
 
 
-def queue_zone(request: HttpRequest, queue: Queue | None) -> tzinfo:
+def queue_zone(request: HttpRequest | None, queue: Queue | None) -> tzinfo:
     """The zone a queue's form reads and shows its times in: the one submitted with them (so a new queue's
     times are read in the zone chosen beside them), else the queue's, else the server's default."""
-    for name in (request.POST.get("time_zone"), queue.time_zone if queue else None):
-        try:
-            if name:
-                return ZoneInfo(name)
-        except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a name too long for a file's
-            continue  # not a zone (the form says so): the next one
-    return timezone.get_default_timezone()
+    submitted = request.POST.get("time_zone") if request is not None else None
+    try:
+        if submitted:
+            return ZoneInfo(submitted)
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a name too long for a file's
+        pass  # not a zone (the form says so): the queue's
+    return queue.zone if queue else timezone.get_default_timezone()
 
 
 def zone_named(zone: tzinfo, moment: datetime) -> str:
@@ -352,16 +352,21 @@ class QueueAdmin(admin.ModelAdmin):
             self.message_user(request, "Select one queue to generate codes for.", messages.ERROR)
             return None
         queue = queryset.get()
-        form = GenerateCodesForm(request.POST if "apply" in request.POST else None)
-        if not form.is_valid():
-            context = {
-                **self.admin_site.each_context(request),
-                "title": "Generate priority codes",
-                "queue": queue,
-                "form": form,
-                "back_url": reverse("admin:queueing_queue_changelist"),
-            }
-            return TemplateResponse(request, "admin/queueing/queue/generate_codes.html", context)
+        zone = queue_zone(request, queue)  # an expiry is typed in the queue's zone, as its sale times are
+        with timezone.override(zone):
+            form = GenerateCodesForm(request.POST if "apply" in request.POST else None)
+            form.fields["expires_at"].help_text = GenerateCodesForm.EXPIRES_HELP.format(
+                zone=zone_named(zone, timezone.now())
+            )
+            if not form.is_valid():
+                context = {
+                    **self.admin_site.each_context(request),
+                    "title": "Generate priority codes",
+                    "queue": queue,
+                    "form": form,
+                    "back_url": reverse("admin:queueing_queue_changelist"),
+                }
+                return TemplateResponse(request, "admin/queueing/queue/generate_codes.html", context).render()
         codes = services.priority_codes_generate(queue, **form.cleaned_data, actor=request.user)
         response = HttpResponse(content_type="text/csv; charset=utf-8")
         response["Content-Disposition"] = f'attachment; filename="{queue.slug}-priority-codes.csv"'
@@ -391,18 +396,53 @@ class GenerateCodesForm(forms.Form):
     max_uses = forms.IntegerField(
         min_value=1, required=False, initial=1, help_text="Joins each code may be used for. Empty: unlimited."
     )
-    expires_at = forms.DateTimeField(
-        required=False,
-        help_text="After this the codes are refused (YYYY-MM-DD HH:MM, this server's time zone). Empty: never.",
-    )
+    EXPIRES_HELP = "After this the codes are refused (YYYY-MM-DD HH:MM, in {zone}: the queue's). Empty: never."
+    expires_at = forms.DateTimeField(required=False, help_text=EXPIRES_HELP.format(zone="the queue's time zone"))
 
 
 @admin.register(PriorityCode)
 class PriorityCodeAdmin(admin.ModelAdmin):
-    list_display = ("code", "queue", "level", "uses", "max_uses", "expires_at")
+    list_display = ("code", "queue", "level", "uses", "max_uses", "expires_in_queue_zone")
+    list_select_related = ("queue",)
     list_filter = ("queue", "level")
     search_fields = ("code",)
     readonly_fields = ("uses",)
+
+    @admin.display(description="expires at", ordering="expires_at")
+    def expires_in_queue_zone(self, code: PriorityCode) -> str:
+        """In the queue's own zone, named, as its sale times are shown (issue 47, item 7)."""
+        if code.expires_at is None:
+            return "never"
+        zone = queue_zone(None, code.queue)
+        return f"{code.expires_at.astimezone(zone):%Y-%m-%d %H:%M} {zone_named(zone, code.expires_at)}"
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> Any:
+        """A code's expiry is typed and shown in its queue's zone (the server's for a code not yet saved)."""
+        with timezone.override(self.code_zone(request, object_id)):
+            response = super().changeform_view(request, object_id, form_url, extra_context)
+            if isinstance(response, SimpleTemplateResponse):
+                response.render()
+        return response
+
+    def code_zone(self, request: HttpRequest, object_id: str | None) -> tzinfo:
+        """The code's queue's zone; for a new code, that of the queue posted with it, else the server's."""
+        code = self.get_object(request, unquote(object_id)) if object_id else None
+        posted = request.POST.get("queue", "")
+        queue = code.queue if code else Queue.objects.filter(pk=int(posted)).first() if posted.isdigit() else None
+        return queue_zone(None, queue)
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        form = super().get_form(request, obj, change, **kwargs)
+        zone = queue_zone(None, obj.queue) if obj else timezone.get_current_timezone()
+        if "expires_at" in form.base_fields:
+            form.base_fields["expires_at"].help_text = f"In {zone_named(zone, timezone.now())}: the queue's."
+        return form
 
 
 @admin.register(QueueAPIKey)

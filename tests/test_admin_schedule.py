@@ -203,3 +203,37 @@ def test_a_queue_scheduled_later_in_admin_gets_the_guards_and_one_without_a_star
     scheduled = change_form(queue, **guards_as_shown, **schedule(starts_at=at("2031-03-01", "10:00")))
     assert operator.post(f"/admin/queueing/queue/{queue.pk}/change/", scheduled).status_code == 302
     assert Queue.objects.filter(pk=queue.pk, max_tickets_per_address=20, pow_difficulty=16).exists()
+
+
+def test_priority_codes_expire_at_a_time_typed_and_shown_in_the_queue_s_zone(operator, make_queue):
+    """The codes form read its expiry in the server's zone (UTC here) and said so, so codes for a Berlin
+    sale, typed to expire at 20:00, lived an hour longer; the list and a code's page showed UTC."""
+    from queueing.models import PriorityCode
+
+    queue = make_queue(time_zone="Europe/Berlin")
+    chosen = {"action": "generate_codes", "_selected_action": [queue.pk]}
+    form = operator.post("/admin/queueing/queue/", chosen).content.decode()
+    assert "Europe/Berlin (CET, UTC+01:00)" in form and "this server's time zone" not in form
+    answer = operator.post(
+        "/admin/queueing/queue/",
+        {**chosen, "apply": "1", "count": "2", "level": "2", "max_uses": "1", "expires_at": "2026-12-03 20:00"},
+    )
+    assert answer["Content-Type"].startswith("text/csv")
+    code = PriorityCode.objects.filter(queue=queue).first()
+    assert code is not None and code.expires_at == datetime(2026, 12, 3, 19, 0, tzinfo=UTC)
+    listed = operator.get("/admin/queueing/prioritycode/").content.decode()
+    assert "2026-12-03 20:00 Europe/Berlin (CET, UTC+01:00)" in listed
+    page = operator.get(f"/admin/queueing/prioritycode/{code.pk}/change/").content.decode()
+    assert 'value="20:00:00"' in page and "Europe/Berlin" in page
+    moved = {
+        "queue": str(queue.pk),
+        "code": code.code,
+        "level": "2",
+        "max_uses": "1",
+        "expires_at_0": "2026-12-03",
+        "expires_at_1": "21:30",
+    }
+    saved = operator.post(f"/admin/queueing/prioritycode/{code.pk}/change/", moved)
+    assert saved.status_code == 302, saved.content[:2000]
+    code.refresh_from_db()
+    assert code.expires_at == datetime(2026, 12, 3, 20, 30, tzinfo=UTC)

@@ -567,6 +567,26 @@ def test_every_time_on_a_queue_s_page_is_shown_one_way(people, make_queue, clock
     assert shown.fullmatch(session["until_shown"]) and session["until_shown"] in times
 
 
+def test_a_queue_s_page_shows_its_times_in_the_queue_s_own_zone(people, make_queue, clock):
+    """Issue 47, item 7: admin types a Berlin sale's times in Berlin time; its dashboard page said them in
+    the server's zone (UTC), an hour off what the operator typed. The schedule, the sessions, the audit log,
+    the live data, the charts' axis and the revoke page now say them in the queue's zone, named."""
+    ends = datetime(2031, 12, 3, 17, 0, tzinfo=UTC)
+    queue = make_queue(time_zone="Europe/Berlin", ends_at=ends, capacity=5)
+    join(queue.slug, "v0", now=clock.now)
+    page = people["operator"].get(f"/dashboard/{queue.slug}/").content.decode()
+    assert "2031-12-03 18:00:00 CET" in page and 'data-time-zone="Europe/Berlin"' in page
+    times = re.findall(r"<time[^>]*>([^<]*)</time>", page)
+    audit = re.findall(r"<tr><td>([^<]*)</td><td>tests</td>", page)
+    assert audit and all(text.endswith(("CET", "CEST")) for text in times + audit), (times, audit)
+    [session] = people["operator"].get(f"/dashboard/{queue.slug}/data.json").json()["sessions"]
+    assert session["until_shown"].endswith(("CET", "CEST")) and session["until_shown"] in times
+    asked = people["operator"].post(
+        f"/dashboard/{queue.slug}/control", {"action": "revoke", "ticket_id": session["ticket_id"]}
+    )
+    assert session["until_shown"] in asked.content.decode()
+
+
 def test_a_scheduled_queue_shows_its_phase_on_the_dashboard_and_in_admins_list(people, make_queue, admin_client):
     """Issue 47: the dashboard's badge and admin's list said "open" for a queue in its pre-queue and for one
     opening tomorrow; they say where the sale is, as the metrics and the alerts do (queueing/phases.py)."""

@@ -448,6 +448,15 @@ class Queue(models.Model):
         }
 
     @property
+    def zone(self) -> zoneinfo.ZoneInfo:
+        """The time zone its times are typed and shown in to staff (admin, dashboard): its own, else the
+        server's for a name this machine does not know."""
+        try:
+            return zoneinfo.ZoneInfo(self.time_zone)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError, OSError):
+            return zoneinfo.ZoneInfo(settings.TIME_ZONE)
+
+    @property
     def is_stateless(self) -> bool:
         return self.mode == self.Mode.STATELESS
 

@@ -110,4 +110,3 @@ def _epoch() -> int | None:
         return store.cluster_epoch()
     except redis.RedisError:
         return None
-
