@@ -8,12 +8,14 @@ import hmac
 import json
 import time
 import uuid
+from datetime import timedelta
 
 import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from queueing import signing_keys, store, tokens
 from queueing.visitors import random_visitor_id
@@ -290,6 +292,16 @@ def test_neighbours_are_the_three_ahead_and_three_behind_by_display_name_only(ap
     assert not any(t["ticket_id"] in response.content.decode() for t in tickets)  # nobody's ticket id
     head = neighbours(api, queue.slug, tickets[0]["ticket"]).json()["neighbours"]
     assert [(n["position"], n["you"]) for n in head] == [(1, True), (2, False), (3, False), (4, False)]
+
+
+def test_before_a_scheduled_start_nobody_is_around_as_nobody_has_a_place(api, make_queue):
+    """Issue 47, item 10: in a pre-queue status gives no place (the draw at the start makes the order), but
+    the neighbours answered places 1, 2, 3 by arrival, which the draw then shuffled."""
+    now = timezone.now()
+    queue = make_queue(prequeue_opens_at=now - timedelta(minutes=5), starts_at=now + timedelta(hours=1))
+    tickets = [join(api, queue.slug, data={"display_name": name}).json() for name in ("Ann", "Bo", "Cy")]
+    assert tickets[1]["position"] is None and tickets[1]["place_drawn_at_start"] is True
+    assert neighbours(api, queue.slug, tickets[1]["ticket"]).json() == {"neighbours": []}
 
 
 def test_neighbours_of_a_ticket_no_longer_in_line_are_none_and_a_bad_ticket_gets_401(api, make_queue):

@@ -78,7 +78,9 @@ def test_a_long_line_across_many_buckets_tells_everyone_their_true_place(make_qu
     # The neighbours of a visitor deep in the line.
     deep = next(t for i, t in enumerate(tickets) if i not in gone and line.index(t.ticket_id) > 400)
     name = f"v{tickets.index(deep)}"
-    rank, rows = store.neighbours(queue.slug, visitor_key=visitor(name), seq=deep.seq, before=3, after=3)
+    rank, rows = store.neighbours(
+        queue.slug, visitor_key=visitor(name), seq=deep.seq, before=3, after=3, now_ms=int(clock() * 1000)
+    )
     assert rank == line.index(deep.ticket_id)
     assert [row.rank for row in rows] == list(range(rank - 3, rank + 4))
 

@@ -289,7 +289,7 @@ def test_it_parses_the_visitors_around_one_in_line_order_with_names_and_levels(m
     join(queue.slug, "cy", now=clock.now, display_name="Cy")
     join(queue.slug, "dee", now=clock.now, display_name="Dee")
 
-    rank, rows = run("neighbours", keys(queue.slug), (visitor("bob"), bob.seq, 1, 1))
+    rank, rows = run("neighbours", keys(queue.slug), (visitor("bob"), bob.seq, 1, 1, int(clock.now * 1000)))
 
     assert rank == 1
     assert [store.Neighbour.parse(row) for row in rows] == [

@@ -132,7 +132,10 @@ class NeighbourSerializer(serializers.Serializer):
 
 
 class NeighboursResponseSerializer(serializers.Serializer):
-    neighbours = NeighbourSerializer(many=True, help_text="In line order; empty when not waiting.")
+    neighbours = NeighbourSerializer(
+        many=True,
+        help_text="In line order; empty when not waiting, and before a scheduled start (the draw makes the order).",
+    )
 
 
 class VerifyResponseSerializer(serializers.Serializer):

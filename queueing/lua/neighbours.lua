@@ -3,18 +3,21 @@
 --
 -- KEYS: the standard queue keys (see _lib.lua).
 -- ARGV[1] visitor key    ARGV[2] sequence number (from the signed ticket)
--- ARGV[3] how many ahead    ARGV[4] how many behind
+-- ARGV[3] how many ahead    ARGV[4] how many behind    ARGV[5] now (ms)
 --
 -- Returns {rank, {{rank, display name, is_me, priority}, ...}} in line order, or {-1, {}} when the
 -- ticket is not in line. Other visitors are shown by display name only (never their ticket ids).
+-- Before a scheduled start the pre-queue's order is not drawn yet (status says no place): {rank, {}}.
 
 local vk, seq = ARGV[1], tonumber(ARGV[2])
-local before, after = tonumber(ARGV[3]), tonumber(ARGV[4])
+local before, after, now = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local rec = load(vk)
 if not rec or rec[R_SEQ] ~= seq or rec[R_STATUS] ~= WAITING then return {-1, {}} end
 local tid = ticket_id(seq, vk)
 local rank = line_rank(tid, line_score_of(rec))
 if not rank then return {-1, {}} end
+local p = policy()
+if p and p.starts_at_ms > now then return {rank, {}} end
 
 local first = math.max(0, rank - before)
 local members = line_range(first, rank + after)

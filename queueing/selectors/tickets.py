@@ -336,6 +336,9 @@ class NeighbourView:
 
 
 def ticket_neighbours_get(*, claims: tokens.TicketClaims, before: int = 3, after: int = 3) -> list[NeighbourView]:
-    """The few visitors around this one in line (seed 004's visual line), in one round trip."""
-    _, rows = store.neighbours(claims.slug, visitor_key=claims.visitor_key, seq=claims.seq, before=before, after=after)
+    """The few visitors around this one in line (seed 004's visual line), in one round trip; none before
+    a scheduled start, whose draw makes the order (as status gives no place then)."""
+    _, rows = store.neighbours(
+        claims.slug, visitor_key=claims.visitor_key, seq=claims.seq, before=before, after=after, now_ms=clock.now_ms()
+    )
     return [NeighbourView(row.rank + 1, row.display_name, row.is_me) for row in rows]

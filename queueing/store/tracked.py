@@ -310,10 +310,13 @@ class Neighbour(Reply):
     priority: int
 
 
-def neighbours(slug: str, *, visitor_key: str, seq: int, before: int, after: int) -> tuple[int | None, list[Neighbour]]:
-    """The visitor's rank and the few visitors around it, in line order (None when not in line):
-    neighbours.lua replies {rank or -1, {{rank, display name, is me 0|1, priority}, ...}}."""
-    rank, rows = run("neighbours", queue_keys(slug).script_keys(), (visitor_key, seq, before, after))
+def neighbours(
+    slug: str, *, visitor_key: str, seq: int, before: int, after: int, now_ms: int
+) -> tuple[int | None, list[Neighbour]]:
+    """The visitor's rank and the few visitors around it, in line order (None when not in line; none
+    around before a scheduled start's draw): neighbours.lua replies {rank or -1, {{rank, display name,
+    is me 0|1, priority}, ...}}."""
+    rank, rows = run("neighbours", queue_keys(slug).script_keys(), (visitor_key, seq, before, after, now_ms))
     if int(rank) < 0:
         return None, []
     return int(rank), [Neighbour.parse(row) for row in rows]
