@@ -4,6 +4,7 @@ import itertools
 import json
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -93,15 +94,32 @@ def _quick(item: pytest.Item, known: dict[str, float]) -> bool:
 
 
 _durations: dict[str, float] = {}
+# When each test's phases ended, on which worker (the controller hears them all): var/test-timeline.tsv, to
+# see what a whole run's last minutes were spent on (which tests ran while cores stood idle).
+_timeline: list[tuple[float, float, str, str, str]] = []
+TIMELINE = Path(__file__).parents[1] / "var" / "test-timeline.tsv"
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+    worker = getattr(getattr(report, "node", None), "workerinput", {}).get("workerid", "-")
+    _timeline.append((time.time(), report.duration, worker, report.when or "", report.nodeid))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if not session.config.getoption("--record-durations") or hasattr(session.config, "workerinput"):
+    if hasattr(session.config, "workerinput"):
         return  # (under pytest-xdist the controller hears every worker's reports, and writes them)
+    if _timeline and not session.config.getoption("--quick"):
+        began = min(ended - seconds for ended, seconds, *_ in _timeline)
+        TIMELINE.parent.mkdir(exist_ok=True)
+        TIMELINE.write_text(
+            "".join(
+                f"{ended - seconds - began:.1f}\t{seconds:.1f}\t{worker}\t{when}\t{nodeid}\n"
+                for ended, seconds, worker, when, nodeid in sorted(_timeline)
+            )
+        )
+    if not session.config.getoption("--record-durations"):
+        return
     slow = {nodeid: round(seconds, 1) for nodeid, seconds in sorted(_durations.items()) if seconds >= 1.0}
     DURATIONS.write_text(json.dumps(slow, indent=0, ensure_ascii=False) + "\n")
 
