@@ -17,11 +17,13 @@ from celery.signals import (
     task_failure,
     task_postrun,
     task_prerun,
+    worker_init,
+    worker_process_init,
 )
 
 from queueing import instruments, logcontext
 
-from . import kombu_patches
+from . import kombu_patches, orphans
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "waitingroom_site.settings")
 kombu_patches.apply()  # a worker survives a Redis restart (see the module)
@@ -39,6 +41,20 @@ _in_beat = False
 def _beat_started(**_: Any) -> None:
     global _in_beat
     _in_beat = True
+
+
+@worker_init.connect
+def _worker_started(**_: Any) -> None:
+    """Once its parent (bin/run's supervisor) is gone, a worker's warm shutdown is bounded (orphans)."""
+    from django.conf import settings
+
+    orphans.exit_when_orphaned(settings.WR_WORKER_ORPHAN_GRACE_SECONDS)
+
+
+@worker_process_init.connect
+def _pool_process_started(**_: Any) -> None:
+    """A pool process ends when its worker's main process is gone, however that went (orphans)."""
+    orphans.die_with_parent()
 
 
 @after_task_publish.connect

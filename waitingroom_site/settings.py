@@ -224,6 +224,9 @@ if envbool("BEHIND_PROXY", False):
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
 # /readyz reports the beat stale after this long without an admission tick (as the liveness command does).
 WR_LIVENESS_STALE_SECONDS = float(os.environ.get("WR_LIVENESS_STALE_SECONDS", "30"))
+# A Celery worker whose parent (bin/run's supervisor) is gone ends itself after this long, its warm shutdown
+# unfinished or not (waitingroom_site/orphans.py); 0: never.
+WR_WORKER_ORPHAN_GRACE_SECONDS = float(os.environ.get("WR_WORKER_ORPHAN_GRACE_SECONDS", "10"))
 # Prometheus metrics (README "Metrics"): the path on every web process ('' for none); who may read it: a
 # peer address in these networks, or a request with `Authorization: Bearer <WR_METRICS_TOKEN>`.
 WR_METRICS_PATH = os.environ.get("WR_METRICS_PATH", "metrics").strip("/")
