@@ -31,9 +31,11 @@ import logging
 import os
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -160,17 +162,25 @@ class Pacer:
             self.loop.call_soon(self.run)
 
 
-_pacers: dict[asyncio.AbstractEventLoop, Pacer] = {}
+class PerLoop(Generic[T]):
+    """One object per running event loop (and per key it is asked with), made by `make(*key)` on first use;
+    those of closed loops are dropped when another is made (tests run many loops in one process)."""
+
+    def __init__(self, make: Callable[..., T]) -> None:
+        self.make = make
+        self.made: dict[tuple[Any, ...], T] = {}
+
+    def __call__(self, *key: Any) -> T:
+        loop = asyncio.get_running_loop()
+        found = self.made.get((loop, *key))
+        if found is None:
+            for old in [old for old in self.made if old[0].is_closed()]:
+                del self.made[old]
+            found = self.made[(loop, *key)] = self.make(*key)
+        return found
 
 
-def _pacer() -> Pacer:
-    loop = asyncio.get_running_loop()
-    found = _pacers.get(loop)
-    if found is None:
-        for old in [old for old in _pacers if old.is_closed()]:
-            del _pacers[old]
-        found = _pacers[loop] = Pacer(loop)
-    return found
+_pacer = PerLoop(lambda: Pacer(asyncio.get_running_loop()))
 
 
 class Keepalive:
@@ -216,17 +226,7 @@ class Keepalive:
             del held  # closed sockets are not kept for an interval
 
 
-_sweeps: dict[tuple[asyncio.AbstractEventLoop, float], Keepalive] = {}
-
-
-def _keepalive(interval: float) -> Keepalive:
-    loop = asyncio.get_running_loop()
-    found = _sweeps.get((loop, interval))
-    if found is None:
-        for old in [key for key in _sweeps if key[0].is_closed()]:
-            del _sweeps[old]
-        found = _sweeps[(loop, interval)] = Keepalive(interval)
-    return found
+_keepalive = PerLoop(Keepalive)  # one sweep per loop and interval
 
 
 class LeanSansIOProtocol(WebSocketsSansIOProtocol):

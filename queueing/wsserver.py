@@ -22,7 +22,7 @@ from channels.layers import get_channel_layer
 
 from . import instruments, realtime, selectors
 from .services import viewers as viewer_services
-from .wsprotocol import LeanSansIOProtocol
+from .wsprotocol import LeanSansIOProtocol, PerLoop
 
 logger = logging.getLogger(__name__)
 
@@ -473,17 +473,7 @@ class RollCall:
                 interval = 5.0  # the next will do; the clients' own polls notice meanwhile
 
 
-_routers: dict[asyncio.AbstractEventLoop, tuple[Router, RollCall]] = {}
-
-
-def _of_loop() -> tuple[Router, RollCall]:
-    loop = asyncio.get_running_loop()
-    found = _routers.get(loop)
-    if found is None:
-        for old in [old for old in _routers if old.is_closed()]:
-            del _routers[old]
-        found = _routers[loop] = (Router(), RollCall())
-    return found
+_of_loop = PerLoop(lambda: (Router(), RollCall()))
 
 
 def router() -> Router:
