@@ -34,6 +34,28 @@ def test_the_tick_task_admits_and_running_it_twice_does_no_harm(make_queue, api)
     assert store.snapshot(queue.slug).admitted == 3
 
 
+def test_a_tick_reads_the_database_the_same_number_of_times_for_any_number_of_queues(make_queue, db):
+    """Issue 49: each queue's tick read its row again (to see whether its schedule said to start or close),
+    though the tick had just read every row in one query: 2.3 ms of a worker's CPU per idle queue a second
+    (0.66 ms without it), which a test stack with 30 queues of earlier tests paid all run long."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from queueing import services
+
+    def queries_of_a_tick() -> int:
+        services.queues_tick(instance="counting")  # first: whatever a queue's first tick sets up
+        with CaptureQueriesContext(connection) as queries:
+            services.queues_tick(instance="counting")
+        return len(queries)
+
+    make_queue()
+    one = queries_of_a_tick()
+    for _ in range(4):
+        make_queue()
+    assert queries_of_a_tick() == one <= 3, one  # the queues, their levels, their texts; no query per queue
+
+
 def test_closed_queues_are_not_ticked(make_queue, api):
     queue = make_queue(capacity=3, burst=3, state="paused")
     api.post(f"/api/v1/queues/{queue.slug}/join", format="json", HTTP_X_VISITOR_ID=str(uuid.uuid4()))

@@ -143,10 +143,12 @@ def instance_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-def queue_schedule_step(slug: str, *, now: float | None = None) -> None:
-    """What the clock decides, run by every tick: the shuffle at the start, closing at the end."""
+def queue_schedule_step(slug: str, *, now: float | None = None, queue: Queue | None = None) -> None:
+    """What the clock decides, run by every tick: the shuffle at the start, closing at the end. `queue`: the
+    row as this tick read it (queues_tick reads them all in one query), else it is read here."""
     now = time.time() if now is None else now
-    queue = Queue.objects.filter(slug=slug).first()
+    if queue is None:
+        queue = Queue.objects.filter(slug=slug).first()
     if queue is None or queue.state == Queue.State.CLOSED:
         return
     moment = datetime.fromtimestamp(now, tz=UTC)
@@ -159,18 +161,21 @@ def queue_schedule_step(slug: str, *, now: float | None = None) -> None:
         queue_prequeue_shuffle(queue, now=now)
 
 
-def _lead(slug: str, *, instance: str | None, now: float | None) -> str | None:
+def _lead(slug: str, *, instance: str | None, now: float | None, queue: Queue | None = None) -> str | None:
     """Take or keep the queue's leader lease (seed 000); its holder runs what the clock decides. The
     lease token, or None when another instance leads."""
     token = store.leader(slug, instance_id=instance or instance_id(), ttl_ms=settings.WR_LEADER_TTL_MS)
     if token is not None:
-        queue_schedule_step(slug, now=now)
+        queue_schedule_step(slug, now=now, queue=queue)
     return token
 
 
-def queue_tick(*, slug: str, instance: str | None = None, now: float | None = None) -> store.AdmitReply | None:
-    """One admission tick: only the holder of the queue's leader lease admits (SPEC 3.2)."""
-    token = _lead(slug, instance=instance, now=now)
+def queue_tick(
+    *, slug: str, instance: str | None = None, now: float | None = None, queue: Queue | None = None
+) -> store.AdmitReply | None:
+    """One admission tick: only the holder of the queue's leader lease admits (SPEC 3.2). `queue`: the row
+    as the caller read it this tick, if it did."""
+    token = _lead(slug, instance=instance, now=now, queue=queue)
     if token is None:
         return None
     try:
@@ -206,7 +211,7 @@ def queue_window_tick_lead(
     *, queue: Queue, instance: str | None = None, now: float | None = None
 ) -> store.WindowStep | None:
     """A stateless queue's tick: only the holder of the queue's leader lease moves its window (seed 000)."""
-    token = _lead(queue.slug, instance=instance, now=now)
+    token = _lead(queue.slug, instance=instance, now=now, queue=queue)
     return None if token is None else queue_window_tick(queue=queue, leader_token=token, now=now)
 
 
@@ -229,5 +234,5 @@ def _queue_tick_any(queue: Queue, *, instance: str | None, now: float | None) ->
     if queue.is_stateless:
         step = queue_window_tick_lead(queue=queue, instance=instance, now=now)
         return int(step is not None and step.stepped)
-    reply = queue_tick(slug=queue.slug, instance=instance, now=now)
+    reply = queue_tick(slug=queue.slug, instance=instance, now=now, queue=queue)
     return 0 if reply is None else len(reply.admitted)
