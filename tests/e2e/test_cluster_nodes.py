@@ -404,6 +404,7 @@ def test_two_of_every_process_on_the_cluster_keep_the_policy_and_every_socket_he
     assert all(banner in node.log.read_text() for node in farm.nodes), farm.logs()
 
 
+REPLICATION_SLACK_S = 1.0  # how long before the cut a join's write may still be on its way to the replica
 MADE_AGAIN = r"(\d+) of them lost by a failover"  # a web process's count of the completions it made again
 
 
@@ -452,7 +453,10 @@ def test_a_master_killed_under_load_fails_over_with_503s_only_and_its_lost_ticke
     farm.cluster.kill(owner)
     joined = loads[victim].joined_at
     lost = {t for t, at in joined.items() if cut_at <= at <= killed_at}  # certainly: after the cut
-    maybe = {t for t, at in joined.items() if cutting_at <= at < cut_at}  # while it was being cut
+    # While it was being cut, or just before: replication is asynchronous, so a join the master answered a
+    # moment before the replica stopped may not have reached it (seen once: 4 restored, 3 joined after the
+    # cut and none while cutting).
+    maybe = {t for t, at in joined.items() if cutting_at - REPLICATION_SLACK_S <= at < cut_at}
     farm.cluster.processes[replica_port].send_signal(signal.SIGCONT)
     assert wait_for(lambda: replica_port in farm.cluster.master_ports() and farm.cluster.healthy(), 30)
     failover_s = time.time() - killed_at
