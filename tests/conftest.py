@@ -46,10 +46,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--record-durations", action="store_true", help=f"write each test's time to {DURATIONS.name}")
 
 
-# Last, so that the order is the one given here: pytest-django's own hook (tryfirst, like this one was) ran
-# after it and grouped the tests by their django_db marker, and the slowest began two or three minutes into
-# the run (the 224-s e2e sale at 120 s, the faults run at 167 s, the failover at 171 s).
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     known: dict[str, float] = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
     here = Path(__file__).parent
