@@ -136,8 +136,30 @@ DEFAULT_LEVELS = [
 ]
 
 
+class InQueueZone(admin.ModelAdmin):
+    """A change form whose times are typed and shown in a queue's own zone, not the server's (issue 47):
+    Django's forms convert in the active zone, and refuse a time that zone skips or repeats. The page is
+    rendered inside it too, for the times it shows and admin's "Now" shortcuts."""
+
+    def form_zone(self, request: HttpRequest, object_id: str | None) -> tzinfo:
+        raise NotImplementedError
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> Any:
+        with timezone.override(self.form_zone(request, object_id)):
+            response = super().changeform_view(request, object_id, form_url, extra_context)
+            if isinstance(response, SimpleTemplateResponse):
+                response.render()
+        return response
+
+
 @admin.register(Queue)
-class QueueAdmin(admin.ModelAdmin):
+class QueueAdmin(InQueueZone):
     list_display = (
         "slug",
         "name",
@@ -238,22 +260,9 @@ class QueueAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return ("slug", "protecting") if obj else ()
 
-    def changeform_view(
-        self,
-        request: HttpRequest,
-        object_id: str | None = None,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> Any:
-        """A queue's times are typed and shown in its own zone, not the server's (issue 47): Django's forms
-        convert in the active zone, and refuse a time that zone skips or repeats. The page is rendered
-        inside it too, for the times it shows and admin's "Now" shortcuts."""
+    def form_zone(self, request: HttpRequest, object_id: str | None) -> tzinfo:
         queue = self.get_object(request, unquote(object_id)) if object_id else None
-        with timezone.override(queue_zone(request, queue)):
-            response = super().changeform_view(request, object_id, form_url, extra_context)
-            if isinstance(response, SimpleTemplateResponse):
-                response.render()
-        return response
+        return queue_zone(request, queue)
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         """Each time is labelled with the zone it is read in, at that time's offset."""
@@ -401,7 +410,7 @@ class GenerateCodesForm(forms.Form):
 
 
 @admin.register(PriorityCode)
-class PriorityCodeAdmin(admin.ModelAdmin):
+class PriorityCodeAdmin(InQueueZone):
     list_display = ("code", "queue", "level", "uses", "max_uses", "expires_in_queue_zone")
     list_select_related = ("queue",)
     list_filter = ("queue", "level")
@@ -413,24 +422,10 @@ class PriorityCodeAdmin(admin.ModelAdmin):
         """In the queue's own zone, named, as its sale times are shown (issue 47, item 7)."""
         if code.expires_at is None:
             return "never"
-        zone = queue_zone(None, code.queue)
+        zone = code.queue.zone
         return f"{code.expires_at.astimezone(zone):%Y-%m-%d %H:%M} {zone_named(zone, code.expires_at)}"
 
-    def changeform_view(
-        self,
-        request: HttpRequest,
-        object_id: str | None = None,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> Any:
-        """A code's expiry is typed and shown in its queue's zone (the server's for a code not yet saved)."""
-        with timezone.override(self.code_zone(request, object_id)):
-            response = super().changeform_view(request, object_id, form_url, extra_context)
-            if isinstance(response, SimpleTemplateResponse):
-                response.render()
-        return response
-
-    def code_zone(self, request: HttpRequest, object_id: str | None) -> tzinfo:
+    def form_zone(self, request: HttpRequest, object_id: str | None) -> tzinfo:
         """The code's queue's zone; for a new code, that of the queue posted with it, else the server's."""
         code = self.get_object(request, unquote(object_id)) if object_id else None
         posted = request.POST.get("queue", "")
@@ -439,7 +434,7 @@ class PriorityCodeAdmin(admin.ModelAdmin):
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         form = super().get_form(request, obj, change, **kwargs)
-        zone = queue_zone(None, obj.queue) if obj else timezone.get_current_timezone()
+        zone = obj.queue.zone if obj else timezone.get_current_timezone()
         if "expires_at" in form.base_fields:
             form.base_fields["expires_at"].help_text = f"In {zone_named(zone, timezone.now())}: the queue's."
         return form
