@@ -293,16 +293,18 @@ def test_losing_redis_keeps_every_stateless_ticket_and_never_reissues_a_number(m
     t0 = clock.now
     queue = make_queue(mode="stateless", window_size=2, window_interval=5)
     old = [joined(queue.slug, t0) for _ in range(6)]
-    services.queues_tick(now=t0 + 5)  # 1-2 through; the tick notes where the window and the numbers are
+    # (The window began when the queue was made, a moment after t0: its first step is due a moment after t0 + 5.)
+    services.queues_tick(now=t0 + 6)  # 1-2 through; the tick notes where the window and the numbers are
+    assert [state(t, t0 + 6) for t in old] == ["admitted"] * 2 + ["waiting"] * 4
     private_redis.flushall()
-    services.queues_tick(now=t0 + 6)
+    services.queues_tick(now=t0 + 7)  # the next epoch begins where the window was, not a step further
     queue.refresh_from_db()
     assert queue.epoch == 2 and QueueChange.objects.filter(queue=queue, action="epoch").exists()
-    new = joined(queue.slug, t0 + 6)
+    new = joined(queue.slug, t0 + 7)
     assert new.number > queue.seq_reserved - settings.WR_SEQ_BLOCK >= max(t.number for t in old)
-    assert [state(t, t0 + 6) for t in old] == ["admitted"] * 2 + ["waiting"] * 4
-    assert modes.status(claims=old[2], now=t0 + 6).position == 1
-    assert modes.status(claims=new, now=t0 + 6).position == 5  # right behind the old ones
+    assert [state(t, t0 + 7) for t in old] == ["admitted"] * 2 + ["waiting"] * 4
+    assert modes.status(claims=old[2], now=t0 + 7).position == 1
+    assert modes.status(claims=new, now=t0 + 7).position == 5  # right behind the old ones
 
 
 def test_switching_a_queue_to_stateless_sends_its_visitors_to_join_again(make_queue, clock, api):

@@ -16,7 +16,7 @@ from django.db.models import Exists, F, OuterRef
 from django.db.models.functions import Greatest
 
 from .. import clock, health, instruments, logcontext, realtime, selectors, store
-from ..models import PriorityCode, Queue
+from ..models import PriorityCode, Queue, QueueShuffle
 from .audit import queue_change_record
 from .config import queue_update
 from .recovery import needs_sync, queue_config_sync, with_policy
@@ -178,10 +178,12 @@ def queue_tick(
     token = _lead(slug, instance=instance, now=now, queue=queue)
     if token is None:
         return None
-    try:
-        queue_outflow_adapt(slug=slug, leader_token=token, now=now)
-    except Exception:  # admission goes on at the rate in force: adapting is secondary to admitting
-        logger.exception("adaptive outflow step failed for queue %s", slug)
+    # A row that says the outflow is fixed spares the step its read of the mirrored policy (a whole HGETALL).
+    if queue is None or queue.adaptive_outflow:
+        try:
+            queue_outflow_adapt(slug=slug, leader_token=token, now=now)
+        except Exception:  # admission goes on at the rate in force: adapting is secondary to admitting
+            logger.exception("adaptive outflow step failed for queue %s", slug)
     return queue_admit(slug=slug, now=now, leader_token=token)
 
 
@@ -222,6 +224,9 @@ def queues_tick(*, instance: str | None = None, now: float | None = None) -> int
     queues = Queue.objects.exclude(state=Queue.State.CLOSED).prefetch_related("priority_levels", "texts")
     # Whether each offers a code box (Queue.takes_codes), in the same query rather than one a queue a tick.
     queues = queues.annotate(has_codes=Exists(PriorityCode.objects.filter(queue=OuterRef("pk"))))
+    # Whether its pre-queue's draw is still to come (what the mirrored policy says), the same way.
+    waits = QueueShuffle.objects.filter(queue=OuterRef("pk"), starts_at=OuterRef("starts_at"), revealed_at=None)
+    queues = queues.annotate(shuffle_waits=Exists(waits))
     for queue in queues:
         with logcontext.about(queue=queue.slug):
             admitted += _queue_tick_any(queue, instance=instance, now=now)
@@ -229,8 +234,9 @@ def queues_tick(*, instance: str | None = None, now: float | None = None) -> int
 
 
 def _queue_tick_any(queue: Queue, *, instance: str | None, now: float | None) -> int:
-    # Re-mirroring the policy each tick heals a Redis that lost it (restart, failover).
-    queue_config_sync(queue)
+    # Mirroring the policy whenever Redis does not hold the database's heals a Redis that lost it (a restart,
+    # a failover) and a change saved around the service or not committed after Redis took it.
+    queue_config_sync(queue, now=now, unless_held=True)
     if queue.is_stateless:
         step = queue_window_tick_lead(queue=queue, instance=instance, now=now)
         return int(step is not None and step.stepped)

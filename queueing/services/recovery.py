@@ -4,11 +4,13 @@ reserved ahead, and, after a loss, earlier tickets given back their places."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import redis
 from django.conf import settings
@@ -56,56 +58,87 @@ def needs_sync(reply: store.TicketReply | store.AdmitReply) -> bool:
     return reply.outcome in ("no_config", "no_seq")
 
 
-def queue_config_sync(queue: Queue, *, now: float | None = None) -> None:
+def queue_config_sync(queue: Queue, *, now: float | None = None, unless_held: bool = False) -> None:
     """Mirror the queue's policy into Redis, where joins, polls and ticks read it; start the live state's
-    epoch if Redis has none (a new queue, or lost state) and keep sequence numbers reserved ahead."""
-    live = _config_write(queue)
+    epoch if Redis has none (a new queue, or lost state) and keep sequence numbers reserved ahead.
+
+    `unless_held` (the tick's, each second for every queue): write only when Redis does not hold this very
+    mirror (its digest differs: a change saved without the service, a change Redis took whose commit then
+    failed, a Redis that lost it). Writing it unchanged every second cost each queue config.lua's run.
+    """
+    mirror = _Mirror.of(queue)
+    live = None
+    if unless_held:
+        digest, held = store.config_held(queue.slug, window=queue.is_stateless)
+        live = held if digest == mirror.digest else None
+    if live is None:
+        live = _config_write(queue, mirror, now=now)
     if live.epoch != queue.epoch or queue.seq_reserved - live.seq < settings.WR_SEQ_BLOCK // 2:
         queue_live_state_ensure(queue.pk, now=now)
 
 
-def _config_write(queue: Queue) -> store.LiveState:
+class _Mirror(NamedTuple):
+    """What Redis holds of a queue's row: the policy every script reads, and a stateless queue's window."""
+
+    policy: dict[str, Any]
+    window: dict[str, Any] | None
+    gaps: dict[int, int]
+    digest: str  # of all the above but the time of writing: the same row, the same digest
+
+    @classmethod
+    def of(cls, queue: Queue) -> _Mirror:
+        policy = {**queue.policy(), "seq_max": queue.seq_reserved, "leader_ttl_ms": settings.WR_LEADER_TTL_MS}
+        # Until the pre-queue's shuffle is done nobody is admitted: its order is not yet the one to follow.
+        # (The tick's query says whether it is, as `shuffle_waits`, for every queue at once.)
+        pending = getattr(queue, "shuffle_waits", None)
+        if pending is None:
+            pending = (
+                queue.starts_at is not None
+                and queue.shuffles.filter(starts_at=queue.starts_at, revealed_at__isnull=True).exists()
+            )
+        policy["shuffle_pending"] = "1" if pending else "0"
+        window = None
+        gaps: dict[int, int] = {}
+        if queue.is_stateless:
+            window = {
+                "state": queue.state,
+                "size": queue.window_size,
+                "interval_ms": queue.window_interval * 1000,
+                "windows": queue.active_windows,
+                "starts_ms": policy["starts_at_ms"],
+                "ends_ms": policy["ends_at_ms"],
+                "prequeue_ms": policy["prequeue_opens_at_ms"],
+                "target_url": queue.target_url,
+                "session_ttl": queue.session_ttl,
+                "shuffle_pending": policy["shuffle_pending"],
+                "name": queue.name,
+                "max": queue.seq_reserved,
+                "max_waiting": queue.max_waiting,
+                "pow": queue.pow_difficulty,
+                "capacity": queue.capacity,
+                "capacity_source": queue.capacity_source,
+            }
+            gaps = {int(epoch): int(gap) for epoch, gap in queue.window_gaps.items()}
+        text = json.dumps([policy, window, sorted(gaps.items())], sort_keys=True, default=str)
+        return cls(policy, window, gaps, hashlib.blake2b(text.encode(), digest_size=12).hexdigest())
+
+
+def _config_write(queue: Queue, mirror: _Mirror | None = None, *, now: float | None = None) -> store.LiveState:
     """Write the policy (and, in stateless mode, what the window needs of it); the live state's epoch
-    and last number as Redis has them."""
-    policy = {
-        **queue.policy(),
-        "seq_max": queue.seq_reserved,
-        "leader_ttl_ms": settings.WR_LEADER_TTL_MS,
-        "synced_at": int(time.time()),
-    }
-    # Until the pre-queue's shuffle is done nobody is admitted: its order is not yet the one to follow.
-    pending = (
-        queue.starts_at is not None
-        and queue.shuffles.filter(starts_at=queue.starts_at, revealed_at__isnull=True).exists()
-    )
-    policy["shuffle_pending"] = "1" if pending else "0"
+    and last number as Redis has them. The digest is written last, with the policy (config.lua) or after
+    the window: one that Redis holds says that all of it was written."""
+    mirror = mirror or _Mirror.of(queue)
+    policy = {**mirror.policy, "synced_at": int(time.time() if now is None else now)}
+    if mirror.window is None:
+        policy["digest"] = mirror.digest
     live = store.config_write(queue.slug, policy)
     if live.state_changed:  # told by whichever write changed it in Redis: once per change
         realtime.send([realtime.queue_state(queue.slug, live.state_changed)])
-    if not queue.is_stateless:
+    if mirror.window is None:
         return live
     if not live.taken:  # an older copy of the queue than the one Redis holds: the window keeps the newer
         return store.window_live_state(queue.slug)
-    window = {
-        "state": queue.state,
-        "size": queue.window_size,
-        "interval_ms": queue.window_interval * 1000,
-        "windows": queue.active_windows,
-        "starts_ms": policy["starts_at_ms"],
-        "ends_ms": policy["ends_at_ms"],
-        "prequeue_ms": policy["prequeue_opens_at_ms"],
-        "target_url": queue.target_url,
-        "session_ttl": queue.session_ttl,
-        "shuffle_pending": policy["shuffle_pending"],
-        "name": queue.name,
-        "max": queue.seq_reserved,
-        "max_waiting": queue.max_waiting,
-        "pow": queue.pow_difficulty,
-        "capacity": queue.capacity,
-        "capacity_source": queue.capacity_source,
-    }
-    gaps = {int(epoch): int(gap) for epoch, gap in queue.window_gaps.items()}
-    return store.window_config_write(queue.slug, window, gaps)
+    return store.window_config_write(queue.slug, mirror.window, mirror.gaps, digest=mirror.digest)
 
 
 def queue_live_state_ensure(queue_pk: int, *, now: float | None = None, switched: bool = False) -> Queue:

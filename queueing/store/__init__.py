@@ -71,6 +71,7 @@ from .limits import LimitCall, LimitReply, limit_hit
 from .liveness import alive_key, alive_mark, alive_mark_read, beat_lease, cluster_epoch, ping
 from .state import (
     LiveState,
+    config_held,
     config_read,
     config_write,
     epoch_start,
@@ -184,6 +185,7 @@ __all__ = [
     "cluster_epoch",
     "clustered",
     "complete",
+    "config_held",
     "config_read",
     "config_write",
     "epoch_start",

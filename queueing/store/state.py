@@ -27,6 +27,24 @@ class LiveState(NamedTuple):
     state_changed: str = ""
 
 
+def config_held(slug: str, *, window: bool = False) -> tuple[str, LiveState]:
+    """The digest of the policy Redis holds (written with it: config.lua, window_config_write) and the live
+    state, in one round trip: what a tick needs to see that nothing is to be mirrored. `window`: the live
+    state of a stateless queue's window instead of the tracked one's."""
+    keys = queue_keys(slug)
+    pipe = client().pipeline(transaction=False)
+    pipe.hmget(keys.cfg, "digest", "live_epoch", "server_moved")
+    if window:
+        pipe.hmget(keys.win, "live", "next")
+    else:
+        pipe.hget(keys.st, "seq")
+    (digest, epoch, moved_from), seq = pipe.execute()
+    if window:
+        epoch, seq = seq
+        moved_from = ""
+    return digest or "", LiveState(int(epoch) if epoch else None, int(seq or 0), moved_from or "")
+
+
 def config_write(slug: str, policy: dict[str, Any]) -> LiveState:
     """Mirror a queue's policy into Redis, where every script reads it (no SQL on the hot path), and
     read back which epoch the live state runs in, in the same round trip."""

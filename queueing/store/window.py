@@ -178,19 +178,23 @@ def window_tick(slug: str, *, now_ms: int, leader_token: str = "") -> WindowStep
     return WindowStep.parse(run("window/tick", [keys.win, keys.leader], [now_ms, leader_token]))
 
 
-def window_config_write(slug: str, fields: dict[str, Any], gaps: dict[int, int]) -> LiveState:
-    """Mirror what the window needs of the policy into its HASH; read back its epoch and last number."""
+def window_config_write(slug: str, fields: dict[str, Any], gaps: dict[int, int], *, digest: str = "") -> LiveState:
+    """Mirror what the window needs of the policy into its HASH; read back its epoch and last number.
+    `digest`: of the whole mirror, written into the policy's HASH after the window (state.config_held)."""
     mapping: dict[Any, Any] = {k: ("" if v is None else str(v)) for k, v in fields.items()}
     mapping.update({f"gap:{epoch}": str(gap) for epoch, gap in gaps.items()})
-    return window_live_state(slug, mapping=mapping)
+    return window_live_state(slug, mapping=mapping, digest=digest)
 
 
-def window_live_state(slug: str, *, mapping: dict[Any, Any] | None = None) -> LiveState:
+def window_live_state(slug: str, *, mapping: dict[Any, Any] | None = None, digest: str = "") -> LiveState:
     """The window's epoch and last number (after writing `mapping` into it, if given)."""
-    key = queue_keys(slug).win
+    keys = queue_keys(slug)
+    key = keys.win
     pipe = client().pipeline(transaction=False)
     if mapping:
         pipe.hset(key, mapping=mapping)
+    if digest:
+        pipe.hset(keys.cfg, "digest", digest)
     pipe.hmget(key, ["live", "next"])
     *_, (epoch, number) = pipe.execute()
     return LiveState(int(epoch) if epoch else None, int(number or 0))
