@@ -63,6 +63,7 @@ class Load:
         self.slug, self.api_key, self.connect, self.prefix = slug, api_key, connect, prefix
         self.tickets: dict[str, str] = {}  # ticket id -> ticket token
         self.joined_at: dict[str, float] = {}  # ticket id -> when its join was answered
+        self.join_sent_at: dict[str, float] = {}  # ticket id -> when its join was sent (by _join)
         self.finished: set[str] = set()
         self.record = Record()
         self.stopping = threading.Event()
@@ -91,6 +92,7 @@ class Load:
         """Visitors keep joining, through any web server (a 503 is counted, as every answer is)."""
         with self._clients() as clients:
             while not self.stopping.wait(1 / per_second) and not self.joining.is_set():
+                sent = time.time()
                 answer = self._call(
                     random.choice(clients),
                     "POST",
@@ -103,6 +105,7 @@ class Load:
                     body = answer.json()
                     self.tickets[body["ticket_id"]] = body["ticket"]
                     self.joined_at[body["ticket_id"]] = time.time()
+                    self.join_sent_at[body["ticket_id"]] = sent
 
     def _call(
         self, client: httpx.Client, method: str, path: str, ok: Sequence[int] = (200, 204), **kwargs: Any
