@@ -152,7 +152,7 @@ def measure(tickets: int, calls: int, rounds: int = 3) -> dict[str, Any]:
     # wait (lua/_estimates.lua estimate_wait).
     services.queue_configure(slug="bench", changes={"state": "open"}, actor_label="bench")
     now_ms = int(time.time() * 1000)
-    # walking away by time waited (a rate per band, lua/_estimates.lua HAZARD_BANDS); the head's join
+    # walking away by time waited (a rate per band, lua/_walkaways.lua HAZARD_BANDS); the head's join
     learnt = ("0.05 0.02 0.01 0.005 0.002 0.002 0.002 0.002", now_ms - 60_000)
     # the tick's look at the line, as silent_look writes it: 12 places of the 48 it looked at, each with its
     # wait, the tickets looked at up to it and how many of those were found silent (one in five)
@@ -205,7 +205,7 @@ def measure(tickets: int, calls: int, rounds: int = 3) -> dict[str, Any]:
     )
     # The leader's tick, once a second per queue, on the same slots: it looks at 24 of the slots held (each
     # one's record too, to know whether it was let in at its join), adds their seconds per band of time
-    # held, works out the life table and draws the curve of slots back (lua/_estimates.lua returns_look),
+    # held, works out the life table and draws the curve of slots back (lua/_holds.lua returns_look),
     # and looks at the line. Paused, so that it admits nobody and every call does the same work; the
     # record of holds is written in the 14 bands of before, which a version of 28 reads into its own at
     # the first call (and saves so).

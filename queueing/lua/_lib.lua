@@ -17,7 +17,7 @@
 --   KEYS[9] away      ZSET  waiting tickets found absent at the head, score = last seen (s); their
 --                           line score is kept in the record and restored when they are seen again
 --   KEYS[10] waits    LIST  "<ticket id> <joined ms> <admitted ms> <estimate at join s, -1 unknown>" per
---                           admission, drained by the dashboard's snapshot task (capped at WAITS_KEEP)
+--                           admission, drained by the dashboard's snapshot task (capped at WAITS_KEEP, _transitions.lua)
 --   KEYS[11] restore  HASH  sequence number -> line score of pre-queue tickets after the shuffle, written
 --                           when an epoch starts after lost state (epoch.lua), gone after the window
 --
@@ -29,40 +29,44 @@
 -- A ticket id is "<seq, 10 digits>.<visitor key>": fixed width, so tickets with equal placement scores
 -- sort by sequence number (first come, first served), and the record is found from the id alone.
 -- The current time always comes from Python (ARGV), never from the Redis server.
+--!exports: K_CFG K_ST K_LINE K_TK K_CLAIMS K_SESSIONS K_DONE K_LEADER K_AWAY K_WAITS K_RESTORE K_LINE_I
+--!exports: K_LINE_F LINE WAITING ADMITTED ACTIVE COMPLETED EXPIRED REVOKED R_SEQ R_STATUS R_PRI R_JOINED
+--!exports: R_SEEN R_NAME R_EST R_FENCE R_ADMITTED R_DEADLINE R_EXPIRES R_ENDED R_REASON R_LINE_SCORE
+--!exports: RATE_TAU_S WAIT_LO_FIRST WAIT_HI_FIRST MOVES LAPSED bind ticket_id vk_of fmt load save has_record
+--!exports: forget hash_table moved numbers band_in fmt_all
 
-local K_CFG, K_ST, K_LINE, K_TK, K_CLAIMS, K_SESSIONS, K_DONE, K_LEADER, K_AWAY, K_WAITS, K_RESTORE  -- bind()
-local K_LINE_I, K_LINE_F  -- bind(): the line's bucket index and count tree (line_add below)
-local LINE  -- this call's copy of the line's count, tail and base (line_meta below; bind() forgets it)
-local WAITS_KEEP = 20000  -- samples not yet drained (the task runs every 10 s): the newest are kept
+-- Set by bind() for each call: the KEYS above; the line's bucket index and count tree (line_add); this call's
+-- copy of the line's count, tail and base (line_meta).
+K_CFG, K_ST, K_LINE, K_TK, K_CLAIMS, K_SESSIONS, K_DONE, K_LEADER, K_AWAY, K_WAITS, K_RESTORE = nil
+K_LINE_I, K_LINE_F, LINE = nil
 
 -- The policy fields scripts read, in the order of cfg's packed copy ('packed'): a JSON array (text, like
 -- every field of cfg; false for a field not set) that `policy()` reads with one HMGET. Building the
 -- policy from HGETALL (42 fields, each a new Lua string, into a table that grows as it goes) cost 12 µs
 -- of a status poll's Redis time; from the array, 3.6 µs. config.lua and epoch.lua, the only scripts that
 -- write cfg, call policy_pack() after they write.
-local WAITING, ADMITTED, ACTIVE, COMPLETED, EXPIRED, REVOKED = 1, 2, 3, 4, 5, 6
+WAITING, ADMITTED, ACTIVE, COMPLETED, EXPIRED, REVOKED = 1, 2, 3, 4, 5, 6
 
 -- Record fields. A waiting ticket stores only the first seven (small: this is per waiting visitor).
-local R_SEQ, R_STATUS, R_PRI, R_JOINED, R_SEEN, R_NAME, R_EST = 1, 2, 3, 4, 5, 6, 7
-local R_FENCE, R_ADMITTED, R_DEADLINE, R_EXPIRES, R_ENDED, R_REASON = 8, 9, 10, 11, 12, 13
-local R_LINE_SCORE = 14  -- the ticket's line score when it is not its sequence number, or it is parked
+R_SEQ, R_STATUS, R_PRI, R_JOINED, R_SEEN, R_NAME, R_EST = 1, 2, 3, 4, 5, 6, 7
+R_FENCE, R_ADMITTED, R_DEADLINE, R_EXPIRES, R_ENDED, R_REASON = 8, 9, 10, 11, 12, 13
+R_LINE_SCORE = 14  -- the ticket's line score when it is not its sequence number, or it is parked
 -- 15 (R_BUCKET, bucket_take): the status limiter's bucket, after `false` in each field before it not set
 
 local SEQ_DIGITS = 10
-local RATE_TAU_S = 30
-local TICK_S = 1  -- the beat's admission tick (settings: CELERY_BEAT_SCHEDULE)
--- wait_learn's first range, ln 0.7 .. ln 1.4 (no math library while the library loads), and its step.
-local WAIT_LO_FIRST, WAIT_HI_FIRST, WAIT_STEP, WAIT_STEP_MIN = -0.3566749, 0.3364722, 0.12, 0.01
+RATE_TAU_S = 30
+-- wait_learn's first range, ln 0.7 .. ln 1.4 (no math library while the library loads).
+WAIT_LO_FIRST, WAIT_HI_FIRST = -0.3566749, 0.3364722
 
 -- How this call moved other visitors' places, for the queue_move event: {op, rank, count} with op '-'
 -- (count tickets left the line at that rank) or '+' (count tickets were placed at that rank, pushing
 -- those at and behind it back). Consecutive moves at one rank merge. See moves_reply().
-local MOVES = {}
+MOVES = {}
 local WHERE = {}  -- where load() found each visitor's record in this call, so save() can move it
-local LAPSED = {}  -- claims that lapsed unclaimed in this call (expire_slots), each one's age: walk-aways after all
+LAPSED = {}  -- claims that lapsed unclaimed in this call (expire_slots), each one's age: walk-aways after all
 
 -- Every queue script starts here: its keys, and no moves yet (the library's locals outlive a call).
-local function bind(KEYS)
+function bind(KEYS)
   K_CFG, K_ST, K_LINE, K_TK = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
   K_CLAIMS, K_SESSIONS, K_DONE, K_LEADER, K_AWAY = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
   K_WAITS, K_RESTORE = KEYS[10], KEYS[11]
@@ -73,15 +77,15 @@ end
 
 local TICKET_ID = '%0' .. SEQ_DIGITS .. 'd.%s'
 
-local function ticket_id(seq, vk)
+function ticket_id(seq, vk)
   return string.format(TICKET_ID, seq, vk)
 end
 
-local function vk_of(tid)
+function vk_of(tid)
   return string.sub(tid, SEQ_DIGITS + 2)
 end
 
-local function fmt(x)
+function fmt(x)
   -- Redis truncates Lua numbers to integers in replies and hashes: keep fractions as strings.
   return string.format('%.17g', x)
 end
@@ -98,7 +102,7 @@ local function record_slot(vk)
   return K_TK .. ':' .. string.sub(vk, 1, 2)
 end
 
-local function load(vk)
+function load(vk)
   local key = record_slot(vk)
   local raw = redis.call('HGET', key, vk)
   if raw then
@@ -114,7 +118,7 @@ local function load(vk)
   return cmsgpack.unpack(raw)
 end
 
-local function save(vk, rec)
+function save(vk, rec)
   local packed = cmsgpack.pack(rec)
   local key = K_TK
   if rec[R_STATUS] == WAITING and #packed <= RECORD_SMALL then key = record_slot(vk) end
@@ -125,29 +129,55 @@ local function save(vk, rec)
 end
 
 -- Whether the visitor has a record (without reading it).
-local function has_record(vk)
+function has_record(vk)
   return redis.call('HEXISTS', record_slot(vk), vk) == 1 or redis.call('HEXISTS', K_TK, vk) == 1
 end
 
 -- Drop a visitor's record, wherever it is.
-local function forget(vk)
+function forget(vk)
   redis.call('HDEL', record_slot(vk), vk)
   redis.call('HDEL', K_TK, vk)
   WHERE[vk] = nil
 end
 
-local function hash_table(key)
+function hash_table(key)
   local flat = redis.call('HGETALL', key)
   local t = {}
   for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
   return t
 end
 
-local function moved(op, rank)
+function moved(op, rank)
   local last = MOVES[#MOVES]
   if last and last[1] == op and last[2] == rank then
     last[3] = last[3] + 1
   else
     MOVES[#MOVES + 1] = {op, rank, 1}
   end
+end
+
+-- The numbers of a counter kept as 'x y z' (thetas, hz, hzl, svh, svx, svr), or nil when it holds other than n.
+function numbers(text, n)
+  local v = {}
+  for x in string.gmatch(text or '', '%S+') do v[#v + 1] = tonumber(x) or 0 end
+  if #v ~= n then return nil end
+  return v
+end
+
+-- The band of x among the bands that start at edges[1 .. nb]: the last to start at or below x (the first,
+-- below them all).
+function band_in(edges, nb, x)
+  local lo, hi = 1, nb  -- (halving: the holds' curve asks some two thousand times a tick, of 28 bands)
+  while lo < hi do
+    local mid = math.floor((lo + hi + 1) / 2)
+    if x < edges[mid] then hi = mid - 1 else lo = mid end
+  end
+  return lo
+end
+
+-- A counter's numbers as numbers() reads them.
+function fmt_all(v)
+  local out = {}
+  for i = 1, #v do out[#out + 1] = string.format('%.6g', v[i]) end
+  return table.concat(out, ' ')
 end

@@ -1,4 +1,6 @@
 -- _line.lua: the line in buckets, and a place in it found by counting (part of the library: _lib.lua).
+--!exports: LINE_LAYOUT line_count line_score_of line_score_keep line_add line_rank line_has line_drop
+--!exports: line_remove line_range line_upgrade
 
 -- The line (KEYS[3] names it): waiting tickets in order of score, then ticket id, kept in buckets. A
 -- bucket `line:<b>` is a ZSET of the scores in [b x LINE_WIDTH, (b + 1) x LINE_WIDTH), small enough that
@@ -21,7 +23,7 @@
 local LINE_WIDTH = 64  -- level 0 joiners fill a bucket half; priority joiners placed among them, the rest
 local LINE_BITS = 16
 local LINE_SIZE = 2 ^ LINE_BITS  -- buckets the tree counts, from its base: 4.2 million places of score
-local LINE_LAYOUT = 2  -- cfg 'line_layout': 2 = buckets; a policy packed before them is not live (upgrade)
+LINE_LAYOUT = 2  -- cfg 'line_layout': 2 = buckets; a policy packed before them is not live (upgrade)
 
 -- The base is set when the line starts from empty, at the first score's bucket; it moves down when a
 -- score comes from below it (line_rebase) and stays otherwise while anyone is in line: buckets are a
@@ -50,7 +52,7 @@ local function line_meta()
 end
 
 -- Everyone in line.
-local function line_count()
+function line_count()
   return line_meta().n
 end
 
@@ -151,13 +153,13 @@ local function bucket_at(rank)
 end
 
 -- A waiting ticket's score: its sequence number unless its record keeps another.
-local function line_score_of(rec)
+function line_score_of(rec)
   return rec[R_LINE_SCORE] or rec[R_SEQ]
 end
 
 -- Keep `score` in the record when it is not the sequence number (false holds the places before it:
 -- msgpack keeps an array without holes); a record back at its sequence number loses the field.
-local function line_score_keep(rec, score)
+function line_score_keep(rec, score)
   if score ~= rec[R_SEQ] then
     while #rec < R_LINE_SCORE - 1 do rec[#rec + 1] = false end
     rec[R_LINE_SCORE] = score
@@ -253,7 +255,7 @@ local function line_rebase(low)
   end
 end
 
-local function line_add(tid, score)
+function line_add(tid, score)
   local meta = line_meta()
   if meta.n > 0 and math.floor(score / LINE_WIDTH) < meta.base then line_rebase(math.floor(score / LINE_WIDTH)) end
   local b = line_bucket(score)
@@ -283,7 +285,7 @@ end
 
 -- The ticket's place (0-based), or nil when it is not in line at that score. A poll's first read of the
 -- line: with the base last seen, its figures and the tree fields ahead of the bucket come in one HMGET.
-local function line_rank(tid, score)
+function line_rank(tid, score)
   local guess = BASES[K_LINE]
   if LINE == nil and guess then
     local b = bucket_of(score, guess)
@@ -302,12 +304,12 @@ local function line_rank(tid, score)
   return line_before(b) + r
 end
 
-local function line_has(tid, score)
+function line_has(tid, score)
   return redis.call('ZSCORE', bucket_key(line_bucket(score)), tid) ~= false
 end
 
 -- Take a ticket out of the line; its place, or nil when it was not there. Nobody is told (line_remove).
-local function line_drop(tid, score)
+function line_drop(tid, score)
   local meta = line_meta()
   local b = line_bucket(score)
   local key = bucket_key(b)
@@ -333,13 +335,13 @@ local function line_drop(tid, score)
 end
 
 -- Take a ticket out of the line (if it is there), noting the place it left.
-local function line_remove(tid, score)
+function line_remove(tid, score)
   local rank = line_drop(tid, score)
   if rank then moved('-', rank) end
 end
 
 -- The tickets at places start .. stop (inclusive; -1: the last), and their scores, in line order.
-local function line_range(start, stop)
+function line_range(start, stop)
   local members, scores = {}, {}
   local n = line_count()
   if stop < 0 then stop = n + stop end
@@ -374,7 +376,7 @@ end
 -- A line kept before the buckets (one ZSET at K_LINE itself) moves into them, scores into the records;
 -- once, from policy_pack(), whose packed policy then says the layout: until then no script runs on the
 -- queue (a policy packed before says no layout, and reads as not live: Python writes it again).
-local function line_upgrade()
+function line_upgrade()
   if redis.call('TYPE', K_LINE).ok == 'zset' then
     local flat = redis.call('ZRANGE', K_LINE, 0, -1, 'WITHSCORES')
     for i = 1, #flat, 2 do

@@ -1,5 +1,7 @@
 -- _policy.lua: the policy as the scripts read it, the counters a poll reads, the token bucket, a priority
 -- joiner's place (part of the library: _lib.lua).
+--!exports: figure_stats num policy_pack server_id policy admitting capacity_now used_slots bucket_tokens
+--!exports: whole_tokens bucket_save rate_update ema_update poll_figures figures priority_place
 
 -- The counters a poll reads: figures() and estimate_wait() (HGETALL would build every other one too).
 local FIGURE_FIELDS = {
@@ -7,20 +9,20 @@ local FIGURE_FIELDS = {
   'w_lo', 'w_hi', 'silent', 'pri', 'head_js', 'lj', 'svr', 'svm', 'svo',
 }
 
-local function figure_stats()
+function figure_stats()
   local values = redis.call('HMGET', K_ST, unpack(FIGURE_FIELDS))
   local t = {}
   for i = 1, #FIGURE_FIELDS do t[FIGURE_FIELDS[i]] = values[i] or nil end
   return t
 end
 
-local function num(t, field, default)
+function num(t, field, default)
   local v = tonumber(t[field])
   if v == nil then return default end
   return v
 end
 
-local function policy_pack()
+function policy_pack()
   local POLICY_FIELDS = {
     'state', 'live_epoch', 'epoch', 'outflow_per_minute', 'adaptive_outflow', 'capacity', 'capacity_source',
     'burst', 'session_ttl', 'claim_ttl', 'presence_timeout', 'abandon_timeout', 'max_waiting',
@@ -90,7 +92,7 @@ end
 -- as long as its Lua state, which a restart (or a new library) makes again.
 local THIS_SERVER = nil
 
-local function server_id()
+function server_id()
   if not THIS_SERVER then
     local ok, id = pcall(redis.call, 'CLUSTER', 'MYID')
     THIS_SERVER = ok and ('c' .. id) or ('r' .. string.match(redis.call('INFO', 'server'), 'run_id:(%x+)'))
@@ -118,7 +120,7 @@ local function server_moved(p)
   return known ~= ''
 end
 
-local function policy()
+function policy()
   local raw = redis.call('HMGET', K_CFG, 'packed', 'live_epoch')
   if not raw[1] or not raw[2] then return nil end
   local p = POLICIES[raw[1]]
@@ -138,7 +140,7 @@ end
 
 -- Open, past the scheduled start (before it, visitors wait in a pre-queue and nobody is admitted), the
 -- pre-queue's shuffle done (until then its order is not the one admission must follow), not past the end.
-local function admitting(p, now)
+function admitting(p, now)
   return p.state == 'open' and now >= p.starts_at_ms and not p.shuffle_pending
     and (p.ends_ms == 0 or now < p.ends_ms)
 end
@@ -146,12 +148,12 @@ end
 -- The slots admission may fill. After lost state (epoch.lua) the sessions that were live are unknown but
 -- were at most capacity; until the hold ends, each one that came back (restored_sessions) proves one slot
 -- free of them, so only that many slots count: new admissions fill only slots restored sessions left.
-local function capacity_now(p, st, now)
+function capacity_now(p, st, now)
   if now < p.restore_hold_ms then return math.min(p.capacity, num(st, 'restored_sessions', 0)) end
   return p.capacity
 end
 
-local function used_slots(p, st)
+function used_slots(p, st)
   local claims = redis.call('ZCARD', K_CLAIMS)
   if p.capacity_source == 'reported' then
     -- The site counts its own active sessions (absolute, seed 001); visitors admitted but not yet
@@ -168,7 +170,7 @@ end
 -- node and only the lease holder admits, so a healthy queue's rounds can be up to a lease and a second
 -- apart. A round may spend what accrued since the previous one over at most that long, plus the fraction
 -- of a visitor left over (else an outflow that is not whole visitors per round would lose it every round).
-local function bucket_tokens(p, st, now)
+function bucket_tokens(p, st, now)
   local tokens = tonumber(st.b_tokens)
   local ts = tonumber(st.b_ts)
   if tokens == nil or ts == nil then return p.burst, now end
@@ -183,17 +185,17 @@ local function bucket_tokens(p, st, now)
 end
 
 -- Whole tokens available; the epsilon absorbs float drift (ten refills of 0.1 make 0.9999999999999999).
-local function whole_tokens(tokens)
+function whole_tokens(tokens)
   return math.floor(tokens + 1e-6)
 end
 
-local function bucket_save(tokens, ts)
+function bucket_save(tokens, ts)
   redis.call('HSET', K_ST, 'b_tokens', fmt(tokens), 'b_ts', ts)
 end
 
 -- Continuous-time EMA of admissions per second (time constant RATE_TAU_S). It decays only while
 -- someone was waiting and the queue was open, so a quiet spell does not read as a slow line.
-local function rate_update(st, now, admitted, busy)
+function rate_update(st, now, admitted, busy)
   local ema = num(st, 'ema_rate', 0)
   local ts = num(st, 'ema_ts', now)
   if busy and now > ts then ema = ema * math.exp(-(now - ts) / 1000 / RATE_TAU_S) end
@@ -202,7 +204,7 @@ local function rate_update(st, now, admitted, busy)
 end
 
 -- Seed 004: new = old * 0.9 + sample * 0.1.
-local function ema_update(field, sample)
+function ema_update(field, sample)
   local old = tonumber(redis.call('HGET', K_ST, field))
   local new = sample
   if old ~= nil then new = old * 0.9 + sample * 0.1 end
@@ -211,7 +213,7 @@ end
 
 -- What a poll's answer needs about the queue right now (status.lua; store.PollFigures). `used`: the slots in
 -- use, when the caller has counted them already (estimate_wait takes them too: one count a poll).
-local function poll_figures(p, st, used)
+function poll_figures(p, st, used)
   return {
     p.state, p.capacity, used or used_slots(p, st), line_count(), st.evseq or '0',
     p.presence_timeout, p.target_url, p.epoch, p.claim_ttl, p.starts_at_ms,
@@ -222,7 +224,7 @@ end
 
 -- What wait estimates, stats and broadcasts need as well (join, admit; store.QueueFigures): the poll's
 -- figures, then these.
-local function figures(p, st)
+function figures(p, st)
   local f = poll_figures(p, st)
   f[14], f[15], f[16], f[17] = fmt(p.outflow), st.ema_rate or '0', st.ema_ts or '0', st.ema_service_ms or '0'
   f[18], f[19], f[20] = num(st, 'admitted', 0), redis.call('ZCARD', K_AWAY), p.name
@@ -236,7 +238,7 @@ end
 -- score `seq` for level 0, or when the level's placement fraction is 0 or the line is empty; else ahead of
 -- the last `fraction` of the line, but never ahead of an earlier joiner of its level or higher (tL in st)
 -- or of any ticket of an earlier epoch (epoch_floor). join.lua places joiners; promote.lua, code holders.
-local function priority_place(p, st, pri, n, seq)
+function priority_place(p, st, pri, n, seq)
   local fraction = p.fractions[pri] or 0
   if pri <= 0 or fraction <= 0 or n <= 0 then return seq end
   local tail = nil

@@ -1,15 +1,19 @@
 -- _transitions.lua: the moves every transition shares: admit, finish, park, a ticket's reply, lapsed
 -- claims and sessions (part of the library: _lib.lua).
+--!exports: moves_reply admit finish park waiting_rank bucket_take overdue finish_overdue ticket_reply
+--!exports: restorable session_lookup expire_slots
+
+local WAITS_KEEP = 20000  -- samples not yet drained (the task runs every 10 s): the newest are kept
 
 -- {event sequence, moves}, or 0 when nobody moved: the sequence grows by one for every call that moved anyone, so a client
 -- that sees a gap knows it missed an event and polls.
-local function moves_reply()
+function moves_reply()
   if #MOVES == 0 then return 0 end  -- store.Moves reads 0 as nobody moved
   return {redis.call('HINCRBY', K_ST, 'evseq', 1), MOVES}
 end
 
 -- WAITING -> ADMITTED. The caller has removed the ticket from the line and checked the policy.
-local function admit(p, tid, rec, now)
+function admit(p, tid, rec, now)
   local vk = vk_of(tid)
   local fence = redis.call('HINCRBY', K_ST, 'fence', 1)
   local deadline = now + p.claim_ttl * 1000
@@ -51,7 +55,7 @@ end
 
 -- Any live ticket -> a final state. Frees its slot if it held one; keeps the record for a while
 -- (the `done` set) so a late poll hears `completed` or `expired` rather than nothing.
-local function finish(tid, rec, status, reason, now)
+function finish(tid, rec, status, reason, now)
   local vk = vk_of(tid)
   local held = rec[R_STATUS] == ADMITTED or rec[R_STATUS] == ACTIVE
   if rec[R_STATUS] == WAITING then
@@ -75,7 +79,7 @@ end
 
 -- A waiting visitor found absent at the head leaves the line for `away`, so admission does not look at
 -- it again; its line score goes into the record. Same memory: one entry moves from one set to another.
-local function park(tid, rec)
+function park(tid, rec)
   local score = line_score_of(rec)
   while #rec < R_REASON do rec[#rec + 1] = 0 end
   rec[R_LINE_SCORE] = score
@@ -85,7 +89,7 @@ local function park(tid, rec)
 end
 
 -- The rank of a waiting ticket; a parked one that shows up again first gets its place back.
-local function waiting_rank(tid, rec)
+function waiting_rank(tid, rec)
   local score = line_score_of(rec)
   local rank = line_rank(tid, score)
   if rank or not redis.call('ZSCORE', K_AWAY, tid) then return rank end
@@ -105,7 +109,7 @@ end
 -- refused, and a refusal changes nothing. Returns nil when it was let through, else a limiter's refusal:
 -- {0, retry after (ms), tokens left, 0}.
 local R_BUCKET = 15
-local function bucket_take(rec, at, capacity, per_ms, cost)
+function bucket_take(rec, at, capacity, per_ms, cost)
   local tokens = capacity
   if rec[R_BUCKET] then tokens = math.min(capacity, (at - rec[R_JOINED] - rec[R_BUCKET]) * per_ms) end
   -- The epsilon absorbs float drift: 0.01 a second is 1.0000000000000001e-05 a ms.
@@ -117,7 +121,7 @@ local function bucket_take(rec, at, capacity, per_ms, cost)
 end
 
 -- Why a live ticket should already be over at `now` (absent too long, unclaimed, session ended), or nil.
-local function overdue(p, rec, now)
+function overdue(p, rec, now)
   local status = rec[R_STATUS]
   if status == WAITING and now - rec[R_SEEN] * 1000 > p.abandon_timeout * 1000 then
     return 'abandoned'
@@ -130,13 +134,13 @@ local function overdue(p, rec, now)
 end
 
 -- Finish an overdue ticket; returns 1 when that freed a slot (the caller then runs admission).
-local function finish_overdue(tid, rec, reason, now)
+function finish_overdue(tid, rec, reason, now)
   if finish(tid, rec, EXPIRED, reason, now) then return 1 end
   return 0
 end
 
 -- The ticket part of a join or status reply.
-local function ticket_reply(tid, rec, rank, est, freed)
+function ticket_reply(tid, rec, rank, est, freed)
   return {tid, rec[R_SEQ], rec[R_STATUS], rank, rec[R_FENCE] or 0, rec[R_EXPIRES] or 0, est,
           rec[R_REASON] or '', freed, rec[R_PRI]}
 end
@@ -144,7 +148,7 @@ end
 -- A signed ticket or access token of an earlier epoch whose record the lost state took with it, shown
 -- while the window after the loss lasts (SPEC 3.6): its holder gets its place or session back.
 -- Not one the database noted as finished before the loss (finished.lua; epoch.lua marks them 'gone').
-local function restorable(p, vk, seq, ticket_epoch, now)
+function restorable(p, vk, seq, ticket_epoch, now)
   return ticket_epoch < p.epoch and now < p.restore_until_ms and not has_record(vk)
     and redis.call('HGET', K_RESTORE, seq) ~= 'gone'
 end
@@ -152,7 +156,7 @@ end
 -- Find the session an access token speaks of. Returns rec, reason: reason is nil when the session
 -- is live; else 'expired' | 'superseded' | 'revoked' | 'completed'. A session found overdue is
 -- finished here; the third value is then 1 when that freed a slot.
-local function session_lookup(p, vk, seq, fence, now, known)
+function session_lookup(p, vk, seq, fence, now, known)
   local rec = known or load(vk)  -- `known`: the record as the caller loaded it already (nil: not loaded)
   if not rec then return nil, 'expired', 0 end
   local live = rec[R_STATUS] == ADMITTED or rec[R_STATUS] == ACTIVE
@@ -171,7 +175,7 @@ local function session_lookup(p, vk, seq, fence, now, known)
 end
 
 -- Expire admitted tickets past their claim deadline and sessions past their end, at most `limit`.
-local function expire_slots(now, limit)
+function expire_slots(now, limit)
   local expired = {}
   for _, spec in ipairs({{K_CLAIMS, 'expired_claim'}, {K_SESSIONS, 'expired_session'}}) do
     local due = redis.call('ZRANGEBYSCORE', spec[1], '-inf', now, 'LIMIT', 0, limit)

@@ -83,7 +83,7 @@ def queue_stats_get(*, slug: str, now: float | None = None) -> dict[str, Any]:
             else None
         ),
         # slots held far longer than the queue's holds, by visitors who seem to have left the site without
-        # finishing (lua/_estimates.lua returns_look, sampled): how many, and when the first of them frees
+        # finishing (lua/_holds.lua returns_look, sampled): how many, and when the first of them frees
         **_held_by_gone(st.get("svo")),
         "totals": {
             "joined": count("joined"),

@@ -53,7 +53,7 @@ class TicketView:
     drawn_at_start: bool = False  # in a pre-queue: its place is drawn at the start (no place until then)
     place: int | None = None  # stateless mode: the ticket's place (its number, shuffled, less its epoch's gap)
     # The wait rests on a slot held by a visitor who seems to have left the site without finishing: it
-    # frees at the latest then (epoch s), earlier if they finish (lua/_estimates.lua returns_look).
+    # frees at the latest then (epoch s), earlier if they finish (lua/_holds.lua returns_look).
     held_slot_ends_at: int | None = None
     window: dict[str, Any] | None = None  # stateless mode: the window as window_public() shows it
 

@@ -252,7 +252,7 @@ def _live_epoch_start(queue: Queue, *, floor: int, lost: bool, moved: bool = Fal
 # in which nobody walks away 0.95 (p90 9 %, against 8 %) (bench/RESULTS.md).
 WALK_PRIOR_QUEUES = 50
 WALK_PRIOR_SECONDS = 300.0
-WALK_SUMS = 2 * 8  # lua/_estimates.lua: walked away and seconds waited, per band of HAZARD_BANDS
+WALK_SUMS = 2 * 8  # lua/_walkaways.lua: walked away and seconds waited, per band of HAZARD_BANDS
 WALK_DEFAULT_WITHIN_S, WALK_DEFAULT_BANDS, WALK_DEFAULT_MOST = 40.0, 3, 0.9  # the bands of 0-10, 10-20, 20-30 s
 
 
@@ -305,7 +305,7 @@ def _sums(text: str, count: int) -> list[float] | None:
 # a crowd that holds its slots longer than the others' did is seen to within seconds). With no such queue
 # there is no default: how long a site's sessions last is the site's, and the first says "working it out".
 HOLD_PRIOR_HOLDS = 5.0  # a few holds: the life table is worked out from the first look (HOLDS_FIRST, 3)
-HOLD_BANDS = 28  # lua/_estimates.lua HOLD_NB
+HOLD_BANDS = 28  # lua/_holds.lua HOLD_NB
 
 
 def hold_prior(queue: Queue) -> list[float] | None:
@@ -326,7 +326,7 @@ def hold_prior(queue: Queue) -> list[float] | None:
     mean = sum(m * sum(h) for m, h, _, _ in records) / given
     scale = HOLD_PRIOR_HOLDS / given
     pooled = [sum(column) * scale for column in zip(*(h + x for _, h, x, _ in records), strict=True)]
-    # the claim wait of those let in from the line (a join's is shorter: lua/_estimates.lua claim_shift)
+    # the claim wait of those let in from the line (a join's is shorter: lua/_holds.lua claim_shift)
     claimed = [(c, sum(h)) for _, h, _, c in records if c is not None]
     weight = sum(w for _, w in claimed)
     claim = sum(c * w for c, w in claimed) / weight if weight > 0 else -1.0

@@ -1,15 +1,15 @@
 """The Redis client and the scripts: one client per process, every Lua script in one Redis Functions library.
 
 Each atomic transition is one Lua file in `lua/` (the header of each lists its KEYS, ARGV and reply).
-`library()` builds one library of them (FUNCTION LOAD): the shared helpers once (`lua/_lib.lua` and the
-parts after it, LIB_PARTS), then each script's body as a function of its KEYS and ARGV, registered as a
-Redis function. The library's code runs once, when it is loaded; before, as EVALSHA scripts, every call
-re-created the library's functions and decoded the queue's policy again (a third of a status poll's Redis
-time, bench/RESULTS.md). The library's name and its functions' names carry a digest of its code, so
-processes of two versions (a rolling deploy) each find their own. A server that does not have it (a fresh
-or restarted Redis without persistence, FUNCTION FLUSH) answers "Function not found": the library is loaded
-and the call retried, here and only here: `run` for one call, `run_together` for a pipeline, `arun` from the
-event loop. Redis 7.0 or later.
+`library()` builds one library of them (FUNCTION LOAD): the shared helpers once (`lua/_lib.lua` and the other
+modules of LIB_PARTS, each in a scope of its own: store/lualib.py), then each script's body as a function of
+its KEYS and ARGV, registered as a Redis function. The library's code runs once, when it is loaded; before, as
+EVALSHA scripts, every call re-created the library's functions and decoded the queue's policy again (a third
+of a status poll's Redis time, bench/RESULTS.md). The library's name and its functions' names carry a digest
+of its code, so processes of two versions (a rolling deploy) each find their own. A server that does not have
+it (a fresh or restarted Redis without persistence, FUNCTION FLUSH) answers "Function not found": the library
+is loaded and the call retried, here and only here: `run` for one call, `run_together` for a pipeline, `arun`
+from the event loop. Redis 7.0 or later.
 
 The visitor hot path's round trips are `Plan`s: the script calls as data and a pure function that reads
 their replies. Several calls in one plan run as one call (`combined`: the library's `chain` runs them in
@@ -41,14 +41,24 @@ from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 
 from .. import conf, instruments
+from . import lualib
 from .lanes import AsyncConnection, cluster_nodes
 
 T = TypeVar("T")
 U = TypeVar("U")
 
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
-# The shared helpers, one chunk in this order (each part uses what the ones before define).
-LIB_PARTS = ("_lib.lua", "_line.lua", "_policy.lua", "_estimates.lua", "_transitions.lua")
+# The shared helpers: modules, each in a scope of its own, declaring what it exports (store/lualib.py).
+LIB_PARTS = (
+    "_lib.lua",
+    "_line.lua",
+    "_policy.lua",
+    "_priority.lua",
+    "_walkaways.lua",
+    "_holds.lua",
+    "_estimates.lua",
+    "_transitions.lua",
+)
 
 
 class _FcallKeys(CommandsParser):
@@ -244,7 +254,7 @@ def _function(prefix: str, script: str) -> str:
 
 @lru_cache(maxsize=1)
 def library() -> Library:
-    lib = "\n".join((LUA_DIR / part).read_text() for part in LIB_PARTS)
+    lib = lualib.assemble([lualib.part_read(LUA_DIR / part) for part in LIB_PARTS])
     scripts = {  # a queue script binds the library's keys first
         path.stem: f"bind(KEYS)\n{path.read_text()}"
         for path in sorted(LUA_DIR.glob("*.lua"))

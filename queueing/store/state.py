@@ -91,7 +91,7 @@ def epoch_start(
 
 
 def walk_records(slugs: Sequence[str]) -> dict[str, str]:
-    """The record of walking away ('hz', lua/_estimates.lua) of each of these queues that has admitted
+    """The record of walking away ('hz', lua/_walkaways.lua) of each of these queues that has admitted
     anyone, by slug: one round trip (a pipeline; on a cluster, one per master)."""
     if not slugs:
         return {}
@@ -114,7 +114,7 @@ def walk_prior_seed(slug: str, sums: Sequence[float]) -> bool:
 
 def hold_records(slugs: Sequence[str]) -> dict[str, tuple[str, str, str, str | None]]:
     """The record of how long slots are held ('ema_service_ms', 'svh', 'svx', and the claim wait of those
-    let in from the line, 'cwl' or None: lua/_estimates.lua) of each of these queues that has had a slot
+    let in from the line, 'cwl' or None: lua/_holds.lua) of each of these queues that has had a slot
     back, by slug: one round trip (a pipeline)."""
     if not slugs:
         return {}

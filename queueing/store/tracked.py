@@ -56,7 +56,7 @@ class PollFigures(Reply):
     wait_low: float
     wait_high: float
     # When the first slot held by a visitor taken to have left the site without finishing ends (ms; 0:
-    # none): held far longer than the queue's holds (lua/_estimates.lua returns_look), it comes back then.
+    # none): held far longer than the queue's holds (lua/_holds.lua returns_look), it comes back then.
     held_gone_until_ms: int
 
     CONVERT = {"held_gone_until_ms": whole}

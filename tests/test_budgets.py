@@ -1,0 +1,51 @@
+"""The hot path's budget, held deterministically (issue 49): the Redis commands a status poll and a join run,
+counted on a server of the test's own (INFO commandstats, the scripts' own commands included). A change
+that adds work to a poll or a join says so here, in its own run, whatever the machine. (A completion's is
+test_engine_sessions', an idle queue's tick test_tasks'.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from queueing import modes, services, store, tokens
+
+from .factories import join, ticket_claims
+from .test_engine_sessions import commands_of
+
+
+def counted(call: Any) -> dict[str, int]:
+    client = store.client()
+    client.config_resetstat()
+    call()
+    return commands_of(client)
+
+
+def crowd(slug: str, count: int, clock: Any) -> list[tokens.TicketClaims]:
+    return [ticket_claims(slug, join(slug, f"budget-{i}", now=clock())) for i in range(count)]
+
+
+def test_a_status_poll_with_its_limiter_is_one_script_within_its_budget(redis_of_its_own, make_queue, clock, settings):
+    from waitingroom_site import settings as product
+
+    settings.WR_RATE_LIMITS = {"status": product.WR_RATE_LIMITS["status"]}  # the product's default limiter
+    queue = make_queue(state="paused", capacity=2)
+    claims = crowd(queue.slug, 30, clock)
+    modes.status(claims[20], limit_scope="status", now=clock.advance(1))  # the mode, as a process remembers it
+    paused = counted(lambda: modes.status(claims[20], limit_scope="status", now=clock.advance(1)))
+    # One round trip, one script (the token bucket is status.lua's own, kept in the ticket's record): 9
+    # commands, measured on 2026-12-05.
+    assert paused["fcall"] == 1 and sum(paused.values()) <= 9, paused
+    services.queue_resume(queue)
+    services.queues_tick(instance="budget", now=clock.advance(1))  # both slots taken: the rest wait
+    opened = counted(lambda: modes.status(claims[20], limit_scope="status", now=clock.advance(1)))
+    # Open, with a wait to estimate: the same 9 (the estimate reads the counters the paused poll reads; what
+    # it costs is the script's own work, which bench/script_cost.py measures).
+    assert opened["fcall"] == 1 and sum(opened.values()) <= 9, opened
+
+
+def test_a_join_is_one_script_within_its_budget(redis_of_its_own, make_queue, clock):
+    queue = make_queue(state="paused")
+    crowd(queue.slug, 10, clock)
+    key = tokens.visitor_key("budget-new")
+    ran = counted(lambda: services.queue_join(slug=queue.slug, visitor_key=key, now=clock.advance(1)))
+    assert ran["fcall"] == 1 and sum(ran.values()) <= 17, ran  # 17 measured on 2026-12-05
