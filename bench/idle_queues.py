@@ -6,9 +6,8 @@ SQLite database of its own.
 
 One tick is `services.queues_tick`, what the beat's "Admission tick" task runs each second on a worker. Per
 tick it prints the worker's CPU (ms), Redis's own time (µs, INFO commandstats, scripts included), Redis
-commands and SQL queries, for the tick as it is (the policy mirrored only when Redis does not hold it, a
-queue nobody is in left at that read) and, in the same run for comparison, with the policy mirrored into
-Redis and the lease and an admission round run for every queue each tick, as before issue 49.
+commands and SQL queries, for the tick as it is (the policy mirrored only when Redis does not hold it) and,
+in the same run for comparison, with the policy mirrored into Redis every tick as before issue 49.
 The beat's own cost is one task sent a second, whatever the number of queues: not measured here.
 """
 

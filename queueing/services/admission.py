@@ -236,19 +236,9 @@ def queues_tick(*, instance: str | None = None, now: float | None = None) -> int
 def _queue_tick_any(queue: Queue, *, instance: str | None, now: float | None) -> int:
     # Mirroring the policy whenever Redis does not hold the database's heals a Redis that lost it (a restart,
     # a failover) and a change saved around the service or not committed after Redis took it.
-    held = queue_config_sync(queue, now=now, unless_held=True)
-    if held is not None and held.empty and _nothing_due(queue):
-        return 0
+    queue_config_sync(queue, now=now, unless_held=True)
     if queue.is_stateless:
         step = queue_window_tick_lead(queue=queue, instance=instance, now=now)
         return int(step is not None and step.stepped)
     reply = queue_tick(slug=queue.slug, instance=instance, now=now, queue=queue)
     return 0 if reply is None else len(reply.admitted)
-
-
-def _nothing_due(queue: Queue) -> bool:
-    """Whether a queue nobody is in has nothing for its tick to do: no lease to keep (only admitting needs
-    one, and the next tick with somebody in line takes it), nobody to admit, nothing to learn. Not so for a
-    scheduled queue (its start's draw and its end are the lease holder's) or an adaptive outflow (it
-    follows the site's health whoever is in line)."""
-    return queue.starts_at is None and queue.ends_at is None and not queue.adaptive_outflow

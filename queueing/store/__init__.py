@@ -70,7 +70,6 @@ from .keys import SEQ_DIGITS, QueueKeys, key_pattern, limit_key, parse_ticket_id
 from .limits import LimitCall, LimitReply, limit_hit
 from .liveness import alive_key, alive_mark, alive_mark_read, beat_lease, cluster_epoch, ping
 from .state import (
-    Held,
     LiveState,
     config_held,
     config_read,
@@ -147,7 +146,6 @@ __all__ = [
     "ChangeReply",
     "CleanupReply",
     "HealthCounts",
-    "Held",
     "Library",
     "LimitCall",
     "LimitReply",

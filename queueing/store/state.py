@@ -27,34 +27,22 @@ class LiveState(NamedTuple):
     state_changed: str = ""
 
 
-class Held(NamedTuple):
-    """What a tick reads first of a queue (config_held)."""
-
-    digest: str  # of the policy Redis holds ('' when it holds none)
-    live: LiveState
-    # Nobody in it: nobody waiting, parked, admitted or in a session (a tracked queue; False for a window).
-    empty: bool
-
-
-def config_held(slug: str, *, window: bool = False) -> Held:
-    """The digest of the policy Redis holds (written with it: config.lua, window_config_write), the live
-    state, and whether anybody is in the queue, in one round trip: what a tick needs to see that nothing is
-    to be mirrored, and nothing to be done. `window`: the live state of a stateless queue's window instead
-    of the tracked one's."""
+def config_held(slug: str, *, window: bool = False) -> tuple[str, LiveState]:
+    """The digest of the policy Redis holds (written with it: config.lua, window_config_write) and the live
+    state, in one round trip: what a tick needs to see that nothing is to be mirrored. `window`: the live
+    state of a stateless queue's window instead of the tracked one's."""
     keys = queue_keys(slug)
     pipe = client().pipeline(transaction=False)
     pipe.hmget(keys.cfg, "digest", "live_epoch", "server_moved")
     if window:
         pipe.hmget(keys.win, "live", "next")
-        (digest, epoch, moved_from), (epoch, seq) = pipe.execute()
-        return Held(digest or "", LiveState(int(epoch) if epoch else None, int(seq or 0)), empty=False)
-    pipe.hget(keys.st, "seq")
-    pipe.hget(keys.line_tree, "n")
-    for key in (keys.claims, keys.sessions, keys.away):
-        pipe.zcard(key)
-    (digest, epoch, moved_from), seq, *counts = pipe.execute()
-    live = LiveState(int(epoch) if epoch else None, int(seq or 0), moved_from or "")
-    return Held(digest or "", live, empty=not any(int(n or 0) for n in counts))
+    else:
+        pipe.hget(keys.st, "seq")
+    (digest, epoch, moved_from), seq = pipe.execute()
+    if window:
+        epoch, seq = seq
+        moved_from = ""
+    return digest or "", LiveState(int(epoch) if epoch else None, int(seq or 0), moved_from or "")
 
 
 def config_write(slug: str, policy: dict[str, Any]) -> LiveState:
