@@ -126,3 +126,22 @@ def test_a_change_redis_took_whose_commit_failed_is_undone_by_a_tick_once_its_gr
     digest = store.config_read(queue.slug)["digest"]
     services.queues_tick(instance="healing", now=clock.advance(1))
     assert store.config_read(queue.slug)["digest"] == digest  # held now: the next tick writes nothing
+
+
+def test_a_policy_write_redis_takes_only_in_part_leaves_no_digest_and_the_next_tick_writes_it_whole(make_queue, clock):
+    """Found in review: a tick's copy of the queue read before an operator's change writes as older
+    (lua/config.lua keeps the newer revision, but takes the copy's epoch and reserved numbers), and left the
+    newer write's digest in place: every later tick then took Redis for holding the database's policy, and
+    the reserved numbers the old copy wrote back were not put right until a join ran out of them."""
+    from queueing import services
+    from queueing.models import Queue
+
+    queue = make_queue(capacity=10)
+    stale = Queue.objects.get(pk=queue.pk)  # as a tick read it, before the change
+    services.queue_pause(queue)
+    assert store.config_read(queue.slug).get("digest")
+    services.queue_config_sync(stale, now=clock(), unless_held=True)
+    held = store.config_read(queue.slug)
+    assert held["state"] == "paused" and "digest" not in held
+    services.queues_tick(instance="digest", now=clock.advance(1))  # the row read afresh: written whole
+    assert store.config_read(queue.slug).get("digest")

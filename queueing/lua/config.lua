@@ -34,11 +34,14 @@ local synced = tonumber(given.synced_at or '') or 0
 local older = rev < held_rev and synced - revised_at < REVISION_GRACE
 
 local fields = {}
+local whole = not older  -- every field given is written as given
 for i = 1, #ARGV, 2 do
   local name = ARGV[i]
   if (not older or KEPT_FROM_OLDER[name]) and (name ~= 'epoch' or (tonumber(ARGV[i + 1]) or 0) >= current) then
     fields[#fields + 1] = name
     fields[#fields + 1] = ARGV[i + 1]
+  elseif name == 'epoch' then
+    whole = false
   end
 end
 if not older and rev ~= held_rev then
@@ -46,6 +49,11 @@ if not older and rev ~= held_rev then
   fields[#fields + 1] = tostring(synced)
 end
 if #fields > 0 then redis.call('HSET', K_CFG, unpack(fields)) end
+-- The policy's digest (services/recovery.py: the tick writes the policy only when Redis does not hold the
+-- database's) stands only for a write taken whole, with its digest: a write that was older, kept a newer
+-- epoch or came without one (a stateless queue's, whose digest follows its window's write) leaves none,
+-- and the next tick writes the policy again.
+if not (whole and given.digest) then redis.call('HDEL', K_CFG, 'digest') end
 policy_pack()
 policy()  -- on another server than its epoch's, the epoch stops being live here (_policy.lua server_moved)
 local changed = not older and held[4] and given.state and given.state ~= held[4] and given.state or false
