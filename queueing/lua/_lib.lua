@@ -1,7 +1,7 @@
 -- _lib.lua: shared helpers of every transition script. store/connection.py builds one Redis Functions
--- library of this file, then _line.lua, _policy.lua, _estimates.lua and _transitions.lua in that order
--- (one chunk: each may use what the ones before define), and every script (each script's body becomes a
--- function of its KEYS and ARGV): these definitions run once, when the library is loaded, not on every call.
+-- library of this file and the other modules (LIB_PARTS; each in a scope of its own, using what any of them
+-- exports: store/lualib.py), and every script (each script's body becomes a function of its KEYS and
+-- ARGV): these definitions run once, when the library is loaded, not on every call.
 --
 -- Every script gets the same KEYS, all under the queue's hash tag `{slug}` (store.QueueKeys):
 --   KEYS[1] cfg       HASH  the queue's policy, mirrored from the database
@@ -43,8 +43,8 @@ K_LINE_I, K_LINE_F, LINE = nil
 -- The policy fields scripts read, in the order of cfg's packed copy ('packed'): a JSON array (text, like
 -- every field of cfg; false for a field not set) that `policy()` reads with one HMGET. Building the
 -- policy from HGETALL (42 fields, each a new Lua string, into a table that grows as it goes) cost 12 µs
--- of a status poll's Redis time; from the array, 3.6 µs. config.lua and epoch.lua, the only scripts that
--- write cfg, call policy_pack() after they write.
+-- of a status poll's Redis time; from the array, 3.6 µs. Every script that writes cfg (config.lua, epoch.lua,
+-- and the library's server_moved and line_upgrade) calls policy_pack() after it writes.
 WAITING, ADMITTED, ACTIVE, COMPLETED, EXPIRED, REVOKED = 1, 2, 3, 4, 5, 6
 
 -- Record fields. A waiting ticket stores only the first seven (small: this is per waiting visitor).
