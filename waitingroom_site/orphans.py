@@ -1,7 +1,7 @@
 """A Celery worker does not outlive the process that started it (bin/run's supervisor), however that one
 ends, and its pool does not outlive the worker.
 
-The supervisor asks the kernel to send each child SIGTERM when the supervisor dies (runstack._die_with);
+The supervisor asks the kernel to send each child SIGTERM when the supervisor dies (parent_death_request);
 for a Celery worker that begins a warm shutdown, which waits for its pool's tasks in flight. Seen twice in
 whole test runs: a worker whose supervisor had been killed a second after the worker started was still
 waiting for its pool 30 s on, its pool processes alive. So a worker whose parent is gone ends itself once
@@ -19,24 +19,37 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
+def parent_death_request(sig: int, *, parent: int) -> Callable[[], bool] | None:
+    """A function that asks the kernel to send `sig` to the process calling it when its parent dies, and
+    ends that process at once if `parent` (the parent's id, read before) is gone already: nobody would tell
+    it then. None where the kernel offers no such thing (Linux only). C's library is loaded here, so the
+    function is fit for Popen's preexec_fn (it runs between fork and exec, where loading it is not)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def request() -> bool:
+        if libc.prctl(PR_SET_PDEATHSIG, sig) != 0:
+            return False
+        if os.getppid() != parent:  # it died before the call above: nobody would tell us
+            os._exit(1)
+        return True
+
+    return request
+
+
 def die_with_parent(sig: int = signal.SIGKILL) -> bool:
     """The kernel sends `sig` to this process when its parent dies (Linux; False elsewhere). A parent that
     died before the call is found by its parent id and ends this process at once."""
-    if not sys.platform.startswith("linux"):
-        return False
-    parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, sig) != 0:
-        return False
-    if os.getppid() != parent:  # it died before the call above: nobody would tell us
-        os._exit(1)
-    return True
+    request = parent_death_request(sig, parent=os.getppid())
+    return request is not None and request()
 
 
 def exit_when_orphaned(grace: float, *, every: float = 0.5) -> threading.Thread | None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import errno
 import importlib.util
 import os
@@ -36,7 +35,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 
-from . import devredis, environment, liveness
+from . import devredis, environment, liveness, orphans
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -57,21 +56,6 @@ def say(message: str) -> None:
     """One line on the supervisor's output; a terminal that has gone away (SIGHUP) is not an error."""
     with contextlib.suppress(OSError):
         print(f"[runstack] {message}", flush=True)
-
-
-def _die_with(parent: int) -> Callable[[], None] | None:
-    """For Popen's preexec_fn: the child gets SIGTERM when this process dies, however it dies."""
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_pdeathsig = 1
-
-    def preexec() -> None:
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
-        if os.getppid() != parent:  # the parent died before the line above: nobody would tell us
-            os._exit(1)
-
-    return preexec
 
 
 def port_taken(host: str, port: int) -> bool:
@@ -186,10 +170,11 @@ class Supervisor:
     stopping: bool = False
     hurry: bool = False
     code: int = 0
-    _preexec: Callable[[], None] | None = field(default=None, repr=False)
+    _preexec: Callable[[], bool] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        self._preexec = _die_with(os.getpid())
+        # Each child gets SIGTERM when this process dies, however it dies.
+        self._preexec = orphans.parent_death_request(signal.SIGTERM, parent=os.getpid())
 
     def on_signal(self, signum: int, _frame: object) -> None:
         if self.stopping:
