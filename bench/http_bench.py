@@ -15,6 +15,7 @@ Needs wrk (Debian package `wrk`). Prints every figure and writes bench/out/http_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -378,6 +380,31 @@ def dedicated_redis(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
     while not devredis.answers(url):
         time.sleep(0.05)
     return server, url
+
+
+@contextlib.contextmanager
+def own_redis_and_database(prefix: str, *, debug: bool = False) -> Iterator[Path]:
+    """A redis-server of the benchmark's own and a SQLite database in a directory of its own, named in this
+    process's environment for Django (set up by the caller); the server stopped and the directory removed
+    afterwards. Yields the directory."""
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    server, url = dedicated_redis(directory)
+    try:
+        os.environ.update(
+            DJANGO_SETTINGS_MODULE="waitingroom_site.settings",
+            DEBUG="1" if debug else "0",
+            HTTPS="0",
+            SECRET_KEY="bench-" + "x" * 50,
+            DATABASE_URL=f"sqlite:///{directory / 'db.sqlite3'}",
+            REDIS_URL=url,
+            WR_REDIS_PREFIX="bench",
+        )
+        os.chdir(ROOT)
+        yield directory
+    finally:
+        server.terminate()
+        server.wait()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def django_on(url: str) -> None:

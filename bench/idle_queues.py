@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +23,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from http_bench import dedicated_redis  # noqa: E402  (it puts the project root on sys.path)
+from http_bench import own_redis_and_database  # noqa: E402  (it puts the project root on sys.path)
 
 
 def main() -> None:
@@ -36,24 +33,8 @@ def main() -> None:
     parser.add_argument("--waiting", type=int, default=500, help="visitors waiting in each crowded queue")
     parser.add_argument("--ticks", type=int, default=10, help="ticks measured per way (after one to warm up)")
     args = parser.parse_args()
-    directory = Path(tempfile.mkdtemp(prefix="wrbench-idle-"))
-    server, url = dedicated_redis(directory)
-    try:
-        os.environ.update(
-            DJANGO_SETTINGS_MODULE="waitingroom_site.settings",
-            DEBUG="0",
-            HTTPS="0",
-            SECRET_KEY="bench-" + "x" * 50,
-            DATABASE_URL=f"sqlite:///{directory / 'db.sqlite3'}",
-            REDIS_URL=url,
-            WR_REDIS_PREFIX="bench",
-        )
-        os.chdir(ROOT)
+    with own_redis_and_database("wrbench-idle-"):
         print(json.dumps(measure(args.idle, args.crowded, args.waiting, args.ticks), indent=2))
-    finally:
-        server.terminate()
-        server.wait()
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def measure(idle: int, crowded: int, waiting: int, ticks: int) -> dict[str, Any]:

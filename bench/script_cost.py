@@ -14,10 +14,7 @@ tick on those slots (its look at the slots held: the curve of slots back).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -26,7 +23,7 @@ from typing import Any, cast
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from http_bench import dedicated_redis  # noqa: E402  (it puts the project root on sys.path)
+from http_bench import own_redis_and_database  # noqa: E402  (it puts the project root on sys.path)
 
 
 def main() -> None:
@@ -37,24 +34,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=3, help="the lowest round's figure is printed")
     args = parser.parse_args()
-    directory = Path(tempfile.mkdtemp(prefix="wrbench-scripts-"))
-    server, url = dedicated_redis(directory)
-    try:
-        os.environ.update(
-            DJANGO_SETTINGS_MODULE="waitingroom_site.settings",
-            DEBUG="1",
-            HTTPS="0",
-            SECRET_KEY="bench-" + "x" * 50,
-            DATABASE_URL=f"sqlite:///{directory / 'db.sqlite3'}",
-            REDIS_URL=url,
-            WR_REDIS_PREFIX="bench",
-        )
-        os.chdir(ROOT)
+    with own_redis_and_database("wrbench-scripts-", debug=True):
         print(json.dumps(measure(args.tickets, args.calls, args.rounds), indent=2))
-    finally:
-        server.terminate()
-        server.wait()
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def measure(tickets: int, calls: int, rounds: int = 3) -> dict[str, Any]:

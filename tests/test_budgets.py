@@ -1,7 +1,7 @@
-"""The hot path's budget, held deterministically (issue 49): the Redis commands a status poll and a join run,
-counted on a server of the test's own (INFO commandstats, the scripts' own commands included). A change
-that adds work to a poll or a join says so here, in its own run, whatever the machine. (A completion's is
-test_engine_sessions', an idle queue's tick test_tasks'.)"""
+"""The hot path's budget, held deterministically (issue 49): the Redis commands a status poll, a join and the
+admission tick run, counted on a server of the test's own (INFO commandstats, the scripts' own commands
+included). A change that adds work to them says so here, in its own run, whatever the machine. (A
+completion's is test_engine_sessions'.)"""
 
 from __future__ import annotations
 
@@ -49,3 +49,16 @@ def test_a_join_is_one_script_within_its_budget(redis_of_its_own, make_queue, cl
     key = tokens.visitor_key("budget-new")
     ran = counted(lambda: services.queue_join(slug=queue.slug, visitor_key=key, now=clock.advance(1)))
     assert ran["fcall"] == 1 and sum(ran.values()) <= 17, ran  # 17 measured on 2026-12-05
+
+
+def test_an_idle_queue_s_tick_runs_its_budget_of_redis_commands(redis_of_its_own, make_queue, clock):
+    """Every tick re-mirrored every queue's policy (config.lua: the policy written, packed and read back)
+    whether or not anything had changed. Now it is written only when it differs from what Redis holds (a
+    digest of it), so an unchanged queue's tick reads and does not write; a changed one is mirrored by the
+    next tick as before (test_tasks: test_the_tick_task_admits_and_running_it_twice_does_no_harm)."""
+    make_queue(capacity=10)
+    services.queues_tick(instance="counting", now=clock())  # its lease taken, whatever a first tick sets up
+    ran = counted(lambda: services.queues_tick(instance="counting", now=clock.advance(1)))
+    # Two scripts (the lease, the admission round) and 23 commands in all: three scripts and 33 commands when
+    # it re-mirrored, and read the whole mirrored policy back for the adaptive outflow, which is off here.
+    assert ran["fcall"] == 2 and sum(ran.values()) <= 23, ran

@@ -80,26 +80,6 @@ def test_the_cleanup_task_expires_what_is_overdue_and_running_it_again_does_no_h
     assert (snap.stats["expired_claim"], snap.stats["abandoned"]) == ("1", "3")
 
 
-def test_an_idle_queue_s_tick_runs_its_budget_of_redis_commands(redis_of_its_own, make_queue, clock):
-    """Issue 49: every tick re-mirrored every queue's policy (config.lua: the policy written, packed and read
-    back) whether or not anything had changed. Now it is written only when it differs from what Redis holds
-    (a digest of it), so an unchanged queue's tick reads and does not write; a changed one is mirrored by
-    the next tick as before (test_the_tick_task_admits_and_running_it_twice_does_no_harm)."""
-    from queueing import services
-
-    from .test_engine_sessions import commands_of
-
-    make_queue(capacity=10)
-    services.queues_tick(instance="counting", now=clock())  # its lease taken, whatever a first tick sets up
-    client = store.client()
-    client.config_resetstat()
-    services.queues_tick(instance="counting", now=clock.advance(1))
-    ran = commands_of(client)
-    # Two scripts (the lease, the admission round) and 23 commands in all: three scripts and 33 commands when
-    # it re-mirrored, and read the whole mirrored policy back for the adaptive outflow, which is off here.
-    assert ran["fcall"] == 2 and sum(ran.values()) <= 23, ran
-
-
 def test_a_change_redis_took_whose_commit_failed_is_undone_by_a_tick_once_its_grace_has_passed(make_queue, clock):
     """The other healing the tick's mirror is for (lua/config.lua REVISION_GRACE): a pause Redis took before
     its commit, the commit then failing. Redis holds the pause's digest, not the database's, so the tick

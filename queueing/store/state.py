@@ -36,12 +36,10 @@ def config_held(slug: str, *, window: bool = False) -> tuple[str, LiveState]:
     pipe.hmget(keys.cfg, "digest", "live_epoch", "server_moved")
     if window:
         pipe.hmget(keys.win, "live", "next")
-    else:
-        pipe.hget(keys.st, "seq")
+        (digest, _, _), (epoch, seq) = pipe.execute()
+        return digest or "", LiveState(int(epoch) if epoch else None, int(seq or 0))
+    pipe.hget(keys.st, "seq")
     (digest, epoch, moved_from), seq = pipe.execute()
-    if window:
-        epoch, seq = seq
-        moved_from = ""
     return digest or "", LiveState(int(epoch) if epoch else None, int(seq or 0), moved_from or "")
 
 
