@@ -3,10 +3,11 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import resource
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,15 +101,41 @@ def _quick(item: pytest.Item, known: dict[str, float]) -> bool:
 
 _durations: dict[str, float] = {}
 # When each test's phases ended, on which worker (the controller hears them all): var/test-timeline.tsv, to
-# see what a whole run's last minutes were spent on (which tests ran while cores stood idle).
-_timeline: list[tuple[float, float, str, str, str]] = []
+# see what a whole run's last minutes were spent on (which tests ran while cores stood idle), and the CPU
+# each phase cost (the test process, and its children that ended in it): columns start, seconds, worker,
+# phase, test, own CPU, children's CPU.
+_timeline: list[tuple[float, float, str, str, str, float, float]] = []
 TIMELINE = Path(__file__).parents[1] / "var" / "test-timeline.tsv"
+
+
+def _cpu() -> tuple[float, float]:
+    """CPU seconds (user and system) this process has used, and its children that have ended."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+
+_cpu_mark = [_cpu()]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Each phase's report carries the CPU the test process used in it, and its children that ended in it
+    (a process the test started and stopped; a session's stack counts where it is stopped)."""
+    report = yield
+    now, then = _cpu(), _cpu_mark[0]
+    _cpu_mark[0] = now
+    report.user_properties.append(("cpu", (round(now[0] - then[0], 2), round(now[1] - then[1], 2))))
+    return report
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
     worker = getattr(getattr(report, "node", None), "workerinput", {}).get("workerid", "-")
-    _timeline.append((time.time(), report.duration, worker, report.when or "", report.nodeid))
+    cpu: Any = dict(report.user_properties).get("cpu", (0.0, 0.0))
+    own, children = float(cpu[0]), float(cpu[1])
+    _timeline.append((time.time(), report.duration, worker, report.when or "", report.nodeid, own, children))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -119,8 +146,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         TIMELINE.parent.mkdir(exist_ok=True)
         TIMELINE.write_text(
             "".join(
-                f"{ended - seconds - began:.1f}\t{seconds:.1f}\t{worker}\t{when}\t{nodeid}\n"
-                for ended, seconds, worker, when, nodeid in sorted(_timeline)
+                f"{ended - seconds - began:.1f}\t{seconds:.1f}\t{worker}\t{when}\t{nodeid}\t{own}\t{children}\n"
+                for ended, seconds, worker, when, nodeid, own, children in sorted(_timeline)
             )
         )
     if not session.config.getoption("--record-durations"):
