@@ -67,7 +67,7 @@ def declared_anywhere(source: str) -> set[str]:
 
 
 def parts() -> list[lualib.Part]:
-    return [lualib.part_read(LUA / name) for name in connection.LIB_PARTS]
+    return connection.library_parts()
 
 
 def scripts() -> dict[str, str]:

@@ -29,7 +29,7 @@ SPECTACULAR_SETTINGS: dict[str, Any] = {
             "expired_window",
         ],
         "QueueStateEnum": ["open", "paused", "closed"],
-        "QueueModeEnum": ["tracked", "stateless"],
+        "QueueModeEnum": "queueing.policy_table.Mode",
         "StatelessModeEnum": ["stateless"],
         "VerifyReasonEnum": ["expired", "superseded", "revoked", "full", "bound_elsewhere", "invalid"],
         "ErrorCodeEnum": "queueing.api.errors.ERROR_CODES",

@@ -168,22 +168,7 @@ class QueueSerializer(serializers.ModelSerializer):
             "closed_message",
             "closed_link_url",
             "closed_link_text",
-            "mode",
-            "capacity",
-            "capacity_source",
-            "session_ttl",
-            "claim_ttl",
-            "presence_timeout",
-            "abandon_timeout",
-            "prequeue_opens_at",
-            "starts_at",
-            "ends_at",
-            "outflow_per_minute",
-            "burst",
-            "max_waiting",
-            "max_tickets_per_address",
-            "pow_difficulty",
-            *Queue.ADAPTIVE_FIELDS,
+            *Queue.POLICY_FIELDS,
         )
         read_only_fields = fields
 

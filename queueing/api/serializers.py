@@ -10,8 +10,7 @@ from django.utils.translation import gettext_noop
 from rest_framework import serializers
 from rest_framework_simplejwt.serializers import TokenObtainPairSerializer, TokenRefreshSerializer
 
-from .. import health
-from ..models import Queue
+from .. import health, policy_table
 from .errors import ApiError, unknown_fields
 
 
@@ -267,6 +266,24 @@ class HealthReportSerializer(StrictSerializer):
         return attrs
 
 
+def _setting_field(setting: policy_table.Setting) -> serializers.Field:
+    """A setting of the policy as a request body takes it: its type, its bounds, none where it may be none."""
+    common: dict[str, Any] = {"required": False, "help_text": setting.brief}
+    if setting.kind == "moment":
+        return serializers.DateTimeField(allow_null=True, **common)
+    if setting.kind == "choice":
+        assert setting.choices is not None
+        return serializers.ChoiceField(choices=setting.choices.choices, **common)
+    if setting.kind == "bool":
+        return StrictBooleanField(**common)
+    common["allow_null"] = setting.default is None
+    whole = setting.kind != "float"
+    for option, bound in (("min_value", setting.low), ("max_value", setting.high)):
+        if bound is not None:
+            common[option] = int(bound) if whole else bound
+    return StrictIntegerField(**common) if whole else StrictFloatField(**common)
+
+
 class QueuePatchSerializer(StrictSerializer):
     name = StrictCharField(required=False, max_length=120)
     target_url = StrictCharField(required=False, max_length=500, help_text="Where admitted visitors are sent.")
@@ -285,40 +302,10 @@ class QueuePatchSerializer(StrictSerializer):
         required=False, allow_blank=True, max_length=500, help_text="A page to send them on to from there."
     )
     closed_link_text = StrictCharField(required=False, allow_blank=True, max_length=100, help_text="That link's words.")
-    capacity_source = serializers.ChoiceField(choices=Queue.CapacitySource.choices, required=False)
-    session_ttl = StrictIntegerField(required=False, min_value=1)
-    claim_ttl = StrictIntegerField(required=False, min_value=1)
-    presence_timeout = StrictIntegerField(required=False, min_value=1)
-    abandon_timeout = StrictIntegerField(required=False, min_value=1)
-    prequeue_opens_at = serializers.DateTimeField(
-        required=False, allow_null=True, help_text="Joins before this are refused with the time it opens."
-    )
-    starts_at = serializers.DateTimeField(
-        required=False, allow_null=True, help_text="Admission starts; those who joined before are drawn in order."
-    )
-    ends_at = serializers.DateTimeField(required=False, allow_null=True, help_text="The queue closes.")
-    capacity = StrictIntegerField(required=False, min_value=1)
-    outflow_per_minute = StrictFloatField(required=False, min_value=0.1)
-    burst = StrictIntegerField(required=False, min_value=1)
-    max_waiting = StrictIntegerField(required=False, min_value=0)
-    max_tickets_per_address = StrictIntegerField(
-        required=False,
-        min_value=0,
-        help_text="Most live tickets per client address (0: no cap). Counts the tickets joined while a cap is "
-        "on; tickets joined before are not counted.",
-    )
-    pow_difficulty = StrictIntegerField(required=False, min_value=0, max_value=32)
-    adaptive_outflow = StrictBooleanField(required=False)
-    outflow_min_per_minute = StrictFloatField(required=False, min_value=0.1)
-    outflow_max_per_minute = StrictFloatField(required=False, min_value=0.1)
-    health_latency_p95_ms = StrictIntegerField(required=False, min_value=1)
-    health_error_rate = StrictFloatField(required=False, min_value=0.001, max_value=1)
-    adaptive_step_per_minute = StrictFloatField(required=False, min_value=0.1)
-    adaptive_decrease_factor = StrictFloatField(required=False, min_value=0.01, max_value=0.99)
-    adaptive_interval_seconds = StrictIntegerField(
-        required=False, min_value=health.INTERVAL_MIN_SECONDS, max_value=health.INTERVAL_MAX_SECONDS
-    )
-    adaptive_min_requests = StrictIntegerField(required=False, min_value=1)
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        """The words above, and every setting of the policy (queueing/policy_table.py)."""
+        return {**super().get_fields(), **{setting.name: _setting_field(setting) for setting in policy_table.SETTINGS}}
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if not attrs:

@@ -22,22 +22,44 @@ function num(t, field, default)
   return v
 end
 
-function policy_pack()
-  local POLICY_FIELDS = {
-    'state', 'live_epoch', 'epoch', 'outflow_per_minute', 'adaptive_outflow', 'capacity', 'capacity_source',
-    'burst', 'session_ttl', 'claim_ttl', 'presence_timeout', 'abandon_timeout', 'max_waiting',
-    'max_tickets_per_address', 'pow_difficulty', 'target_url', 'seq_max', 'epoch_floor', 'restore_until_ms',
-    'restore_hold_until_ms', 'leader_ttl_ms', 'starts_at_ms', 'prequeue_opens_at_ms', 'ends_at_ms',
-    'shuffle_pending', 'name', 'mode', 'pf1', 'pf2', 'pf3', 'line_layout', 'server',
-  }
-  local POLICY_TEXT = {state = true, live_epoch = true, epoch = true, adaptive_outflow = true, capacity_source = true,
-    target_url = true, shuffle_pending = true, name = true, mode = true, server = true}
-  line_upgrade()
-  local values = redis.call('HMGET', K_CFG, unpack(POLICY_FIELDS))
-  for i, field in ipairs(POLICY_FIELDS) do
-    if values[i] and not POLICY_TEXT[field] then values[i] = tonumber(values[i]) or false end
+-- What the packed policy holds, each {cfg field, the policy's name for it, its value when absent, text}: the
+-- live state's own fields, then the queue's settings the scripts read (POLICY_SETTINGS, made from the table
+-- of settings, queueing/policy_table.py, and put at this part's head when the library is assembled). The
+-- packed copy begins with PACKED_TAG, which stands for this layout: a copy packed by a library of another
+-- layout is packed again where policy() finds it.
+local PACKED = {
+  {'state', 'state', false, true}, {'live_epoch', 'live_epoch', false, true}, {'epoch', 'epoch', false, true},
+  {'line_layout', 'line_layout', false, false}, {'server', 'server', '', true},
+  {'target_url', 'target_url', '', true}, {'name', 'name', '', true}, {'shuffle_pending', 'shuffle_pending', '0', true},
+  {'seq_max', 'seq_max', 0, false}, {'epoch_floor', 'epoch_floor', 0, false},
+  {'restore_until_ms', 'restore_until_ms', 0, false}, {'restore_hold_until_ms', 'restore_hold_ms', 0, false},
+  {'leader_ttl_ms', 'leader_ttl_ms', 3000, false},
+  {'pf1', 'pf1', 0.1, false}, {'pf2', 'pf2', 0.5, false}, {'pf3', 'pf3', 1, false},
+}
+local PACKED_FIELDS, PACKED_TAG = {}, nil
+local function layout()  -- (at its first use: while the library loads, Lua's own functions are out of reach)
+  if PACKED_TAG then return end
+  PACKED_TAG = 0
+  for _, field in ipairs(POLICY_SETTINGS) do PACKED[#PACKED + 1] = field end
+  for i, field in ipairs(PACKED) do
+    PACKED_FIELDS[i] = field[1]
+    for c in string.gmatch(field[1] .. '>' .. field[2] .. ';', '.') do
+      PACKED_TAG = (PACKED_TAG * 31 + string.byte(c)) % 2147483647
+    end
   end
-  redis.call('HSET', K_CFG, 'packed', cjson.encode(values))
+end
+
+function policy_pack()
+  layout()
+  line_upgrade()
+  local values = redis.call('HMGET', K_CFG, unpack(PACKED_FIELDS))
+  local packed = {PACKED_TAG}
+  for i, field in ipairs(PACKED) do
+    local value = values[i]
+    if value and not field[4] then value = tonumber(value) or false end
+    packed[i + 1] = value
+  end
+  redis.call('HSET', K_CFG, 'packed', cjson.encode(packed))
 end
 
 -- The policy, or nil when the queue's config is not in Redis (never synced, or Redis lost it) or its
@@ -50,40 +72,19 @@ end
 -- changes the table it is given; `outflow` is set on every call.
 local POLICIES, POLICIES_KEPT = {}, 0  -- at most 256 kept: then they start again
 
+-- nil: packed by a library of another layout
 local function policy_decode(packed)
+  layout()
   local v = cjson.decode(packed)
-  return {
-    live = v[1] and v[2] == v[3] and v[31] == LINE_LAYOUT,
-    live_epoch = v[2],
-    outflow_configured = v[4] or 60,
-    adaptive = v[5] == '1',
-    state = v[1],
-    capacity = v[6] or 1,
-    capacity_source = v[7] or 'counted',
-    burst = v[8] or 1,
-    session_ttl = v[9] or 900,
-    claim_ttl = v[10] or 120,
-    presence_timeout = v[11] or 60,
-    abandon_timeout = v[12] or 600,
-    max_waiting = v[13] or 0,
-    max_per_address = v[14] or 0,
-    pow_difficulty = v[15] or 0,
-    target_url = v[16] or '',
-    epoch = tonumber(v[3]) or 1,
-    seq_max = v[17] or 0,
-    epoch_floor = v[18] or 0,
-    restore_until_ms = v[19] or 0,
-    restore_hold_ms = v[20] or 0,
-    leader_ttl_ms = v[21] or 3000,
-    starts_at_ms = v[22] or 0,
-    prequeue_opens_ms = v[23] or 0,
-    ends_ms = v[24] or 0,
-    shuffle_pending = v[25] == '1',
-    name = v[26] or '',
-    mode = v[27] or 'tracked',  -- 'stateless': these scripts keep nobody (lua/window/ runs the queue)
-    fractions = {[1] = v[28] or 0.1, [2] = v[29] or 0.5, [3] = v[30] or 1},
-    server = v[32] or '',
-  }
+  if v[1] ~= PACKED_TAG then return nil end
+  local p = {}
+  for i, field in ipairs(PACKED) do p[field[2]] = v[i + 1] or field[3] end
+  p.live = p.state and p.live_epoch == p.epoch and p.line_layout == LINE_LAYOUT
+  p.epoch = tonumber(p.epoch) or 1
+  p.adaptive = p.adaptive == '1'
+  p.shuffle_pending = p.shuffle_pending == '1'  -- a shuffled start's draw still to come
+  p.fractions = {[1] = p.pf1, [2] = p.pf2, [3] = p.pf3}
+  return p
 end
 
 -- The server a queue's state is on (SPEC 3.6): a Redis Cluster node's id ('c' .. CLUSTER MYID) or a single
@@ -126,6 +127,11 @@ function policy()
   local p = POLICIES[raw[1]]
   if not p then
     p = policy_decode(raw[1])
+    if not p then
+      policy_pack()
+      raw = redis.call('HMGET', K_CFG, 'packed', 'live_epoch')
+      p = policy_decode(raw[1])
+    end
     if POLICIES_KEPT >= 256 then POLICIES, POLICIES_KEPT = {}, 0 end
     POLICIES[raw[1]], POLICIES_KEPT = p, POLICIES_KEPT + 1
   end

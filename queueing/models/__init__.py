@@ -8,6 +8,8 @@ keys, signing keys), `records` (the change log, finished tickets, draws, turn no
 Migrations name validators and defaults by this package's names, so they are all here.
 """
 
+from queueing.policy_table import ADAPTIVE_INTERVAL_MAX_SECONDS, ADAPTIVE_INTERVAL_MIN_SECONDS, POW_MAX_BITS
+
 from .access import (
     PRIORITY_CODE_BYTES,
     ManagementKey,
@@ -18,9 +20,6 @@ from .access import (
     priority_code_new,
 )
 from .queue import (
-    ADAPTIVE_INTERVAL_MAX_SECONDS,
-    ADAPTIVE_INTERVAL_MIN_SECONDS,
-    POW_MAX_BITS,
     SLUG_VALIDATOR,
     Queue,
     _server_time_zone,

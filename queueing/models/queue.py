@@ -13,9 +13,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
-# Bounds of a queue's adaptive outflow adjustment interval (health.py judges the site over one interval).
-ADAPTIVE_INTERVAL_MIN_SECONDS = 2
-ADAPTIVE_INTERVAL_MAX_SECONDS = 120
+from queueing import policy_table
 
 SLUG_VALIDATOR = RegexValidator(
     r"^[a-z0-9](?:[a-z0-9-]{0,48}[a-z0-9])?$",
@@ -32,14 +30,38 @@ def validate_target_url(value: str) -> None:
         raise ValidationError("Enter an absolute http(s) URL or a path starting with '/'.")
 
 
-def _ms(moment: datetime | None) -> int:
-    return int(moment.timestamp() * 1000) if moment else 0
-
-
 # How far ahead a joiner of each level is placed when the queue names no level of its own (PriorityLevel).
 DEFAULT_FRACTIONS = {0: 0.0, 1: 0.1, 2: 0.5, 3: 1.0}
 
-POW_MAX_BITS = 32  # about 4 x 10^9 hashes on average: far beyond any honest client
+
+def _field(name: str) -> Any:
+    """The model field of one of the policy's settings, as its entry in the table describes it."""
+    setting = policy_table.BY_NAME[name]
+    options: dict[str, Any] = {"help_text": setting.help}
+    if setting.label:
+        options["verbose_name"] = setting.label
+    if setting.default is None:
+        options.update(null=True, blank=True)
+    else:
+        options["default"] = setting.default
+    validators: list[MinValueValidator | MaxValueValidator] = []
+    if setting.low is not None and not (setting.kind in ("int", "small") and setting.low == 0):
+        validators.append(MinValueValidator(setting.low))  # (a positive integer field is 0 or more already)
+    if setting.high is not None:
+        validators.append(MaxValueValidator(setting.high))
+    if validators:
+        options["validators"] = validators
+    if setting.kind == "choice":
+        assert setting.choices is not None
+        return models.CharField(max_length=10, choices=setting.choices.choices, **options)
+    field = {
+        "int": models.PositiveIntegerField,
+        "small": models.PositiveSmallIntegerField,
+        "float": models.FloatField,
+        "bool": models.BooleanField,
+        "moment": models.DateTimeField,
+    }[setting.kind]
+    return field(**options)
 
 
 def _server_time_zone() -> str:
@@ -60,13 +82,8 @@ class Queue(models.Model):
         PAUSED = "paused", "Paused (accepts joins, admits nobody)"
         CLOSED = "closed", "Closed (accepts no joins)"
 
-    class CapacitySource(models.TextChoices):
-        COUNTED = "counted", "Counted by the waiting room"
-        REPORTED = "reported", "Reported by the protected site"
-
-    class Mode(models.TextChoices):
-        TRACKED = "tracked", "Tracked: every visitor's place, presence and session in Redis"
-        STATELESS = "stateless", "Stateless: a numbered ticket and a sliding window (the largest drops)"
+    CapacitySource = policy_table.CapacitySource
+    Mode = policy_table.Mode
 
     slug = models.CharField(max_length=50, unique=True, validators=[SLUG_VALIDATOR])
     name = models.CharField(max_length=120)
@@ -113,161 +130,31 @@ class Queue(models.Model):
         blank=True,
         help_text="The link's words, e.g. “See what is still available”. Empty: “Continue”.",
     )
-    mode = models.CharField(
-        max_length=10,
-        choices=Mode.choices,
-        default=Mode.TRACKED,
-        help_text="Tracked (the default) keeps each visitor's place, presence and session. Stateless keeps "
-        "nothing per visitor, for the largest drops: a ticket is its number, and a window of numbers moves "
-        "forward by the window size every window interval. Stateless has no priorities, presence, capacity "
-        "counting, revocation or neighbours. Switching the mode of a queue with people in it sends them to "
-        "join again.",
-    )
+    # The policy's settings: each one's type, default, bounds and help are its entry in queueing/policy_table.py.
+    capacity: int = _field("capacity")
+    capacity_source: str = _field("capacity_source")
+    outflow_per_minute: float = _field("outflow_per_minute")
+    burst: int = _field("burst")
+    session_ttl: int = _field("session_ttl")
+    claim_ttl: int = _field("claim_ttl")
+    presence_timeout: int = _field("presence_timeout")
+    abandon_timeout: int = _field("abandon_timeout")
+    max_waiting: int = _field("max_waiting")
+    max_tickets_per_address: int = _field("max_tickets_per_address")
+    pow_difficulty: int = _field("pow_difficulty")
+    prequeue_opens_at: datetime | None = _field("prequeue_opens_at")
+    starts_at: datetime | None = _field("starts_at")
+    ends_at: datetime | None = _field("ends_at")
+    adaptive_outflow: bool = _field("adaptive_outflow")
+    outflow_min_per_minute: float | None = _field("outflow_min_per_minute")
+    outflow_max_per_minute: float | None = _field("outflow_max_per_minute")
+    health_latency_p95_ms: int = _field("health_latency_p95_ms")
+    health_error_rate: float = _field("health_error_rate")
+    adaptive_step_per_minute: float = _field("adaptive_step_per_minute")
+    adaptive_decrease_factor: float = _field("adaptive_decrease_factor")
+    adaptive_interval_seconds: int = _field("adaptive_interval_seconds")
+    adaptive_min_requests: int = _field("adaptive_min_requests")
 
-    capacity = models.PositiveIntegerField(
-        default=100,
-        validators=[MinValueValidator(1), MaxValueValidator(10_000_000)],
-        help_text="Most visitors on the protected site at once (let in and not yet finished). The next one "
-        "goes in when one finishes or their time runs out.",
-    )
-    capacity_source = models.CharField(
-        max_length=10,
-        choices=CapacitySource.choices,
-        default=CapacitySource.COUNTED,
-        help_text="Counted: the waiting room counts who is on the site (let in until they finish or their time "
-        "runs out). Reported: the site tells it its own count (PUT /api/v1/queues/<slug>/capacity).",
-    )
-    outflow_per_minute = models.FloatField(
-        default=60.0,
-        validators=[MinValueValidator(0.1), MaxValueValidator(1_000_000)],
-        help_text="Most visitors let in per minute, spread evenly. Pause the queue to let nobody in.",
-    )
-    burst = models.PositiveIntegerField(
-        default=10,
-        validators=[MinValueValidator(1), MaxValueValidator(1_000_000)],
-        help_text=(
-            "Most visitors let in at once after a quiet spell (paused, nobody waiting, or the site "
-            "full). A late admission round still lets in those the outflow owes."
-        ),
-    )
-    session_ttl = models.PositiveIntegerField(
-        "session TTL (s)",
-        default=900,
-        validators=[MinValueValidator(10), MaxValueValidator(7 * 24 * 3600)],
-        help_text="Hard length of a session, counted from admission.",
-    )
-    claim_ttl = models.PositiveIntegerField(
-        "claim TTL (s)",
-        default=120,
-        validators=[MinValueValidator(5)],
-        help_text="Time an admitted visitor has to reach the protected site before the slot is freed.",
-    )
-    presence_timeout = models.PositiveIntegerField(
-        "presence timeout (s)",
-        default=60,
-        validators=[MinValueValidator(5)],
-        help_text="A waiting visitor unseen this long is skipped by admission (keeps its place).",
-    )
-    abandon_timeout = models.PositiveIntegerField(
-        "abandon timeout (s)",
-        default=600,
-        validators=[MinValueValidator(10)],
-        help_text="A waiting visitor unseen this long leaves the queue.",
-    )
-    max_waiting = models.PositiveIntegerField(
-        default=0, help_text="Joins beyond this many waiting get 'queue_full'. 0 means no limit."
-    )
-    max_tickets_per_address = models.PositiveIntegerField(
-        "live tickets per client address",
-        default=0,
-        help_text="Joins from an address that already holds this many live tickets for this queue are "
-        "refused ('ticket_cap_reached'). 0 means no cap; mind shared networks (offices, mobile carriers).",
-    )
-    pow_difficulty = models.PositiveSmallIntegerField(
-        "proof-of-work difficulty (bits)",
-        default=0,
-        validators=[MaxValueValidator(POW_MAX_BITS)],
-        help_text="Before joining, a client must find a nonce whose SHA-256 has this many leading zero bits "
-        "(each bit doubles the work: 16 takes a phone about a second). 0 turns the gate off. Raise it live "
-        "during a flood.",
-    )
-    prequeue_opens_at = models.DateTimeField(
-        "pre-queue opens at",
-        null=True,
-        blank=True,
-        help_text="Joins before this time are refused with the time it opens (needs a start time).",
-    )
-    starts_at = models.DateTimeField(
-        null=True,
-        blank=True,
-        help_text="Admission starts at this time; visitors who join before wait in the pre-queue with a countdown, "
-        "and at this time are put in a random order that anyone can check afterwards (its commitment is "
-        "published while they wait).",
-    )
-    ends_at = models.DateTimeField(
-        null=True, blank=True, help_text="The queue closes at this time; visitors still waiting are told."
-    )
-    # Adaptive outflow (optional): the admission tick follows the protected site's health within bounds.
-    adaptive_outflow = models.BooleanField(
-        default=False,
-        help_text="Let the admission tick adapt the outflow to the protected site's reported response times and "
-        "errors: a step up while healthy, a cut by the decrease factor when the p95 latency or the error rate "
-        "passes its threshold, always between the minimum and the maximum below.",
-    )
-    outflow_min_per_minute = models.FloatField(
-        "outflow minimum (a minute)",
-        null=True,
-        blank=True,
-        validators=[MinValueValidator(0.1), MaxValueValidator(1_000_000)],
-        help_text="The adaptive outflow never goes below this (required when adaptive outflow is on).",
-    )
-    outflow_max_per_minute = models.FloatField(
-        "outflow maximum (a minute)",
-        null=True,
-        blank=True,
-        validators=[MinValueValidator(0.1), MaxValueValidator(1_000_000)],
-        help_text="The adaptive outflow never goes above this (required when adaptive outflow is on).",
-    )
-    health_latency_p95_ms = models.PositiveIntegerField(
-        "p95 latency threshold (ms)",
-        default=1000,
-        validators=[MinValueValidator(1), MaxValueValidator(600_000)],
-        help_text="The site is unhealthy when the 95th percentile of its response times passes this.",
-    )
-    health_error_rate = models.FloatField(
-        "error rate threshold",
-        default=0.05,
-        validators=[MinValueValidator(0.001), MaxValueValidator(1.0)],
-        help_text="The site is unhealthy when this share of its responses (0.05 = 5%) are server errors (5xx).",
-    )
-    adaptive_step_per_minute = models.FloatField(
-        "increase step (a minute)",
-        default=6.0,
-        validators=[MinValueValidator(0.1), MaxValueValidator(1_000_000)],
-        help_text="Added to the outflow at each adjustment while the site is healthy and visitors are waiting.",
-    )
-    adaptive_decrease_factor = models.FloatField(
-        "decrease factor",
-        default=0.7,
-        validators=[MinValueValidator(0.01), MaxValueValidator(0.99)],
-        help_text="The outflow is multiplied by this (between 0 and 1) at each adjustment while the site is unhealthy.",
-    )
-    adaptive_interval_seconds = models.PositiveIntegerField(
-        "adjustment interval (s)",
-        default=10,
-        validators=[
-            MinValueValidator(ADAPTIVE_INTERVAL_MIN_SECONDS),
-            MaxValueValidator(ADAPTIVE_INTERVAL_MAX_SECONDS),
-        ],
-        help_text="At most one adjustment this often, judged on the site's reports of the last interval.",
-    )
-    adaptive_min_requests = models.PositiveIntegerField(
-        "minimum requests",
-        default=20,
-        validators=[MinValueValidator(1)],
-        help_text="Fewer reported requests than this in an interval are too few to cut the outflow on (one slow "
-        "request of two must not halve it).",
-    )
     # Lost Redis state (SPEC 3.6): the epoch in every ticket; a loss starts the next one. Redis issues
     # ticket sequence numbers only up to `seq_reserved`, reserved here first in blocks, so after a loss
     # numbering resumes above every number that may have been issued: none is issued twice.
@@ -278,23 +165,10 @@ class Queue(models.Model):
     # over a newer one's (lua/config.lua).
     revision = models.PositiveBigIntegerField(default=0, editable=False)
 
-    window_size = models.PositiveIntegerField(
-        default=100,
-        validators=[MinValueValidator(1), MaxValueValidator(10_000_000)],
-        help_text="Stateless mode: how many numbers each step of the window lets in.",
-    )
-    window_interval = models.PositiveIntegerField(
-        "window interval (s)",
-        default=10,
-        validators=[MinValueValidator(1), MaxValueValidator(3600)],
-        help_text="Stateless mode: seconds between two steps of the window (outflow = size / interval).",
-    )
-    active_windows = models.PositiveSmallIntegerField(
-        default=2,
-        validators=[MinValueValidator(1), MaxValueValidator(100)],
-        help_text="Stateless mode: a number stays active for this many steps (at least 2 lets a visitor who "
-        "joined just before a step still get through).",
-    )
+    mode: str = _field("mode")
+    window_size: int = _field("window_size")
+    window_interval: int = _field("window_interval")
+    active_windows: int = _field("active_windows")
     # Stateless mode, as the tick last saw it: the window's last active place and the last place issued
     # (where the window and the places resume after lost state), and per epoch the numbers it skipped
     # (a ticket's place is its number less its epoch's gap).
@@ -305,44 +179,16 @@ class Queue(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
-    # The adaptive outflow's settings (part of the policy; a fieldset of their own in admin).
-    ADAPTIVE_FIELDS = (
-        "adaptive_outflow",
-        "outflow_min_per_minute",
-        "outflow_max_per_minute",
-        "health_latency_p95_ms",
-        "health_error_rate",
-        "adaptive_step_per_minute",
-        "adaptive_decrease_factor",
-        "adaptive_interval_seconds",
-        "adaptive_min_requests",
-    )
+    # The policy's settings by group (queueing/policy_table.py; each group a fieldset of its own in admin).
+    ADAPTIVE_FIELDS = policy_table.names("adaptive")
+    STATELESS_FIELDS = policy_table.names("stateless")
+    # The admission policy, as operators edit it (admin, configure_queue, the staff API).
+    POLICY_FIELDS = policy_table.names()
     # What the waiting page says when the line is closed (a fieldset of their own in admin).
     CLOSED_FIELDS = ("closed_message", "closed_link_url", "closed_link_text")
     # Words of the operator's own that the waiting page shows, and those a QueueText may give per language.
     TEXT_FIELDS = ("intro", "time_zone", *CLOSED_FIELDS)
     TRANSLATED_FIELDS = ("name", "intro", "closed_message", "closed_link_text")
-    # Stateless mode's settings (part of the policy; a fieldset of their own in admin).
-    STATELESS_FIELDS = ("mode", "window_size", "window_interval", "active_windows")
-    # The admission policy, as operators edit it (admin, configure_queue, the staff API).
-    POLICY_FIELDS = (
-        "capacity",
-        "capacity_source",
-        "outflow_per_minute",
-        "burst",
-        "session_ttl",
-        "claim_ttl",
-        "presence_timeout",
-        "abandon_timeout",
-        "max_waiting",
-        "max_tickets_per_address",
-        "pow_difficulty",
-        "prequeue_opens_at",
-        "starts_at",
-        "ends_at",
-        *ADAPTIVE_FIELDS,
-        *STATELESS_FIELDS,
-    )
 
     class Meta:
         ordering = ("slug",)
@@ -394,21 +240,12 @@ class Queue(models.Model):
         fractions = dict(DEFAULT_FRACTIONS)
         fractions.update({lvl.level: lvl.placement_fraction for lvl in self.priority_levels.all()})
         return {
+            # Every setting, by its name in the cfg hash (policy_table.Setting.mirror).
+            **{setting.mirror: setting.mirrored(getattr(self, setting.name)) for setting in policy_table.SETTINGS},
             "pf1": fractions[1],
             "pf2": fractions[2],
             "pf3": fractions[3],
             "state": self.state,
-            "capacity": self.capacity,
-            "capacity_source": self.capacity_source,
-            "outflow_per_minute": self.outflow_per_minute,
-            "burst": self.burst,
-            "session_ttl": self.session_ttl,
-            "claim_ttl": self.claim_ttl,
-            "presence_timeout": self.presence_timeout,
-            "abandon_timeout": self.abandon_timeout,
-            "max_waiting": self.max_waiting,
-            "max_tickets_per_address": self.max_tickets_per_address,
-            "pow_difficulty": self.pow_difficulty,
             "target_url": self.target_url,
             "closed_message": self.closed_message,
             "closed_link_url": self.closed_link_url,
@@ -428,23 +265,6 @@ class Queue(models.Model):
             "epoch": self.epoch,
             "revision": self.revision,
             "name": self.name,
-            "starts_at_ms": _ms(self.starts_at),
-            "prequeue_opens_at_ms": _ms(self.prequeue_opens_at),
-            "ends_at_ms": _ms(self.ends_at),
-            # The scripts use the adapted outflow (st.outflow_effective) only while this is "1".
-            "adaptive_outflow": "1" if self.adaptive_outflow else "0",
-            "outflow_min_per_minute": self.outflow_min_per_minute or "",
-            "outflow_max_per_minute": self.outflow_max_per_minute or "",
-            "health_latency_p95_ms": self.health_latency_p95_ms,
-            "health_error_rate": self.health_error_rate,
-            "adaptive_step_per_minute": self.adaptive_step_per_minute,
-            "adaptive_decrease_factor": self.adaptive_decrease_factor,
-            "adaptive_interval_seconds": self.adaptive_interval_seconds,
-            "adaptive_min_requests": self.adaptive_min_requests,
-            "mode": self.mode,
-            "window_size": self.window_size,
-            "window_interval": self.window_interval,
-            "active_windows": self.active_windows,
         }
 
     @property

@@ -40,7 +40,7 @@ from redis.cluster import ClusterNode
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 
-from .. import conf, instruments
+from .. import conf, instruments, policy_table
 from . import lualib
 from .lanes import AsyncConnection, cluster_nodes
 
@@ -59,6 +59,9 @@ LIB_PARTS = (
     "_estimates.lua",
     "_transitions.lua",
 )
+# What a part is given at its head, made from Python's own tables: the queue's settings the scripts read
+# from the packed policy, in _policy.lua (queueing/policy_table.py).
+LIB_GIVEN = {"_policy.lua": lambda: f"local POLICY_SETTINGS = {policy_table.lua_layout()}\n"}
 
 
 class _FcallKeys(CommandsParser):
@@ -252,9 +255,15 @@ def _function(prefix: str, script: str) -> str:
     return prefix + script.replace("/", "__")
 
 
+def library_parts() -> list[lualib.Part]:
+    """The library's shared modules as they are assembled: each one read, with what it is given at its head."""
+    read = [lualib.part_read(LUA_DIR / name) for name in LIB_PARTS]
+    return [part._replace(body=LIB_GIVEN[part.name]() + part.body) if part.name in LIB_GIVEN else part for part in read]
+
+
 @lru_cache(maxsize=1)
 def library() -> Library:
-    lib = lualib.assemble([lualib.part_read(LUA_DIR / part) for part in LIB_PARTS])
+    lib = lualib.assemble(library_parts())
     scripts = {  # a queue script binds the library's keys first
         path.stem: f"bind(KEYS)\n{path.read_text()}"
         for path in sorted(LUA_DIR.glob("*.lua"))

@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.dateparse import parse_datetime
 
-from queueing import services
+from queueing import policy_table, services
 from queueing.models import Queue
 
 
@@ -25,6 +25,21 @@ def _bool(value: str) -> bool:
 
 _bool.__name__ = "on/off"  # argparse names the type in its error message
 
+
+_READ: dict[str, Callable[[str], Any]] = {"int": int, "small": int, "float": float, "bool": _bool}
+
+
+def _option(setting: policy_table.Setting) -> tuple[str, Callable[[str], Any], str]:
+    """A setting as the command line takes it: how its word is read (a moment's in `handle`: 'none' clears
+    it), and its help."""
+    about = setting.brief.replace("%", "%%")
+    if setting.kind == "moment":
+        about += " (ISO 8601, e.g. 2026-12-01T10:00:00Z; 'none' to clear)"
+    elif setting.choices is not None:
+        about += f" ({' | '.join(setting.choices.values)})"
+    return setting.name, _READ.get(setting.kind, str), about
+
+
 OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     ("name", str, "Display name"),
     ("target_url", str, "Where admitted visitors go (absolute URL or /path)"),
@@ -33,38 +48,9 @@ OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     ("closed_message", str, "What visitors read once the line is closed ('' for the default)"),
     ("closed_link_url", str, "A page the closed line sends them on to (absolute URL or /path; '' for none)"),
     ("closed_link_text", str, "That link's words"),
-    ("capacity", int, "Most visitors holding a slot at once"),
-    ("capacity_source", str, "counted | reported"),
-    ("outflow_per_minute", float, "Admissions per minute"),
-    ("burst", int, "Most admitted at once after a quiet spell"),
-    ("session_ttl", int, "Session length in seconds"),
-    ("claim_ttl", int, "Seconds an admitted visitor has to arrive"),
-    ("presence_timeout", int, "Seconds unseen before admission skips a visitor"),
-    ("abandon_timeout", int, "Seconds unseen before a waiting ticket expires"),
-    ("max_waiting", int, "Most visitors waiting (0: no limit)"),
-    (
-        "max_tickets_per_address",
-        int,
-        "Most live tickets per client address (0: no cap; counts tickets joined while on)",
-    ),
-    ("pow_difficulty", int, "Proof-of-work leading zero bits before a join (0: off)"),
     ("state", str, "open | paused | closed"),
-    ("prequeue_opens_at", str, "When joins open, before the start (ISO 8601; 'none' to clear)"),
-    ("starts_at", str, "When admission starts (ISO 8601, e.g. 2026-12-01T10:00:00Z; 'none' to clear)"),
-    ("ends_at", str, "When the queue closes (ISO 8601; 'none' to clear)"),
-    ("mode", str, "tracked | stateless"),
-    ("window_size", int, "Stateless mode: numbers let in per step of the window"),
-    ("window_interval", int, "Stateless mode: seconds between steps"),
-    ("active_windows", int, "Stateless mode: steps a number stays active"),
-    ("adaptive_outflow", _bool, "Follow the protected site's health: on | off"),
-    ("outflow_min_per_minute", float, "Adaptive outflow: never below this"),
-    ("outflow_max_per_minute", float, "Adaptive outflow: never above this"),
-    ("health_latency_p95_ms", int, "Adaptive outflow: unhealthy above this p95 response time (ms)"),
-    ("health_error_rate", float, "Adaptive outflow: unhealthy above this share of 5xx (0.05 = 5%%)"),
-    ("adaptive_step_per_minute", float, "Adaptive outflow: added per adjustment while healthy"),
-    ("adaptive_decrease_factor", float, "Adaptive outflow: multiplied by this per adjustment while unhealthy"),
-    ("adaptive_interval_seconds", int, "Adaptive outflow: seconds between adjustments"),
-    ("adaptive_min_requests", int, "Adaptive outflow: fewest responses in an interval to cut on"),
+    # and every setting of the policy (queueing/policy_table.py)
+    *(_option(setting) for setting in policy_table.SETTINGS),
 ]
 
 
@@ -78,7 +64,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         changes = {name: options[name] for name, _, _ in OPTIONS if options.get(name) is not None}
-        for moment in ("prequeue_opens_at", "starts_at", "ends_at"):
+        for moment in (setting.name for setting in policy_table.SETTINGS if setting.kind == "moment"):
             if moment in changes:
                 changes[moment] = _datetime(changes[moment], moment)
         if "target_url" not in changes and not Queue.objects.filter(slug=options["slug"]).exists():
