@@ -96,20 +96,27 @@ DISPLAY_NAME_MAX = 40
 POW_FIELD_MAX = 200
 
 
-class JoinRequestSerializer(StrictSerializer):
-    """The join body, for the schema. Joins are validated by join_request_validate (same rules, no
-    per-request deep copy of serializer fields: joins come in by the thousand per second)."""
+# The join body's fields: each one's name, longest length and help. The schema's JoinRequestSerializer and
+# join_request_validate, which every join runs (no per-request deep copy of serializer fields: joins come
+# in by the thousand per second), are both made from it; tests/test_join_body.py checks that they agree.
+JOIN_FIELDS: tuple[tuple[str, int, str], ...] = (
+    ("priority_code", PRIORITY_CODE_MAX, "An invite or priority code for this queue (case counts)."),
+    ("display_name", DISPLAY_NAME_MAX, "A name the visitor's neighbours in line may see (GET .../neighbours)."),
+    ("pow_challenge", POW_FIELD_MAX, "A challenge from POST .../challenge (gate on)."),
+    ("pow_nonce", 64, "A nonce such that SHA-256(pow_challenge + ':' + pow_nonce) starts with `difficulty` zero bits."),
+)
 
-    priority_code = StrictCharField(required=False, max_length=PRIORITY_CODE_MAX, allow_blank=True)
-    display_name = StrictCharField(required=False, max_length=DISPLAY_NAME_MAX, allow_blank=True)
-    pow_challenge = StrictCharField(
-        required=False, max_length=POW_FIELD_MAX, help_text="A challenge from POST .../challenge (gate on)."
-    )
-    pow_nonce = StrictCharField(
-        required=False,
-        max_length=64,
-        help_text="A nonce such that SHA-256(pow_challenge + ':' + pow_nonce) starts with `difficulty` zero bits.",
-    )
+
+class JoinRequestSerializer(StrictSerializer):
+    """The join body, for the schema (joins are checked by join_request_validate: JOIN_FIELDS)."""
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        return {
+            name: StrictCharField(
+                required=False, allow_blank=True, trim_whitespace=False, max_length=limit, help_text=about
+            )
+            for name, limit, about in JOIN_FIELDS
+        }
 
 
 def _text_problem(value: str) -> str | None:
@@ -132,17 +139,11 @@ def join_request_validate(data: Any) -> dict[str, str]:
             gettext_noop("The body must be a JSON object."),
             fields={"non_field_errors": [gettext_noop("The body must be a JSON object.")]},
         )
-    unknown = sorted(set(data) - {"priority_code", "display_name", "pow_challenge", "pow_nonce"})
+    unknown = sorted(set(data) - {name for name, _, _ in JOIN_FIELDS})
     if unknown:
         raise ApiError("unknown_fields", unknown_fields(unknown), fields=unknown)
     problems: dict[str, list[str]] = {}
-    limits = (
-        ("priority_code", PRIORITY_CODE_MAX),
-        ("display_name", DISPLAY_NAME_MAX),
-        ("pow_challenge", POW_FIELD_MAX),
-        ("pow_nonce", 64),
-    )
-    for name, limit in limits:
+    for name, limit, _ in JOIN_FIELDS:
         value = data.get(name, "")
         if not isinstance(value, str):
             problems[name] = ["Not a valid string."]
