@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 
@@ -106,6 +107,25 @@ def test_a_change_redis_took_whose_commit_failed_is_undone_by_a_tick_once_its_gr
     digest = store.config_read(queue.slug)["digest"]
     services.queues_tick(instance="healing", now=clock.advance(1))
     assert store.config_read(queue.slug)["digest"] == digest  # held now: the next tick writes nothing
+
+
+def test_a_new_release_s_scripts_have_every_queue_s_policy_written_again_at_the_next_tick(
+    make_queue, clock, monkeypatch
+):
+    """Found in review: the digest stood for the database's row only, so a release whose scripts keep the
+    policy otherwise (another packed layout: lua/_policy.lua) found every queue's policy "held" and never
+    wrote it in its own way. The digest is of the row and the scripts' library: a new one writes each once."""
+    from queueing import services
+
+    queue = make_queue(capacity=10)
+    services.queues_tick(instance="release", now=clock())
+    written = store.config_read(queue.slug)["digest"]
+    services.queues_tick(instance="release", now=clock.advance(1))
+    assert store.config_read(queue.slug)["digest"] == written  # held: nothing written
+    library = store.library()
+    monkeypatch.setattr(store, "library", lambda: dataclasses.replace(library, name="waitingroom_nextrelease"))
+    services.queues_tick(instance="release", now=clock.advance(1))
+    assert store.config_read(queue.slug)["digest"] != written
 
 
 def test_a_policy_write_redis_takes_only_in_part_leaves_no_digest_and_the_next_tick_writes_it_whole(make_queue, clock):

@@ -83,7 +83,7 @@ class _Mirror(NamedTuple):
     policy: dict[str, Any]
     window: dict[str, Any] | None
     gaps: dict[int, int]
-    digest: str  # of all the above but the time of writing: the same row, the same digest
+    digest: str  # of all the above but the time of writing, and the scripts' library: the same row, the same digest
 
     @classmethod
     def of(cls, queue: Queue) -> _Mirror:
@@ -119,7 +119,9 @@ class _Mirror(NamedTuple):
                 "capacity_source": queue.capacity_source,
             }
             gaps = {int(epoch): int(gap) for epoch, gap in queue.window_gaps.items()}
-        text = json.dumps([policy, window, sorted(gaps.items())], sort_keys=True, default=str)
+        # With the scripts' library's name (a digest of its code): a new release's scripts may keep the
+        # policy otherwise (lua/_policy.lua packs it in its own layout), so each queue's is written once more.
+        text = json.dumps([store.library().name, policy, window, sorted(gaps.items())], sort_keys=True, default=str)
         return cls(policy, window, gaps, hashlib.blake2b(text.encode(), digest_size=12).hexdigest())
 
 
