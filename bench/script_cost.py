@@ -184,13 +184,22 @@ def measure(tickets: int, calls: int, rounds: int = 3) -> dict[str, Any]:
     results["status alone, every slot taken, 36 admissions unclaimed: the late ones one by one"] = per_call(
         "status", poll_now
     )
+    # The same queue after the leader's tick, as it runs once a second: its looks at the line and at the slots
+    # held (from the queue's own tickets and slots now, not the figures written above), and the table of
+    # waits that polls read (lua/_estimates.lua waits_tabulate); then the same polls without the table.
+    client.set(keys.leader, "bench-leader")
+    results["the leader's tick (admit), open, every slot taken: its looks and its table of waits"] = per_call(
+        "admit", lambda i: ("admit", keys.script_keys(), (now_ms, "bench-leader", 100, 100))
+    )
+    results["status alone, after the tick: the wait read from its table"] = per_call("status", poll_now)
+    client.hdel(keys.st, "wt")
+    results["status alone, after the tick: the wait worked out (no table)"] = per_call("status", poll_now)
     # The leader's tick, once a second per queue, on the same slots: it looks at 24 of the slots held (each
     # one's record too, to know whether it was let in at its join), adds their seconds per band of time
     # held, works out the life table and draws the curve of slots back (lua/_holds.lua returns_look),
     # and looks at the line. Paused, so that it admits nobody and every call does the same work; the
     # record of holds is written in the 14 bands of before, which a version of 28 reads into its own at
     # the first call (and saves so).
-    client.set(keys.leader, "bench-leader")
     services.queue_configure(slug="bench", changes={"state": "paused"}, actor_label="bench")
     client.hset(
         keys.st,

@@ -1362,3 +1362,58 @@ def test_a_session_held_by_one_who_left_is_counted_exactly_and_only_the_waits_re
         view = selectors.ticket_view(slug, reply, now_ms=int((t1 + 110) * 1000))
         assert view.estimated_wait_seconds is not None and view.estimated_wait_seconds < 120, view
         assert view.held_slot_ends_at is None and "held_slot_ends_at" not in view.payload()
+
+
+def test_a_poll_reads_its_wait_from_the_tick_s_table_and_it_is_the_wait_worked_out_there(make_queue, clock):
+    """Issue 49: the model is the tick's. The leader's tick tabulates the waits at places 0, 1, 2, 4, 8, ...,
+    the last, and the middles of the stretches between them, split again where the waits are not on a
+    straight line (lua/_estimates.lua waits_tabulate); a poll reads its own there, on the straight line
+    between two places, less the seconds since. At a tabulated place it is the wait the poll would work out; between
+    two, within a second or two of it; a poll too late for the table, or of a priority joiner, works its own."""
+    queue = make_queue(capacity=1000, outflow_per_minute=60, burst=1, presence_timeout=5)
+    slug, t0 = queue.slug, clock.now
+    first = [join(slug, f"v{i}", now=t0) for i in range(40)]
+    later = [join(slug, f"w{i}", now=t0 + 2 + i / 10) for i in range(160)]
+    for second in range(1, 16):  # the odd ones of the first forty walk away: the estimate weighs walking away
+        now = t0 + 5 + second
+        for index, ticket in enumerate(first + later):
+            if index % 2 == 0 or index >= 40:
+                status(slug, ticket, now=now)
+        admit(slug, now)
+    vip = join(slug, "vip", now=t0 + 20, priority=2)
+    now = t0 + 21
+    tick(slug, now)
+    keys = store.queue_keys(slug)
+    table = str(store.client().hget(keys.st, "wt")).split()
+    places = {int(place): int(wait) for place, wait in zip(table[1::2], table[2::2], strict=True)}
+    assert len(places) < 40 and {0, 1, 2, 4, 8, 16, 32, 64, 128} <= set(places)
+    # Those in line (a poll of one who walked away would put it back in its place, moving those behind it).
+    in_line = set(store.line_members(slug))
+    waiting = [t for t in first + later if t.ticket_id in in_line]
+    from_table = {t.ticket_id: status(slug, t, now=now) for t in waiting}
+    store.client().hdel(keys.st, "wt")
+    worked_out = {t.ticket_id: status(slug, t, now=now) for t in waiting}
+    compared, worst = 0, 0
+    for tid, read in from_table.items():
+        own = worked_out[tid]
+        assert read.rank == own.rank and own.est_wait_s is not None and own.est_wait_s > 0
+        if read.rank in places:
+            assert read.est_wait_s == places[read.rank] == own.est_wait_s, (read.rank, places)
+        else:
+            assert abs((read.est_wait_s or 0) - own.est_wait_s) <= max(2, own.est_wait_s * 0.03), (read, own)
+        compared += 1
+        worst = max(worst, abs((read.est_wait_s or 0) - own.est_wait_s))
+    assert compared > 100
+    print(f"{compared} waits compared; the most a table's differed from the wait worked out: {worst} s")
+    # A second later the table's waits are a second shorter; past its freshness, the poll works its own.
+    tick(slug, now)
+    at = next(t for t in waiting if status(slug, t, now=now).rank == 8)
+    assert status(slug, at, now=now + 1).est_wait_s == places[8] - 1
+    store.client().hset(keys.st, "wt", " ".join([str(int(now * 1000) - 3000), *table[1:]]))
+    assert status(slug, at, now=now).est_wait_s == worked_out[at.ticket_id].est_wait_s
+    # A priority joiner's poll works its own wait out (those who cut in behind it do not cut in ahead of it).
+    store.client().hdel(keys.st, "wt")
+    vip_own = status(slug, vip, now=now).est_wait_s
+    store.client().hset(keys.st, "wt", " ".join([str(int(now * 1000)), *(f"{place} 999" for place in places)]))
+    assert status(slug, at, now=now).est_wait_s == 999  # (a table that says so is read)
+    assert vip_own is not None and 0 < vip_own < 999 and status(slug, vip, now=now).est_wait_s == vip_own

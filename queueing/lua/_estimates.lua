@@ -1,7 +1,7 @@
 -- _estimates.lua: the wait a visitor is told, from the line's drain (priority joiners, _priority.lua;
 -- walking away, _walkaways.lua; the slots that come back, _holds.lua), and the range from told-versus-had
 -- (part of the library: _lib.lua). Issue 18; bench/estimate_sim.py measures it.
---!exports: wait_learn opened_note estimate_told
+--!exports: wait_learn opened_note estimate_told waits_tabulate waits_read
 
 -- Estimated seconds until a visitor with `ahead` tickets in front (of priority `level`, waiting for
 -- own_s seconds so far) is admitted, or -1 when unknown (paused or closed). The line drains from its head,
@@ -171,4 +171,84 @@ function estimate_told(p, st, level, rank, now, used, joined)
     return estimate_wait(p, st, (n - 1) / 2, now, used, level, own_s)
   end
   return estimate_wait(p, st, rank, now, used, level, own_s)
+end
+
+-- The waits at a few places in line, tabulated by the leader's tick once a second (waits_tabulate), so that
+-- a poll reads its wait there (waits_read) instead of working it out (issue 49: the poll pays only for
+-- what it reads; the model is the tick's). A place's wait is estimate_told's for the visitor who stands
+-- there (its time waited so far). The places: 0, 1, 2, 4, 8, ... and the last, then the middle of each
+-- stretch between two, kept, and the stretch split again wherever that middle is off the straight line
+-- between its ends (a step: the slots of admissions nobody claimed come back at their deadlines, then the
+-- sessions' pace), at most WAITS_MORE middles in all. A poll between two places takes the straight line
+-- between them. The table is 'wt' in st: "the tick's now, then place and wait, place and wait, ...". A
+-- poll uses it only while it is fresh (WAITS_FRESH_MS), for a visitor of level 0 within the places it
+-- covers, on an open queue that is not waiting for a shuffled start's draw; any other poll works its wait
+-- out as before. A join always does (the wait told at the join is the one the range learns from).
+local WAITS_FRESH_MS, WAITS_MORE = 2500, 24
+
+function waits_tabulate(p, st, now)
+  local n = line_count()
+  if p.state ~= 'open' or n == 0 or (p.shuffle_pending and now < p.starts_at_ms) then
+    if st.wt then redis.call('HDEL', K_ST, 'wt') end
+    return
+  end
+  local used = used_slots(p, st)
+  local function wait_at(place)
+    local tids = line_range(place, place)
+    local rec = tids[1] and load(vk_of(tids[1]))
+    return estimate_told(p, st, 0, place, now, used, rec and rec[R_JOINED] or now)
+  end
+  local places, waits, place = {}, {}, 0
+  while true do
+    places[#places + 1], waits[#waits + 1] = place, wait_at(place)
+    if place >= n - 1 then break end
+    place = math.min(n - 1, math.max(1, place * 2))
+  end
+  local i, more = 1, WAITS_MORE
+  while i < #places and more > 0 do
+    local a, b, wa, wb = places[i], places[i + 1], waits[i], waits[i + 1]
+    if b - a > 1 then
+      local m = math.floor((a + b) / 2)
+      local wm = wait_at(m)
+      more = more - 1
+      table.insert(places, i + 1, m)
+      table.insert(waits, i + 1, wm)
+      local straight = wa + (wb - wa) * (m - a) / (b - a)
+      local off = (wa < 0) ~= (wb < 0) or (wm < 0) ~= (wa < 0) or math.abs(wm - straight) > math.max(1, 0.03 * wm)
+      if not off then i = i + 2 end  -- (else the first half is looked at next, then the second)
+    else
+      i = i + 1
+    end
+  end
+  local out = {string.format('%d', now)}
+  for k = 1, #places do out[#out + 1] = places[k] .. ' ' .. waits[k] end
+  redis.call('HSET', K_ST, 'wt', table.concat(out, ' '))
+end
+
+-- Tables read, kept by their text (a poll of the same second finds it decoded; at most 256 kept).
+local TABLES, TABLES_KEPT = {}, 0
+
+-- The wait of a visitor of level 0 at `rank`, from the tick's table; nil when the table does not answer
+-- (the poll works it out).
+function waits_read(p, st, rank, now)
+  local text = st.wt
+  if not text or p.state ~= 'open' or (p.shuffle_pending and now < p.starts_at_ms) then return nil end
+  local v = TABLES[text]
+  if not v then
+    v = numbers(text, select(2, string.gsub(text, '%S+', '')))
+    if TABLES_KEPT >= 256 then TABLES, TABLES_KEPT = {}, 0 end
+    TABLES[text], TABLES_KEPT = v, TABLES_KEPT + 1
+  end
+  local age = now - v[1]
+  if age < 0 or age > WAITS_FRESH_MS or rank > v[#v - 1] then return nil end
+  local i = 2
+  while v[i] < rank do i = i + 2 end  -- the first place at or past rank
+  local w = v[i + 1]
+  if v[i] > rank then
+    local before = v[i - 1]
+    if (before < 0) ~= (w < 0) then return nil end  -- known on one side only: worked out here
+    if w >= 0 then w = before + (w - before) * (rank - v[i - 2]) / (v[i] - v[i - 2]) end
+  end
+  if w < 0 then return -1 end  -- unknown (estimate_wait: no slot given back yet, a paused start)
+  return math.max(1, math.ceil(w - age / 1000))
 end

@@ -6,7 +6,7 @@
 -- The counters a poll reads: figures() and estimate_wait() (HGETALL would build every other one too).
 local FIGURE_FIELDS = {
   'admitted', 'evseq', 'ema_rate', 'ema_ts', 'ema_service_ms', 'reported_in_use', 'b_tokens', 'b_ts', 'thetas',
-  'w_lo', 'w_hi', 'silent', 'pri', 'head_js', 'lj', 'svr', 'svm', 'svo',
+  'w_lo', 'w_hi', 'silent', 'pri', 'head_js', 'lj', 'svr', 'svm', 'svo', 'wt',
 }
 
 function figure_stats()

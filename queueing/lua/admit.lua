@@ -81,8 +81,12 @@ rate_update(st, now, #admitted, admitting(p, now) and waiting > 0)
 if token ~= '' then  -- the leader's tick, once a second
   silent_look(p, st, now, hazard)  -- saves the head's sums with the line's
   returns_look(p, st, now)
-elseif learnt then
-  hazard_save(hazard)
+  -- the waits polls read, from what the looks saw (st as a poll reads it)
+  if waiting > 0 then waits_tabulate(p, figure_stats(), now) elseif st.wt then redis.call('HDEL', K_ST, 'wt') end
+else
+  if learnt then hazard_save(hazard) end
+  -- Admissions between ticks move everyone up: the table's places are not theirs any more.
+  if #admitted > 0 then redis.call('HDEL', K_ST, 'wt') end
 end
 
 local moves = moves_reply()

@@ -67,6 +67,7 @@ local rank, est = -1, 0
 if rec[R_STATUS] == WAITING then
   rank = waiting_rank(tid, rec)
   if not rank then return {'gone', {}, {}, moves_reply()} end
-  est = estimate_told(p, st, rec[R_PRI], rank, now, used, rec[R_JOINED])
+  -- the tick's table of waits (waits_read), else worked out here
+  est = rec[R_PRI] == 0 and waits_read(p, st, rank, now) or estimate_told(p, st, rec[R_PRI], rank, now, used, rec[R_JOINED])
 end
 return {'ok', ticket_reply(tid, rec, rank, est, 0), poll_figures(p, st, used), moves_reply()}
