@@ -38,9 +38,14 @@ def test_a_status_poll_with_its_limiter_is_one_script_within_its_budget(redis_of
     services.queue_resume(queue)
     services.queues_tick(instance="budget", now=clock.advance(1))  # both slots taken: the rest wait
     opened = counted(lambda: modes.status(claims[20], limit_scope="status", now=clock.advance(1)))
-    # Open, with a wait to estimate: the same 9 (the estimate reads the counters the paused poll reads; what
-    # it costs is the script's own work, which bench/script_cost.py measures).
+    # Open, with a wait to estimate, read off the leader's table of waits (lua/_estimates.lua waits_read):
+    # the same 9 commands, and the queue's counters read once, only those the figures and the table need.
     assert opened["fcall"] == 1 and sum(opened.values()) <= 9, opened
+    assert opened["hmget"] == paused["hmget"], (opened, paused)
+    # Without the table the poll works its wait out: then, and only then, it reads the model's inputs too.
+    store.client().hdel(store.queue_keys(queue.slug).st, "wt")
+    worked_out = counted(lambda: modes.status(claims[20], limit_scope="status", now=clock.advance(0.1)))
+    assert worked_out["hmget"] == opened["hmget"] + 1 and sum(worked_out.values()) <= 10, worked_out
 
 
 def test_a_join_is_one_script_within_its_budget(redis_of_its_own, make_queue, clock):

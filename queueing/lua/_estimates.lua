@@ -26,7 +26,7 @@
 -- Admissions come with the next tick: the beat sends the admission tick every second (queueing/schedules.py).
 local TICK_S = 1
 
-local function estimate_wait(p, st, ahead, now, used, level, own_s)
+local function estimate_wait(p, st, ahead, now, used, level, own_s, exact)
   if p.state ~= 'open' then return -1 end
   local until_start = math.max(0, p.starts_at_ms - now) / 1000
   local r_out = p.outflow / 60
@@ -107,7 +107,9 @@ local function estimate_wait(p, st, ahead, now, used, level, own_s)
     end
     t = (lo + hi) / 2
   end
-  return math.ceil(until_start + t + TICK_S / 2)  -- admissions come with the next tick
+  t = until_start + t + TICK_S / 2  -- admissions come with the next tick
+  if exact then return t end  -- (the tick's table: rounded once, by the poll that reads it)
+  return math.ceil(t)
 end
 
 -- How far waits fall from what was told: w_lo and w_hi follow the 10th and 90th percentiles of
@@ -160,7 +162,7 @@ end
 -- in it so far, the first to join were told the wait of the middle of seven, and had the wait of a place
 -- among sixty.
 local PREQUEUE_PACE_S = 10
-function estimate_told(p, st, level, rank, now, used, joined)
+function estimate_told(p, st, level, rank, now, used, joined, exact)
   local own_s = (now - (joined or now)) / 1000
   if p.shuffle_pending and now < p.starts_at_ms then
     local n = line_count()
@@ -168,9 +170,9 @@ function estimate_told(p, st, level, rank, now, used, joined)
       local open_s = math.max(PREQUEUE_PACE_S, (now - p.prequeue_opens_ms) / 1000)
       n = n + n / open_s * (p.starts_at_ms - now) / 1000
     end
-    return estimate_wait(p, st, (n - 1) / 2, now, used, level, own_s)
+    return estimate_wait(p, st, (n - 1) / 2, now, used, level, own_s, exact)
   end
-  return estimate_wait(p, st, rank, now, used, level, own_s)
+  return estimate_wait(p, st, rank, now, used, level, own_s, exact)
 end
 
 -- The waits at a few places in line, tabulated by the leader's tick once a second (waits_tabulate), so that
@@ -180,7 +182,9 @@ end
 -- stretch between two, kept, and the stretch split again wherever that middle is off the straight line
 -- between its ends (a step: the slots of admissions nobody claimed come back at their deadlines, then the
 -- sessions' pace), at most WAITS_MORE middles in all. A poll between two places takes the straight line
--- between them. The table is 'wt' in st: "the tick's now, then place and wait, place and wait, ...". A
+-- between them. The table is 'wt' in st: "the tick's now, then place and wait, place and wait, ...", each
+-- wait to a tenth of a second and rounded up once, by the poll, after the seconds since the tick are taken
+-- off (rounded up at the tick too, a wait read a second later was told up to a second long). A
 -- poll uses it only while it is fresh (WAITS_FRESH_MS), for a visitor of level 0 within the places it
 -- covers, on an open queue that is not waiting for a shuffled start's draw; any other poll works its wait
 -- out as before. A join always does (the wait told at the join is the one the range learns from).
@@ -196,7 +200,7 @@ function waits_tabulate(p, st, now)
   local function wait_at(place)
     local tids = line_range(place, place)
     local rec = tids[1] and load(vk_of(tids[1]))
-    return estimate_told(p, st, 0, place, now, used, rec and rec[R_JOINED] or now)
+    return estimate_told(p, st, 0, place, now, used, rec and rec[R_JOINED] or now, true)
   end
   local places, waits, place = {}, {}, 0
   while true do
@@ -221,7 +225,7 @@ function waits_tabulate(p, st, now)
     end
   end
   local out = {string.format('%d', now)}
-  for k = 1, #places do out[#out + 1] = places[k] .. ' ' .. waits[k] end
+  for k = 1, #places do out[#out + 1] = string.format('%d %.1f', places[k], waits[k]) end
   redis.call('HSET', K_ST, 'wt', table.concat(out, ' '))
 end
 

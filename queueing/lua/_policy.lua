@@ -1,6 +1,6 @@
 -- _policy.lua: the policy as the scripts read it, the counters a poll reads, the token bucket, a priority
 -- joiner's place (part of the library: _lib.lua).
---!exports: figure_stats num policy_pack server_id policy admitting capacity_now used_slots bucket_tokens
+--!exports: figure_stats poll_stats num policy_pack server_id policy admitting capacity_now used_slots bucket_tokens
 --!exports: whole_tokens bucket_save rate_update ema_update poll_figures figures priority_place
 
 -- The counters a poll reads: figures() and estimate_wait() (HGETALL would build every other one too).
@@ -13,6 +13,18 @@ function figure_stats()
   local values = redis.call('HMGET', K_ST, unpack(FIGURE_FIELDS))
   local t = {}
   for i = 1, #FIGURE_FIELDS do t[FIGURE_FIELDS[i]] = values[i] or nil end
+  return t
+end
+
+-- Of those, what a poll reads when the tick's table of waits answers it (or when it needs no estimate): the
+-- figures poll_figures() gives, the slots a site reports, and the table. The others (the models' inputs,
+-- some of them long texts) are read only by a poll that works its wait out (status.lua).
+local POLL_FIELDS = {'evseq', 'w_lo', 'w_hi', 'svo', 'reported_in_use', 'wt'}
+
+function poll_stats()
+  local values = redis.call('HMGET', K_ST, unpack(POLL_FIELDS))
+  local t = {}
+  for i = 1, #POLL_FIELDS do t[POLL_FIELDS[i]] = values[i] or nil end
   return t
 end
 

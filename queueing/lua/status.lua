@@ -61,13 +61,17 @@ elseif rec[R_STATUS] <= ACTIVE then
   if refused then return {'limited', {}, {}, moves_reply(), refused} end
 end
 
-local st = figure_stats()
+local st = poll_stats()  -- what the figures and the table of waits need; the models' inputs only if worked out
 local used = used_slots(p, st)  -- counted once: the estimate and the figures both need it
 local rank, est = -1, 0
 if rec[R_STATUS] == WAITING then
   rank = waiting_rank(tid, rec)
   if not rank then return {'gone', {}, {}, moves_reply()} end
-  -- the tick's table of waits (waits_read), else worked out here
-  est = rec[R_PRI] == 0 and waits_read(p, st, rank, now) or estimate_told(p, st, rec[R_PRI], rank, now, used, rec[R_JOINED])
+  -- the tick's table of waits (waits_read), else worked out here (-1 at once when admission is stopped)
+  est = rec[R_PRI] == 0 and waits_read(p, st, rank, now)
+  if not est then
+    if p.state == 'open' then st = figure_stats() end
+    est = estimate_told(p, st, rec[R_PRI], rank, now, used, rec[R_JOINED])
+  end
 end
 return {'ok', ticket_reply(tid, rec, rank, est, 0), poll_figures(p, st, used), moves_reply()}
