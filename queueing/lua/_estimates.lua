@@ -26,36 +26,61 @@
 -- Admissions come with the next tick: the beat sends the admission tick every second (queueing/schedules.py).
 local TICK_S = 1
 
-local function estimate_wait(p, st, ahead, now, used, level, own_s, exact)
-  if p.state ~= 'open' then return -1 end
-  local until_start = math.max(0, p.starts_at_ms - now) / 1000
+-- What the estimate takes of the queue that is the same for every place in line (the bucket, the free
+-- slots, the pace at which slots come back and which ones come back first), worked out once for a poll's
+-- or a join's one wait and once for all the places of the tick's table (waits_tabulate). nil: no estimate
+-- (not open, no outflow). The slots' model is worked out when a wait first needs a slot that is not free.
+local function estimate_inputs(p, st, now, used)
+  if p.state ~= 'open' then return nil end
   local r_out = p.outflow / 60
-  if r_out <= 0 then return -1 end
-  -- (before a shuffled start's draw those ahead will be any of the line, not the look's first places)
-  local present, look = present_read(st, now, ahead, not (p.shuffle_pending and now < p.starts_at_ms))
-  local tokens = math.max(0, whole_tokens((bucket_tokens(p, st, math.max(now, p.starts_at_ms)))))
-  local free = math.max(0, capacity_now(p, st, now) - (used or used_slots(p, st)))
-  local r_cap = nil
+  if r_out <= 0 then return nil end
+  local e = {
+    until_start = math.max(0, p.starts_at_ms - now) / 1000,
+    r_out = r_out,
+    tokens = math.max(0, whole_tokens((bucket_tokens(p, st, math.max(now, p.starts_at_ms))))),
+    free = math.max(0, capacity_now(p, st, now) - (used or used_slots(p, st))),
+    -- (before a shuffled start's draw those ahead will be any of the line, not the look's first places)
+    drawn = not (p.shuffle_pending and now < p.starts_at_ms),
+  }
   local service_ms = num(st, 'ema_service_ms', 0)
   if service_ms > 0 then
     service_ms = num(st, 'svm', service_ms)  -- the mean hold by the bands' rates, slots still held counted
-    r_cap = p.capacity / (service_ms / 1000)
+    e.r_cap = p.capacity / (service_ms / 1000)
   elseif p.capacity_source == 'reported' and num(st, 'ema_ts', 0) > 0 then
     -- the site counts its own sessions, so their length is never seen here: the observed pace
     local age_s = math.max(0, now - num(st, 'ema_ts', 0)) / 1000
-    r_cap = num(st, 'ema_rate', 0) * math.exp(-age_s / RATE_TAU_S)
+    e.r_cap = num(st, 'ema_rate', 0) * math.exp(-age_s / RATE_TAU_S)
   end
-  local back, curve, r_live, gone_n, gone_end = nil, nil, r_cap, 0, 0
-  if r_cap ~= nil and r_cap > 0 and 2 * (present + 1) > free then
-    curve = numbers(st.svr, RETURN_POINTS + 2)
-    -- slots held by visitors taken to have left (returns_look: 'svo') come back at their deadlines, the
-    -- first at gone_end; the rest of the site turns over at its pace
+  return e
+end
+
+-- The slots' model, once: the tick's curve of slots back, the slots held by visitors taken to have left
+-- (returns_look: 'svo'; they come back at their deadlines, the first at gone_end; the rest of the site
+-- turns over at its pace) and the late admissions looked at one by one (slots_back).
+local function slots_model(p, st, now, e)
+  if not e.slots then
+    local r_cap = e.r_cap
+    local m = {curve = numbers(st.svr, RETURN_POINTS + 2), r_live = r_cap, gone_n = 0, gone_end = 0}
     local svo = numbers(st.svo, 2)
     if svo and p.capacity > 0 then
-      gone_n, gone_end = svo[1], math.max(0, svo[2] - now) / 1000
-      r_live = r_cap * math.max(0, p.capacity - gone_n) / p.capacity
+      m.gone_n, m.gone_end = svo[1], math.max(0, svo[2] - now) / 1000
+      m.r_live = r_cap * math.max(0, p.capacity - m.gone_n) / p.capacity
     end
-    back = slots_back(p, now, r_live, curve)
+    m.back = slots_back(p, now, m.r_live, m.curve) or false
+    e.slots = m
+  end
+  return e.slots
+end
+
+local function estimate_wait(p, st, ahead, now, used, level, own_s, exact, e)
+  e = e or estimate_inputs(p, st, now, used)
+  if not e then return -1 end
+  local until_start, r_out, tokens, free, r_cap = e.until_start, e.r_out, e.tokens, e.free, e.r_cap
+  local present, look = present_read(st, now, ahead, e.drawn)
+  local back, curve, r_live, gone_n, gone_end = nil, nil, r_cap, 0, 0
+  if r_cap ~= nil and r_cap > 0 and 2 * (present + 1) > free then
+    local m = slots_model(p, st, now, e)
+    back, curve, r_live, gone_n, gone_end = m.back or nil, m.curve, m.r_live, m.gone_n, m.gone_end
   end
   local function base(k)  -- seconds until k slots are back, of those held by visitors still there
     if k <= 0 then return 0 end
@@ -162,7 +187,7 @@ end
 -- in it so far, the first to join were told the wait of the middle of seven, and had the wait of a place
 -- among sixty.
 local PREQUEUE_PACE_S = 10
-function estimate_told(p, st, level, rank, now, used, joined, exact)
+function estimate_told(p, st, level, rank, now, used, joined, exact, e)
   local own_s = (now - (joined or now)) / 1000
   if p.shuffle_pending and now < p.starts_at_ms then
     local n = line_count()
@@ -170,9 +195,9 @@ function estimate_told(p, st, level, rank, now, used, joined, exact)
       local open_s = math.max(PREQUEUE_PACE_S, (now - p.prequeue_opens_ms) / 1000)
       n = n + n / open_s * (p.starts_at_ms - now) / 1000
     end
-    return estimate_wait(p, st, (n - 1) / 2, now, used, level, own_s, exact)
+    return estimate_wait(p, st, (n - 1) / 2, now, used, level, own_s, exact, e)
   end
-  return estimate_wait(p, st, rank, now, used, level, own_s, exact)
+  return estimate_wait(p, st, rank, now, used, level, own_s, exact, e)
 end
 
 -- The waits at a few places in line, tabulated by the leader's tick once a second (waits_tabulate), so that
@@ -183,8 +208,9 @@ end
 -- between its ends (a step: the slots of admissions nobody claimed come back at their deadlines, then the
 -- sessions' pace), at most WAITS_MORE middles in all. A poll between two places takes the straight line
 -- between them. The table is 'wt' in st: "the tick's now, then place and wait, place and wait, ...", each
--- wait to a tenth of a second and rounded up once, by the poll, after the seconds since the tick are taken
--- off (rounded up at the tick too, a wait read a second later was told up to a second long). A
+-- wait rounded up to a tenth of a second, and to a whole second only by the poll, after the seconds since
+-- the tick are taken off (rounded up at the tick, a wait read a moment later was told up to a second long;
+-- rounded to the nearest tenth, a wait of 56.04 s was read as 56 where a poll worked out 57). A
 -- poll uses it only while it is fresh (WAITS_FRESH_MS), for a visitor of level 0 within the places it
 -- covers, on an open queue that is not waiting for a shuffled start's draw; any other poll works its wait
 -- out as before. A join always does (the wait told at the join is the one the range learns from).
@@ -197,10 +223,11 @@ function waits_tabulate(p, st, now)
     return
   end
   local used = used_slots(p, st)
+  local e = estimate_inputs(p, st, now, used)  -- the same for every place
   local function wait_at(place)
     local tids = line_range(place, place)
     local rec = tids[1] and load(vk_of(tids[1]))
-    return estimate_told(p, st, 0, place, now, used, rec and rec[R_JOINED] or now, true)
+    return estimate_told(p, st, 0, place, now, used, rec and rec[R_JOINED] or now, true, e)
   end
   local places, waits, place = {}, {}, 0
   while true do
@@ -225,7 +252,7 @@ function waits_tabulate(p, st, now)
     end
   end
   local out = {string.format('%d', now)}
-  for k = 1, #places do out[#out + 1] = string.format('%d %.1f', places[k], waits[k]) end
+  for k = 1, #places do out[#out + 1] = string.format('%d %.1f', places[k], math.ceil(waits[k] * 10) / 10) end
   redis.call('HSET', K_ST, 'wt', table.concat(out, ' '))
 end
 

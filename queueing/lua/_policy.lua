@@ -3,29 +3,32 @@
 --!exports: figure_stats poll_stats num policy_pack server_id policy admitting capacity_now used_slots bucket_tokens
 --!exports: whole_tokens bucket_save rate_update ema_update poll_figures figures priority_place
 
--- The counters a poll reads: figures() and estimate_wait() (HGETALL would build every other one too).
-local FIGURE_FIELDS = {
-  'admitted', 'evseq', 'ema_rate', 'ema_ts', 'ema_service_ms', 'reported_in_use', 'b_tokens', 'b_ts', 'thetas',
-  'w_lo', 'w_hi', 'silent', 'pri', 'head_js', 'lj', 'svr', 'svm', 'svo', 'wt',
+-- The counters a poll reads (figures() and estimate_wait(); HGETALL would build every other one too): first
+-- those it needs when the tick's table of waits answers it, or when it needs no estimate (the figures
+-- poll_figures() gives, the slots a site reports, the table), then the model's inputs (some of them long
+-- texts), read only by a poll that works its wait out (status.lua) and by joins and ticks.
+local POLL_FIELDS = {'evseq', 'w_lo', 'w_hi', 'svo', 'reported_in_use', 'wt'}
+local MODEL_FIELDS = {
+  'admitted', 'ema_rate', 'ema_ts', 'ema_service_ms', 'b_tokens', 'b_ts', 'thetas', 'silent', 'pri', 'head_js',
+  'lj', 'svr', 'svm',
 }
+local FIGURE_FIELDS = {}  -- (built with plain loops: the library's load sees no global, unpack included)
+for i = 1, #POLL_FIELDS do FIGURE_FIELDS[i] = POLL_FIELDS[i] end
+for i = 1, #MODEL_FIELDS do FIGURE_FIELDS[#FIGURE_FIELDS + 1] = MODEL_FIELDS[i] end
 
-function figure_stats()
-  local values = redis.call('HMGET', K_ST, unpack(FIGURE_FIELDS))
-  local t = {}
-  for i = 1, #FIGURE_FIELDS do t[FIGURE_FIELDS[i]] = values[i] or nil end
+local function stats_read(fields, t)
+  local values = redis.call('HMGET', K_ST, unpack(fields))
+  for i = 1, #fields do t[fields[i]] = values[i] or nil end
   return t
 end
 
--- Of those, what a poll reads when the tick's table of waits answers it (or when it needs no estimate): the
--- figures poll_figures() gives, the slots a site reports, and the table. The others (the models' inputs,
--- some of them long texts) are read only by a poll that works its wait out (status.lua).
-local POLL_FIELDS = {'evseq', 'w_lo', 'w_hi', 'svo', 'reported_in_use', 'wt'}
+function figure_stats()
+  return stats_read(FIGURE_FIELDS, {})
+end
 
-function poll_stats()
-  local values = redis.call('HMGET', K_ST, unpack(POLL_FIELDS))
-  local t = {}
-  for i = 1, #POLL_FIELDS do t[POLL_FIELDS[i]] = values[i] or nil end
-  return t
+-- poll_stats(): the first; poll_stats(st): the model's inputs added to st, a poll's, to work a wait out.
+function poll_stats(st)
+  return stats_read(st and MODEL_FIELDS or POLL_FIELDS, st or {})
 end
 
 function num(t, field, default)

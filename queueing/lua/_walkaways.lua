@@ -20,19 +20,39 @@ local function band_of(waited)  -- of time waited (walking away)
   return band_in(HAZARD_BANDS, HAZARD_NB, waited)
 end
 
-local function hazard_curve(st)
-  local rates = numbers(st.thetas, HAZARD_NB)
-  if rates == nil then return nil end
+-- Texts decoded, kept by their text: the tick's table works a wait out at a few dozen places, and the polls
+-- of a second read the same texts (at most KEPT_MAX of each kind kept; none is changed once decoded).
+local KEPT_MAX = 64
+local function kept(cache, text, decode)
+  local v = cache.of[text]
+  if v == nil then
+    v = decode(text)
+    if cache.n >= KEPT_MAX then cache.of, cache.n = {}, 0 end
+    cache.of[text], cache.n = v, cache.n + 1
+  end
+  return v
+end
+
+local CURVES, LOOKS = {of = {}, n = 0}, {of = {}, n = 0}
+
+local function hazard_curve_of(text)
+  local rates = numbers(text, HAZARD_NB)
+  if rates == nil then return false end
   local at, any = {0}, false  -- at[b]: H at the start of band b
   for b = 1, HAZARD_NB do
     if rates[b] > 0 then any = true end
     if b < HAZARD_NB then at[b + 1] = at[b] + rates[b] * (HAZARD_BANDS[b + 1] - HAZARD_BANDS[b]) end
   end
-  if not any then return nil end
+  if not any then return false end
   return function(a)
     local b = band_of(a)
     return at[b] + rates[b] * (a - HAZARD_BANDS[b])
   end
+end
+
+local function hazard_curve(st)
+  if not st.thetas then return nil end
+  return kept(CURVES, st.thetas, hazard_curve_of) or nil
 end
 
 -- How long ago one who looks present is known to have been there: walking away shows only once the
@@ -93,7 +113,7 @@ end
 -- looked at, anything but numbers, not an array of fours), and waits_at_nodes reads no place this has not
 -- checked; present_read takes a look that raises as none.
 local function line_look(st, now, ahead, s)
-  local v = cjson.decode(st.lj)
+  local v = kept(LOOKS, st.lj, cjson.decode)
   local max, seen, silent, before = 1e13, 0, 0, -1
   if type(v) ~= 'table' or #v < 2 or (#v - 2) % 4 ~= 0 or not (v[1] > 0 and v[1] < max and v[2] >= 0 and v[2] < max) then
     error('not a look')

@@ -70,7 +70,7 @@ if rec[R_STATUS] == WAITING then
   -- the tick's table of waits (waits_read), else worked out here (-1 at once when admission is stopped)
   est = rec[R_PRI] == 0 and waits_read(p, st, rank, now)
   if not est then
-    if p.state == 'open' then st = figure_stats() end
+    if p.state == 'open' then poll_stats(st) end  -- the model's inputs too
     est = estimate_told(p, st, rec[R_PRI], rank, now, used, rec[R_JOINED])
   end
 end
