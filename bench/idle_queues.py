@@ -7,7 +7,8 @@ SQLite database of its own.
 One tick is `services.queues_tick`, what the beat's "Admission tick" task runs each second on a worker. Per
 tick it prints the worker's CPU (ms), Redis's own time (µs, INFO commandstats, scripts included), Redis
 commands and SQL queries, for the tick as it is (the policy mirrored only when Redis does not hold it) and,
-in the same run for comparison, with the policy mirrored into Redis every tick as before issue 49.
+in the same run for comparison, with every queue's admission round run (none nobody is in left alone, as
+before they were: lua/idle.lua) and with the policy mirrored into Redis every tick as before issue 49.
 The beat's own cost is one task sent a second, whatever the number of queues: not measured here.
 """
 
@@ -74,13 +75,26 @@ def measure(idle: int, crowded: int, waiting: int, ticks: int) -> dict[str, Any]
 
     always = getattr(admission, "queue_config_sync")  # noqa: B009  (what the tick calls, swapped below)
 
-    def every_tick(queue: Any, *, now: float | None = None, unless_held: bool = False) -> None:
+    def every_tick(queue: Any, *, now: float | None = None, unless_held: bool = False, held: Any = None) -> None:
         always(queue, now=now)
 
-    results: dict[str, list[tuple[float, float, int, int]]] = {"as now": [], "mirrored every tick": []}
+    results: dict[str, list[tuple[float, float, int, int]]] = {
+        "as now": [],
+        "every queue's round (none left alone)": [],
+        "mirrored every tick": [],
+    }
+    nothing_due = getattr(admission, "_nothing_due")  # noqa: B009  (swapped below: no queue left alone)
     tick()  # the first tick takes every lease and sets up what a first tick sets up
     for _ in range(ticks):  # the two ways alternate, so a machine's drift weighs on both alike
+        # (a tick of the old way runs every queue's round, after which the next notes the idle ones again:
+        # lua/idle.lua, once per idle spell, not measured as a tick of the steady state)
+        tick()
         results["as now"].append(tick())
+        setattr(admission, "_nothing_due", lambda queue: False)  # noqa: B010
+        try:
+            results["every queue's round (none left alone)"].append(tick())
+        finally:
+            setattr(admission, "_nothing_due", nothing_due)  # noqa: B010
         setattr(admission, "queue_config_sync", every_tick)  # noqa: B010
         try:
             results["mirrored every tick"].append(tick())

@@ -56,17 +56,29 @@ def test_a_join_is_one_script_within_its_budget(redis_of_its_own, make_queue, cl
     assert ran["fcall"] == 1 and sum(ran.values()) <= 17, ran  # 17 measured on 2026-12-05
 
 
-def test_an_idle_queue_s_tick_runs_its_budget_of_redis_commands(redis_of_its_own, make_queue, clock):
+def test_a_tick_runs_its_budget_of_redis_commands_and_next_to_none_for_a_queue_nobody_is_in(
+    redis_of_its_own, make_queue, clock
+):
     """Every tick re-mirrored every queue's policy (config.lua: the policy written, packed and read back)
-    whether or not anything had changed. Now it is written only when it differs from what Redis holds (a
-    digest of it), so an unchanged queue's tick reads and does not write; a changed one is mirrored by the
-    next tick as before (test_tasks: test_the_tick_task_admits_and_running_it_twice_does_no_harm)."""
-    make_queue(capacity=10)
-    services.queues_tick(instance="counting", now=clock())  # its lease taken, whatever a first tick sets up
-    ran = counted(lambda: services.queues_tick(instance="counting", now=clock.advance(1)))
-    # Two scripts (the lease, the admission round) and 23 commands in all: three scripts and 33 commands when
-    # it re-mirrored, and read the whole mirrored policy back for the adaptive outflow, which is off here.
-    assert ran["fcall"] == 2 and sum(ran.values()) <= 23, ran
+    whether or not anything had changed, and ran the lease and an admission round for queues nobody was in.
+    Now the policy is written only when it differs from what Redis holds (a digest of it; a changed one is
+    mirrored by the next tick as before: test_tasks), and a queue nobody is in is noted idle once
+    (lua/idle.lua) and then costs its tick one read."""
+    queue = make_queue(capacity=10)  # (its policy mirrored as it is saved)
+    noted = counted(lambda: services.queues_tick(instance="counting", now=clock.advance(1)))
+    # The first read (digest, live state, whether anyone is in it: 6 commands), then the idle note (a script):
+    # 20 commands, measured on 2026-12-05.
+    assert noted["fcall"] == 1 and sum(noted.values()) <= 20, noted
+    alone = counted(lambda: services.queues_tick(instance="counting", now=clock.advance(1)))
+    # One round trip, no script: 2 scripts (the lease, the admission round) and 23 commands a tick before.
+    assert "fcall" not in alone and sum(alone.values()) <= 6, alone
+    assert store.client().get(store.queue_keys(queue.slug).leader) is None  # no lease kept for nobody
+    join(queue.slug, "waiting", now=clock())
+    someone = counted(lambda: services.queues_tick(instance="counting", now=clock.advance(1)))
+    # The lease (taken now) and the admission round with someone in the queue: 2 scripts.
+    assert someone["fcall"] == 2 and sum(someone.values()) <= 32, someone  # 32 measured on 2026-12-05
+    assert store.client().get(store.queue_keys(queue.slug).leader)
+    assert not store.config_held(queue.slug).idle  # the round took it that somebody came
 
 
 def test_the_leader_s_table_of_waits_grows_with_the_log_of_the_line_not_with_the_line(

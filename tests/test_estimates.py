@@ -855,6 +855,65 @@ def test_a_burst_into_an_idle_queue_waits_for_the_first_hold_back_not_the_mean_p
     assert again is not None and abs(again - (told - 0.6)) <= 3, (told, again)
 
 
+def test_a_burst_after_an_hour_nobody_was_in_the_queue_is_told_as_one_after_ten_seconds(make_queue, clock):
+    """Issue 49: the every-queue tick leaves a queue nobody is in alone (no lease, no admission round). Left out
+    once before, the rounds' re-stamping of the model went with them: the first burst after an hour's quiet
+    was told the curve of slots back of an hour ago, every slot back at once, a wait bounded by the outflow
+    alone. The tick now notes a queue idle once, as its rounds would have left it (lua/idle.lua: the curve
+    drawn for the empty house holds whenever it is read), and the burst after an hour is told what the
+    burst after ten seconds is."""
+    policy = {"capacity": 5, "outflow_per_minute": 600, "burst": 10, "session_ttl": 3600}
+    soon, later = make_queue(**policy), make_queue(**policy)
+    t0 = clock.now
+    for queue in (soon, later):
+        held_for(queue.slug, 20, capacity=5, now=t0)  # its record: ten sessions of 20 s
+
+    def ticks(seconds: range) -> None:
+        for second in seconds:
+            services.queues_tick(instance="node-a", now=t0 + second)
+
+    told = {}
+    for queue, quiet_until in ((soon, 60), (later, 3660)):
+        ticks(range(quiet_until - 10, quiet_until + 1))
+        assert store.config_held(queue.slug).idle  # noted, and left alone
+        burst_at = t0 + quiet_until + 0.4  # a burst between two ticks
+        sessions(queue.slug, [f"in{i}" for i in range(5)], now=burst_at)
+        first = join(queue.slug, "first", now=burst_at)
+        told[queue.slug] = status(queue.slug, first, now=burst_at).est_wait_s
+    # the first slot back: a 20-s session's, after ten seconds' quiet and after an hour's alike
+    assert all(wait is not None and 12 <= wait <= 25 for wait in told.values()), told
+    assert abs((told[soon.slug] or 0) - (told[later.slug] or 0)) <= 1, told
+
+
+def test_an_hour_nobody_was_in_the_queue_does_not_read_as_a_slow_line(make_queue, clock):
+    """The admission rate (what a site that counts its own sessions is told it turns over at) decays only
+    while somebody waits: a quiet spell is not a slow line. The ticks that leave an idle queue alone do not
+    move its clock, and the first round to admit after an hour's quiet took the whole hour as one without
+    admissions (e^-120 of the rate, where 0.69 was kept); the round after an idle spell takes the rate as it
+    was."""
+    queue = make_queue(capacity=100, outflow_per_minute=600, burst=10, session_ttl=3600)
+    slug, t0 = queue.slug, clock.now
+    tickets = [join(slug, f"v{i}", now=t0) for i in range(20)]
+    for second in range(1, 4):
+        services.queues_tick(instance="node-a", now=t0 + second)
+    for ticket in tickets:
+        services.session_complete(slug=slug, claims=access_claims(slug, status(slug, ticket, now=t0 + 4)), now=t0 + 5)
+    for second in range(6, 9):
+        services.queues_tick(instance="node-a", now=t0 + second)
+    assert store.config_held(slug).idle
+    rate = stat(slug, "ema_rate")
+    assert rate > 0.3, rate  # twenty admissions over a few seconds
+    for second in range(3600, 3606):
+        services.queues_tick(instance="node-a", now=t0 + second)
+    # Joined while paused (a join admitted at once moves the rate's clock itself), let in by the next round.
+    services.queue_update(queue, changes={"state": "paused"}, actor_label="tests")
+    back = join(slug, "back", now=t0 + 3606.5)
+    services.queue_update(queue, changes={"state": "open"}, actor_label="tests")
+    services.queues_tick(instance="node-a", now=t0 + 3607)
+    assert status(slug, back, now=t0 + 3607).status is store.TicketStatus.ADMITTED
+    assert stat(slug, "ema_rate") == pytest.approx(rate + 1 / 30, rel=0.01)  # one more, at RATE_TAU_S
+
+
 def claim_wait(slug: str, field: str) -> float | None:
     """The mean claim wait kept in `field` ('cwl': let in from the line, 'cwj': at the join), in seconds."""
     kept = store.snapshot(slug).stats.get(field)

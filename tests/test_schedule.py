@@ -81,6 +81,17 @@ def test_a_sale_goes_from_not_open_to_pre_queue_to_shuffled_start_to_closed_on_t
     assert status(slug, later, now=t0 + 602).status == store.TicketStatus.WAITING  # its page says closed
 
 
+def test_a_sale_nobody_came_to_still_starts_and_closes_on_time_by_the_every_queue_tick(sale, clock):
+    """The every-queue tick leaves a queue nobody is in alone (issue 49), but not a scheduled one: its start's
+    draw and its end are the lease holder's to do, whoever is in it."""
+    t0 = clock.now
+    services.queues_tick(instance="schedule", now=t0 + 121)
+    assert QueueChange.objects.get(queue=sale, action="scheduled_start").after["drawn"] == 0
+    services.queues_tick(instance="schedule", now=t0 + 600)
+    sale.refresh_from_db()
+    assert sale.state == Queue.State.CLOSED
+
+
 def test_priority_tickets_in_the_pre_queue_go_first_and_are_shuffled_among_themselves(sale, clock):
     t0, slug = clock.now, sale.slug
     normal = [join(slug, f"n{i}", now=t0 + 61) for i in range(5)]

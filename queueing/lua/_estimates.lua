@@ -48,7 +48,8 @@ local function estimate_inputs(p, st, now, used)
     e.r_cap = p.capacity / (service_ms / 1000)
   elseif p.capacity_source == 'reported' and num(st, 'ema_ts', 0) > 0 then
     -- the site counts its own sessions, so their length is never seen here: the observed pace
-    local age_s = math.max(0, now - num(st, 'ema_ts', 0)) / 1000
+    -- (not since a spell nobody was in the queue, the ticks leaving it alone: idle.lua)
+    local age_s = st.idle and 0 or math.max(0, now - num(st, 'ema_ts', 0)) / 1000
     e.r_cap = num(st, 'ema_rate', 0) * math.exp(-age_s / RATE_TAU_S)
   end
   return e
@@ -61,6 +62,9 @@ local function slots_model(p, st, now, e)
   if not e.slots then
     local r_cap = e.r_cap
     local m = {curve = numbers(st.svr, RETURN_POINTS + 2), r_live = r_cap, gone_n = 0, gone_end = 0}
+    -- drawn for an empty house the ticks leave alone (idle.lua): it holds whenever it is read, as the curve
+    -- a tick drew for it reads on average until the next (the slots a burst fills between two ticks)
+    if m.curve and m.curve[1] == 0 then m.curve[1] = now - TICK_S * 500 end
     local svo = numbers(st.svo, 2)
     if svo and p.capacity > 0 then
       m.gone_n, m.gone_end = svo[1], math.max(0, svo[2] - now) / 1000

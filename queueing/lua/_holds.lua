@@ -220,8 +220,9 @@ end
 -- waits: let in at their joins). It draws one while nobody waits too: a burst into an idle queue fills its
 -- slots between two ticks, and until the next one was told that slots come back at capacity / the mean
 -- hold from its first second (seen in the simulator: the first in line of a new queue's burst told 2 s,
--- and it had 10 s, the shortest session).
-function returns_look(p, st, now)
+-- and it had 10 s, the shortest session). `idle`: drawn for an empty house the ticks leave alone (idle.lua),
+-- stamped 0 for "whenever it is read" (lua/_estimates.lua slots_model).
+function returns_look(p, st, now, idle)
   if p.capacity_source == 'reported' then  -- the site counts its sessions: no holds seen here
     if st.svr or st.svm or st.svo then redis.call('HDEL', K_ST, 'svr', 'svm', 'svo') end
     return
@@ -303,7 +304,7 @@ function returns_look(p, st, now)
     first[k] = sum
     f[k] = F(k * step) - F((k - 1) * step)
   end
-  local r, total, out = {}, 0, {fmt(now), string.format('%.4g', step)}
+  local r, total, out = {}, 0, {idle and '0' or fmt(now), string.format('%.4g', step)}
   for k = 1, RETURN_POINTS do
     local rate = first[k] - (first[k - 1] or 0)
     for j = 1, k - 1 do rate = rate + r[j] * f[k - j] end  -- refilled at step j, back in k - j steps

@@ -2,7 +2,7 @@
 -- from the tick's look at the line, and how many of those ahead a wait expects to stay (part of the
 -- library: _lib.lua; used by the estimate, _estimates.lua). Issue 18.
 --!exports: HAZARD_NB present_read hazard_stay hazard_load hazard_stored hazard_note hazard_save waited_s
---!exports: hazard_lapsed silent_look
+--!exports: hazard_lapsed silent_look look_forgotten
 
 -- Walking away depends on how long one has waited: in a sale where everyone who gives up does so in
 -- their first twenty seconds, those who have waited a minute stay. The hazard is learnt per band of time
@@ -338,4 +338,12 @@ function silent_look(p, st, now, h)  -- h: the head's sums as the tick left them
     redis.call('HDEL', K_ST, 'hzl')
   end
   hazard_save(h, hl)
+end
+
+-- The look at a line nobody is in, as looks at it each second would leave it in the end (idle.lua): no look,
+-- no head, nobody silent, and the line's walk-away sums faded out (the rates from the head's alone).
+function look_forgotten(st)
+  redis.call('HDEL', K_ST, 'lj', 'head_js', 'hzl')
+  redis.call('HSET', K_ST, 'silent', '0')
+  hazard_save(hazard_load(st), {})
 end

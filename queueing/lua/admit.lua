@@ -32,6 +32,10 @@ if p.mode == 'stateless' then return {'ok', {}, {}, {}, {0, {}}} end  -- the win
 
 local expired = expire_slots(now, max_admit)
 local st = hash_table(K_ST)
+if st.idle then  -- the first round since the ticks left the queue alone (idle.lua): not a slow line meanwhile
+  st.ema_ts = nil
+  redis.call('HDEL', K_ST, 'idle')
+end
 opened_note(p, st, now)
 local waiting = line_count()
 

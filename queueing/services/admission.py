@@ -227,18 +227,35 @@ def queues_tick(*, instance: str | None = None, now: float | None = None) -> int
     # Whether its pre-queue's draw is still to come (what the mirrored policy says), the same way.
     waits = QueueShuffle.objects.filter(queue=OuterRef("pk"), starts_at=OuterRef("starts_at"), revealed_at=None)
     queues = queues.annotate(shuffle_waits=Exists(waits))
-    for queue in queues:
+    rows = list(queues)
+    # What Redis holds of each (its mirror's digest, its live state, whether anybody is in it): one read for all.
+    helds = store.configs_held([(queue.slug, queue.is_stateless) for queue in rows])
+    for queue, held in zip(rows, helds, strict=True):
         with logcontext.about(queue=queue.slug):
-            admitted += _queue_tick_any(queue, instance=instance, now=now)
+            admitted += _queue_tick_any(queue, held, instance=instance, now=now)
     return admitted
 
 
-def _queue_tick_any(queue: Queue, *, instance: str | None, now: float | None) -> int:
+def _queue_tick_any(queue: Queue, found: store.Held, *, instance: str | None, now: float | None) -> int:
     # Mirroring the policy whenever Redis does not hold the database's heals a Redis that lost it (a restart,
     # a failover) and a change saved around the service or not committed after Redis took it.
-    queue_config_sync(queue, now=now, unless_held=True)
+    held = queue_config_sync(queue, now=now, unless_held=True, held=found)
+    if held is not None and held.empty and _nothing_due(queue):
+        # Nobody in it: no lease to keep, nobody to admit, nothing to learn. Noted once (what the rounds
+        # would have come to meanwhile: lua/idle.lua), then left alone until somebody comes.
+        if not held.idle:
+            store.queue_idle(queue.slug, now_ms=clock.now_ms(now))
+        return 0
     if queue.is_stateless:
         step = queue_window_tick_lead(queue=queue, instance=instance, now=now)
         return int(step is not None and step.stepped)
     reply = queue_tick(slug=queue.slug, instance=instance, now=now, queue=queue)
     return 0 if reply is None else len(reply.admitted)
+
+
+def _nothing_due(queue: Queue) -> bool:
+    """Whether a queue nobody is in has nothing for its tick to do: no lease to keep (only admitting needs
+    one, and the next tick with somebody in line takes it), nobody to admit, nothing to learn. Not so for a
+    scheduled queue (its start's draw and its end are the lease holder's) or an adaptive outflow (it
+    follows the site's health whoever is in line)."""
+    return queue.starts_at is None and queue.ends_at is None and not queue.adaptive_outflow

@@ -58,23 +58,30 @@ def needs_sync(reply: store.TicketReply | store.AdmitReply) -> bool:
     return reply.outcome in ("no_config", "no_seq")
 
 
-def queue_config_sync(queue: Queue, *, now: float | None = None, unless_held: bool = False) -> None:
+def queue_config_sync(
+    queue: Queue, *, now: float | None = None, unless_held: bool = False, held: store.Held | None = None
+) -> store.Held | None:
     """Mirror the queue's policy into Redis, where joins, polls and ticks read it; start the live state's
     epoch if Redis has none (a new queue, or lost state) and keep sequence numbers reserved ahead.
 
     `unless_held` (the tick's, each second for every queue): write only when Redis does not hold this very
     mirror (its digest differs: a change saved without the service, a change Redis took whose commit then
     failed, a Redis that lost it). Writing it unchanged every second cost each queue config.lua's run.
+    Returns what Redis held (store.Held) when it held this mirror and its live state needed nothing; else None.
+    `held`: what the caller read of it already (store.configs_held: the every-queue tick's, one read for all).
     """
     mirror = _Mirror.of(queue)
-    live = None
-    if unless_held:
-        digest, held = store.config_held(queue.slug, window=queue.is_stateless)
-        live = held if digest == mirror.digest else None
-    if live is None:
-        live = _config_write(queue, mirror, now=now)
+    if unless_held and held is None:
+        held = store.config_held(queue.slug, window=queue.is_stateless)
+    elif not unless_held:
+        held = None
+    if held is not None and held.digest != mirror.digest:
+        held = None
+    live = _config_write(queue, mirror, now=now) if held is None else held.live
     if live.epoch != queue.epoch or queue.seq_reserved - live.seq < settings.WR_SEQ_BLOCK // 2:
         queue_live_state_ensure(queue.pk, now=now)
+        return None
+    return held
 
 
 class _Mirror(NamedTuple):

@@ -27,20 +27,58 @@ class LiveState(NamedTuple):
     state_changed: str = ""
 
 
-def config_held(slug: str, *, window: bool = False) -> tuple[str, LiveState]:
-    """The digest of the policy Redis holds (written with it: config.lua, window_config_write) and the live
-    state, in one round trip: what a tick needs to see that nothing is to be mirrored. `window`: the live
-    state of a stateless queue's window instead of the tracked one's."""
-    keys = queue_keys(slug)
+class Held(NamedTuple):
+    """What a tick reads first of a queue (config_held)."""
+
+    digest: str  # of the policy Redis holds ('' when it holds none)
+    live: LiveState
+    # Nobody in it: nobody waiting, parked, admitted or in a session (a tracked queue; False for a window).
+    empty: bool = False
+    # The tick has found it so and noted what its rounds would have come to meanwhile (lua/idle.lua).
+    idle: bool = False
+
+
+def config_held(slug: str, *, window: bool = False) -> Held:
+    """The digest of the policy Redis holds (written with it: config.lua, window_config_write), the live
+    state, and whether anybody is in the queue, in one round trip: what a tick needs to see that nothing is
+    to be mirrored, and nothing to be done. `window`: the live state of a stateless queue's window instead
+    of the tracked one's."""
+    return configs_held([(slug, window)])[0]
+
+
+def configs_held(queues: Sequence[tuple[str, bool]]) -> list[Held]:
+    """config_held for each (slug, window) of many queues, in one round trip: the every-queue tick's first
+    read (a round trip a queue was most of what an idle queue cost the worker)."""
     pipe = client().pipeline(transaction=False)
-    pipe.hmget(keys.cfg, "digest", "live_epoch", "server_moved")
-    if window:
-        pipe.hmget(keys.win, "live", "next")
-        (digest, _, _), (epoch, seq) = pipe.execute()
-        return digest or "", LiveState(int(epoch) if epoch else None, int(seq or 0))
-    pipe.hget(keys.st, "seq")
-    (digest, epoch, moved_from), seq = pipe.execute()
-    return digest or "", LiveState(int(epoch) if epoch else None, int(seq or 0), moved_from or "")
+    for slug, window in queues:
+        keys = queue_keys(slug)
+        pipe.hmget(keys.cfg, "digest", "live_epoch", "server_moved")
+        if window:
+            pipe.hmget(keys.win, "live", "next")
+            continue
+        pipe.hmget(keys.st, "seq", "idle")
+        pipe.hget(keys.line_tree, "n")
+        for key in (keys.claims, keys.sessions, keys.away):
+            pipe.zcard(key)
+    replies = iter(pipe.execute() if queues else [])
+    held: list[Held] = []
+    for _, window in queues:
+        digest, epoch, moved_from = next(replies)
+        if window:
+            epoch, seq = next(replies)
+            held.append(Held(digest or "", LiveState(int(epoch) if epoch else None, int(seq or 0))))
+            continue
+        seq, idle = next(replies)
+        counts = [next(replies) for _ in range(4)]
+        live = LiveState(int(epoch) if epoch else None, int(seq or 0), moved_from or "")
+        held.append(Held(digest or "", live, empty=not any(int(n or 0) for n in counts), idle=idle is not None))
+    return held
+
+
+def queue_idle(slug: str, *, now_ms: int) -> bool:
+    """Note a queue nobody is in as idle, doing once what the ticks' rounds would have come to while they
+    leave it alone (lua/idle.lua); False when somebody is in it after all."""
+    return bool(run("idle", queue_keys(slug).script_keys(), (now_ms,)))
 
 
 def config_write(slug: str, policy: dict[str, Any]) -> LiveState:
