@@ -52,6 +52,14 @@ def _check_layout(slug: str) -> None:
     assert client.object("encoding", keys.line_tree) == "hashtable"
 
 
+def _every_place_found(slug: str) -> None:
+    """Each place read alone: found by halving the count tree (lua/_line.lua bucket_at) from the least power
+    of two past the last bucket, not from the tree's whole reach."""
+    line = store.line_members(slug)
+    for place, tid in enumerate(line):
+        assert store.line_members(slug, place, place) == [tid], place
+
+
 def test_a_long_line_across_many_buckets_tells_everyone_their_true_place(make_queue, clock):
     queue = make_queue(state="paused")
     pick = random.Random(15)
@@ -75,6 +83,7 @@ def test_a_long_line_across_many_buckets_tells_everyone_their_true_place(make_qu
     # Any range, from any place (the count tree finds the bucket of a place deep in the line).
     for start in (0, 1, 63, 64, 65, 200, 401, 548, 549):
         assert store.line_members(queue.slug, start, start + 70) == line[start : start + 71]
+    _every_place_found(queue.slug)
     # The neighbours of a visitor deep in the line.
     deep = next(t for i, t in enumerate(tickets) if i not in gone and line.index(t.ticket_id) > 400)
     name = f"v{tickets.index(deep)}"
@@ -215,6 +224,7 @@ def test_scores_below_the_first_bucket_or_beyond_the_trees_reach_share_the_end_b
     assert line[-10:] == [t.ticket_id for t in [*reversed(tickets[:5]), *reversed(tickets[5:10])]]
     for ticket in tickets:
         assert status(queue.slug, ticket, now=clock()).rank == line.index(ticket.ticket_id)
+    _every_place_found(queue.slug)
     latecomer = join(queue.slug, "late", now=clock())
     assert latecomer.rank == 90  # ahead of the far ones: in order of score, whatever bucket holds them
     assert store.line_members(queue.slug) == [*line[:90], latecomer.ticket_id, *line[90:]]
@@ -249,6 +259,7 @@ def test_a_score_from_below_the_first_bucket_moves_the_base_down_and_every_place
     for tid in line:
         assert _rank(queue.slug, tid, clock()) == line.index(tid)
     _check_layout(queue.slug)
+    _every_place_found(queue.slug)
     later = join(queue.slug, "later", now=clock())
     assert line[-1] == tickets[0].ticket_id  # at 30,000: behind the latecomer
     assert later.rank == len(line) - 1 and store.line_members(queue.slug) == [*line[:-1], later.ticket_id, line[-1]]

@@ -140,7 +140,11 @@ local function bucket_at(rank)
   if rank < first then return meta.head, 0 end
   local in_tree = meta.n - redis.call('ZCARD', bucket_key(meta.tail))
   if rank >= in_tree then return meta.tail, in_tree end
-  local pos, left, step = 0, rank - first, LINE_SIZE
+  -- Halving from the least power of two past the tail's slot, not from LINE_SIZE: every field above it
+  -- counts the whole tree, more than `left`, and is never taken (17 reads a place were 5 in a line of 16
+  -- buckets: the tick's looks and table find some eighty places a second).
+  local pos, left, step = 0, rank - first, 1
+  while step < meta.tail - meta.base + 1 and step < LINE_SIZE do step = step * 2 end
   while step >= 1 do
     local at = pos + step
     if at <= LINE_SIZE then
