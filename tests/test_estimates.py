@@ -21,7 +21,7 @@ from queueing import selectors, services, store, tokens
 from queueing.selectors.tickets import sighting_ceiling
 from queueing.services import recovery
 
-from .factories import access_claims, access_token, join, status, status_reply
+from .factories import access_claims, access_token, join, status, status_reply, visitor
 from .test_schedule import at
 
 pytestmark = pytest.mark.usefixtures("live_state")  # on a single Redis and on a Redis Cluster
@@ -883,6 +883,48 @@ def test_a_burst_after_an_hour_nobody_was_in_the_queue_is_told_as_one_after_ten_
     # the first slot back: a 20-s session's, after ten seconds' quiet and after an hour's alike
     assert all(wait is not None and 12 <= wait <= 25 for wait in told.values()), told
     assert abs((told[soon.slug] or 0) - (told[later.slug] or 0)) <= 1, told
+
+
+def test_a_policy_changed_while_the_queue_is_idle_has_it_noted_again_for_the_new_one(make_queue, clock):
+    """The idle note draws the curve of slots back for the policy of the moment (its capacity, its session
+    length): one changed while the queue is idle is noted again at the next tick, its curve drawn for it (a
+    review found the note kept, its curve drawn for five slots where there were ten)."""
+    queue = make_queue(capacity=5, outflow_per_minute=600, burst=10, session_ttl=3600)
+    slug, t0 = queue.slug, clock.now
+    held_for(slug, 20, capacity=5, now=t0)
+    services.queues_tick(instance="node-a", now=t0 + 50)
+    assert store.config_held(slug).idle
+    before = str(store.snapshot(slug).stats["svr"])
+    services.queue_update(queue, changes={"capacity": 10}, actor_label="tests")
+    assert not store.config_held(slug).idle  # noted for the policy before the change
+    services.queues_tick(instance="node-a", now=t0 + 51)
+    assert store.config_held(slug).idle
+    after = str(store.snapshot(slug).stats["svr"])
+    assert after.split()[0] == "0" and after.split()[-1] != before.split()[-1], (before, after)
+
+
+def test_what_the_line_taught_is_kept_while_it_fades_not_dropped_when_the_queue_empties(make_queue, clock):
+    """Walking away as the tick's look at the line saw it fades over some 45 s of looks once the line is
+    empty ('hzl'). A queue empty for a moment between two waves keeps it: its rounds run until it has faded,
+    and only then is it noted idle and left alone (a review found it dropped at the first empty tick)."""
+    queue = make_queue(state="paused", capacity=5, presence_timeout=5)
+    slug, t0 = queue.slug, clock.now
+    tickets = [join(slug, f"s{i}", now=t0) for i in range(30)]
+    for second in range(10, 13):  # nobody polls: the looks find them all silent
+        services.queues_tick(instance="node-a", now=t0 + second)
+    assert store.snapshot(slug).stats.get("hzl")
+    for i, ticket in enumerate(tickets):
+        store.leave(slug, visitor_key=visitor(f"s{i}"), seq=ticket.seq, now_ms=int((t0 + 13) * 1000))
+    services.queues_tick(instance="node-a", now=t0 + 14)
+    assert not store.config_held(slug).idle and store.snapshot(slug).stats.get("hzl")
+    noted = None
+    for second in range(15, 120):
+        services.queues_tick(instance="node-a", now=t0 + second)
+        if store.config_held(slug).idle:
+            noted = second
+            break
+    assert noted is not None and noted >= 30, noted  # once faded, and not before
+    assert not store.snapshot(slug).stats.get("hzl")
 
 
 def test_an_hour_nobody_was_in_the_queue_does_not_read_as_a_slow_line(make_queue, clock):

@@ -10,7 +10,7 @@
 local POLL_FIELDS = {'evseq', 'w_lo', 'w_hi', 'svo', 'reported_in_use', 'wt'}
 local MODEL_FIELDS = {
   'admitted', 'ema_rate', 'ema_ts', 'ema_service_ms', 'b_tokens', 'b_ts', 'thetas', 'silent', 'pri', 'head_js',
-  'lj', 'svr', 'svm', 'idle',
+  'lj', 'svr', 'svm', 'idle', 'restored_sessions',
 }
 local FIGURE_FIELDS = {}  -- (built with plain loops: the library's load sees no global, unpack included)
 for i = 1, #POLL_FIELDS do FIGURE_FIELDS[i] = POLL_FIELDS[i] end

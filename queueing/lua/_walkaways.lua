@@ -340,10 +340,9 @@ function silent_look(p, st, now, h)  -- h: the head's sums as the tick left them
   hazard_save(h, hl)
 end
 
--- The look at a line nobody is in, as looks at it each second would leave it in the end (idle.lua): no look,
--- no head, nobody silent, and the line's walk-away sums faded out (the rates from the head's alone).
+-- The look at a line nobody is in, as looks at it each second leave it once the line's walk-away sums have
+-- faded out (idle.lua waits for that): no look, no head, nobody silent.
 function look_forgotten(st)
-  redis.call('HDEL', K_ST, 'lj', 'head_js', 'hzl')
+  redis.call('HDEL', K_ST, 'lj', 'head_js')
   redis.call('HSET', K_ST, 'silent', '0')
-  hazard_save(hazard_load(st), {})
 end

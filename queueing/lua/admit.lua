@@ -34,7 +34,7 @@ local expired = expire_slots(now, max_admit)
 local st = hash_table(K_ST)
 if st.idle then  -- the first round since the ticks left the queue alone (idle.lua): not a slow line meanwhile
   st.ema_ts = nil
-  redis.call('HDEL', K_ST, 'idle')
+  redis.call('HDEL', K_ST, 'idle', 'idle_of')
 end
 opened_note(p, st, now)
 local waiting = line_count()

@@ -221,7 +221,7 @@ def queues_tick(*, instance: str | None = None, now: float | None = None) -> int
     """Tick every queue that is not closed; returns how many visitors were admitted (tracked queues) or
     windows moved (stateless ones)."""
     admitted = 0
-    queues = Queue.objects.exclude(state=Queue.State.CLOSED).prefetch_related("priority_levels", "texts")
+    queues = Queue.objects.exclude(state=Queue.State.CLOSED).prefetch_related(*Queue.MIRROR_READS)
     # Whether each offers a code box (Queue.takes_codes), in the same query rather than one a queue a tick.
     queues = queues.annotate(has_codes=Exists(PriorityCode.objects.filter(queue=OuterRef("pk"))))
     # Whether its pre-queue's draw is still to come (what the mirrored policy says), the same way.
@@ -240,11 +240,15 @@ def _queue_tick_any(queue: Queue, found: store.Held, *, instance: str | None, no
     # Mirroring the policy whenever Redis does not hold the database's heals a Redis that lost it (a restart,
     # a failover) and a change saved around the service or not committed after Redis took it.
     held = queue_config_sync(queue, now=now, unless_held=True, held=found)
-    if held is not None and held.empty and _nothing_due(queue):
-        # Nobody in it: no lease to keep, nobody to admit, nothing to learn. Noted once (what the rounds
-        # would have come to meanwhile: lua/idle.lua), then left alone until somebody comes.
-        if not held.idle:
-            store.queue_idle(queue.slug, now_ms=clock.now_ms(now))
+    # Nobody in it: no lease to keep, nobody to admit, nothing to learn. Noted once (what the rounds would
+    # have come to meanwhile: lua/idle.lua), then left alone until somebody comes; not noted (somebody came
+    # since the read, what its line taught it is still fading): its round, as ever.
+    if (
+        held is not None
+        and held.empty
+        and _nothing_due(queue)
+        and (held.idle or store.queue_idle(queue.slug, digest=held.digest, now_ms=clock.now_ms(now)))
+    ):
         return 0
     if queue.is_stateless:
         step = queue_window_tick_lead(queue=queue, instance=instance, now=now)

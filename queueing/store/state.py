@@ -34,7 +34,8 @@ class Held(NamedTuple):
     live: LiveState
     # Nobody in it: nobody waiting, parked, admitted or in a session (a tracked queue; False for a window).
     empty: bool = False
-    # The tick has found it so and noted what its rounds would have come to meanwhile (lua/idle.lua).
+    # The tick has found it so and noted what its rounds would have come to meanwhile (lua/idle.lua), for
+    # the policy Redis holds now (a policy changed since has it noted again).
     idle: bool = False
 
 
@@ -56,7 +57,7 @@ def configs_held(queues: Sequence[tuple[str, bool]]) -> list[Held]:
         if window:
             pipe.hmget(keys.win, "live", "next")
             continue
-        pipe.hmget(keys.st, "seq", "idle")
+        pipe.hmget(keys.st, "seq", "idle", "idle_of")
         pipe.hget(keys.line_tree, "n")
         for key in (keys.claims, keys.sessions, keys.away):
             pipe.zcard(key)
@@ -68,17 +69,19 @@ def configs_held(queues: Sequence[tuple[str, bool]]) -> list[Held]:
             epoch, seq = next(replies)
             held.append(Held(digest or "", LiveState(int(epoch) if epoch else None, int(seq or 0))))
             continue
-        seq, idle = next(replies)
+        seq, idle, idle_of = next(replies)
         counts = [next(replies) for _ in range(4)]
         live = LiveState(int(epoch) if epoch else None, int(seq or 0), moved_from or "")
-        held.append(Held(digest or "", live, empty=not any(int(n or 0) for n in counts), idle=idle is not None))
+        noted = idle is not None and idle_of == digest
+        held.append(Held(digest or "", live, empty=not any(int(n or 0) for n in counts), idle=noted))
     return held
 
 
-def queue_idle(slug: str, *, now_ms: int) -> bool:
-    """Note a queue nobody is in as idle, doing once what the ticks' rounds would have come to while they
-    leave it alone (lua/idle.lua); False when somebody is in it after all."""
-    return bool(run("idle", queue_keys(slug).script_keys(), (now_ms,)))
+def queue_idle(slug: str, *, digest: str, now_ms: int) -> bool:
+    """Note a queue nobody is in as idle, for the mirror of its policy with this digest, doing once what the
+    ticks' rounds would have come to while they leave it alone (lua/idle.lua); False when it is not to be
+    left alone yet (somebody is in it after all, or what its line taught it is still fading)."""
+    return bool(run("idle", queue_keys(slug).script_keys(), (now_ms, digest)))
 
 
 def config_write(slug: str, policy: dict[str, Any]) -> LiveState:
