@@ -235,10 +235,22 @@ class Queue(models.Model):
             )
         return errors
 
+    # What its mirror reads of other tables, read for many queues at once: `Queue.objects.prefetch_related(
+    # *Queue.MIRROR_READS)`. Into lists (to_attr): prefetched into the related managers, Django built a
+    # queryset for each row and each relation, about half of the tick's CPU with a thousand idle queues.
+    MIRROR_READS = (
+        models.Prefetch("priority_levels", to_attr="levels_read"),
+        models.Prefetch("texts", to_attr="texts_read"),
+    )
+
+    def _read(self, relation: str, read: str) -> list[Any]:
+        found = getattr(self, read, None)
+        return list(getattr(self, relation).all()) if found is None else found
+
     def policy(self) -> dict[str, Any]:
         """What the Redis scripts need to know about this queue (mirrored into Redis)."""
         fractions = dict(DEFAULT_FRACTIONS)
-        fractions.update({lvl.level: lvl.placement_fraction for lvl in self.priority_levels.all()})
+        fractions.update({lvl.level: lvl.placement_fraction for lvl in self._read("priority_levels", "levels_read")})
         return {
             # Every setting, by its name in the cfg hash (policy_table.Setting.mirror).
             **{setting.mirror: setting.mirrored(getattr(self, setting.name)) for setting in policy_table.SETTINGS},
@@ -256,7 +268,7 @@ class Queue(models.Model):
             "texts": json.dumps(
                 {
                     text.language: {f: getattr(text, f) for f in self.TRANSLATED_FIELDS if getattr(text, f)}
-                    for text in self.texts.all()
+                    for text in self._read("texts", "texts_read")
                 },
                 separators=(",", ":"),
                 sort_keys=True,

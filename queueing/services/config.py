@@ -60,7 +60,7 @@ def queue_priority_levels_edit(queue: Queue, *, save: Callable[[], None], actor:
             revised = True
     if revised:
         Queue.objects.filter(pk=queue.pk).update(revision=F("revision") + 1)
-    queue_config_sync(Queue.objects.prefetch_related("priority_levels", "texts").get(pk=queue.pk))
+    queue_config_sync(Queue.objects.prefetch_related(*Queue.MIRROR_READS).get(pk=queue.pk))
 
 
 def _texts(queue: Queue) -> dict[str, dict[str, str]]:
@@ -107,7 +107,7 @@ def queue_configure(
         # whole (nothing saved or audited; the caller answers 503), never "retry" for a change that was
         # made. Should the commit itself fail afterwards, the next tick re-mirrors the database's policy
         # within a second.
-        queue_config_sync(Queue.objects.prefetch_related("priority_levels", "texts").get(pk=queue.pk))
+        queue_config_sync(Queue.objects.prefetch_related(*Queue.MIRROR_READS).get(pk=queue.pk))
         if not created and any(before[f] != getattr(queue, f) for f in OUTFLOW_POLICY_FIELDS):
             outflow_adaptation_reset(queue, actor=actor, actor_label=actor_label)
     caching.forget(caching.window_refused_key(slug))  # a new queue, or one that now runs stateless

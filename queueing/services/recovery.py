@@ -43,7 +43,7 @@ def with_policy(slug: str, call: Callable[[], T], missing: Callable[[T], bool] =
             return reply
     except selectors.PolicyMissing:
         pass
-    queue = Queue.objects.prefetch_related("priority_levels", "texts").filter(slug=slug).first()
+    queue = Queue.objects.prefetch_related(*Queue.MIRROR_READS).filter(slug=slug).first()
     if queue is None or (mode and queue.mode != mode):
         raise QueueNotFound(slug)
     queue_config_sync(queue)
@@ -201,7 +201,7 @@ def queue_live_state_ensure(queue_pk: int, *, now: float | None = None, switched
                     actor_label=f"recovery: {what}",
                 )
                 logger.warning("queue %s: %s; epoch %s begins", queue.slug, what, queue.epoch)
-    fresh = Queue.objects.prefetch_related("priority_levels", "texts").get(pk=queue_pk)
+    fresh = Queue.objects.prefetch_related(*Queue.MIRROR_READS).get(pk=queue_pk)
     _config_write(fresh)
     return fresh
 

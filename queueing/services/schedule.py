@@ -73,7 +73,7 @@ def queue_prequeue_shuffle(queue: Queue, *, now: float | None = None) -> QueueSh
             actor_label="schedule: starts_at",
         )
         caching.forget(caching.shuffle_key(queue.slug))
-    queue_config_sync(Queue.objects.prefetch_related("priority_levels", "texts").get(pk=queue.pk))
+    queue_config_sync(Queue.objects.prefetch_related(*Queue.MIRROR_READS).get(pk=queue.pk))
     # Everyone's place changed: the jump in the event sequence makes every page ask for its new one.
     realtime.send([realtime.snapshot(queue.slug, selectors.queue_stats_get(slug=queue.slug, now=now))])
     return record
