@@ -342,7 +342,7 @@ end
 
 -- The look at a line nobody is in, as looks at it each second leave it once the line's walk-away sums have
 -- faded out (idle.lua waits for that): no look, no head, nobody silent.
-function look_forgotten(st)
+function look_forgotten()
   redis.call('HDEL', K_ST, 'lj', 'head_js')
   redis.call('HSET', K_ST, 'silent', '0')
 end

@@ -23,8 +23,8 @@ if line_count() > 0 or redis.call('ZCARD', K_CLAIMS) > 0 or redis.call('ZCARD', 
   return 0
 end
 if redis.call('HEXISTS', K_ST, 'hzl') == 1 then return 0 end  -- (the rounds drop it once faded)
+look_forgotten()
 local st = hash_table(K_ST)
-look_forgotten(st)
 returns_look(p, st, now, true)
 redis.call('HDEL', K_ST, 'wt')
 redis.call('HSET', K_ST, 'idle', st.idle or now, 'idle_of', ARGV[2])

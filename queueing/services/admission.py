@@ -239,7 +239,7 @@ def queues_tick(*, instance: str | None = None, now: float | None = None) -> int
 def _queue_tick_any(queue: Queue, found: store.Held, *, instance: str | None, now: float | None) -> int:
     # Mirroring the policy whenever Redis does not hold the database's heals a Redis that lost it (a restart,
     # a failover) and a change saved around the service or not committed after Redis took it.
-    held = queue_config_sync(queue, now=now, unless_held=True, held=found)
+    held = queue_config_sync(queue, now=now, held=found)
     # Nobody in it: no lease to keep, nobody to admit, nothing to learn. Noted once (what the rounds would
     # have come to meanwhile: lua/idle.lua), then left alone until somebody comes; not noted (somebody came
     # since the read, what its line taught it is still fading): its round, as ever.

@@ -67,14 +67,13 @@ def queue_config_sync(
     `unless_held` (the tick's, each second for every queue): write only when Redis does not hold this very
     mirror (its digest differs: a change saved without the service, a change Redis took whose commit then
     failed, a Redis that lost it). Writing it unchanged every second cost each queue config.lua's run.
-    Returns what Redis held (store.Held) when it held this mirror and its live state needed nothing; else None.
-    `held`: what the caller read of it already (store.configs_held: the every-queue tick's, one read for all).
+    `held`: what the caller read Redis to hold already (store.configs_held: the every-queue tick's, one read
+    for all), which implies `unless_held`. Returns what Redis held (store.Held) when it held this mirror and
+    its live state needed nothing; else None.
     """
     mirror = _Mirror.of(queue)
-    if unless_held and held is None:
+    if held is None and unless_held:
         held = store.config_held(queue.slug, window=queue.is_stateless)
-    elif not unless_held:
-        held = None
     if held is not None and held.digest != mirror.digest:
         held = None
     live = _config_write(queue, mirror, now=now) if held is None else held.live
