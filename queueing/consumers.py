@@ -27,11 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 from channels.consumer import get_handler_name
-from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from . import instruments, loopwatch, modes, ratelimit, realtime, selectors, signing_keys, tokens, wscollector, wsserver
+from . import instruments, loopwatch, modes, ratelimit, realtime, selectors, tokens, wscollector, wsserver
 from .services import viewers as viewer_services
 
 if TYPE_CHECKING:
@@ -260,14 +259,10 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
 
     @staticmethod
     async def _status(claims: tokens.VisitorClaims) -> selectors.TicketView:
-        """The status on this event loop (the web server's plan: one FCALL, no thread), as an HTTP poll's is.
+        """The status on this event loop (the web server's flow: one FCALL, no thread), as an HTTP poll's is.
         When Redis lost the queue's policy, or an admitted visitor's token needs signing keys not loaded
-        yet, in a pool thread: both read the database (whose stale connection that thread then closes)."""
-        try:
-            return await modes.astatus(claims, limit_scope="status")
-        except (selectors.PolicyMissing, signing_keys.KeysNotLoaded):
-            pass
-        return await database_sync_to_async(modes.status, thread_sensitive=False)(claims, limit_scope="status")
+        yet, that part in a pool thread: both read the database."""
+        return await modes.astatus(claims, limit_scope="status")
 
     def heard(self, code: int) -> bool:
         """The roll call's news of this socket's ticket: whether the socket should read its status. Once per

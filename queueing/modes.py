@@ -20,9 +20,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, ClassVar, Generic, TypeVar
 
-from channels.db import database_sync_to_async
-
-from . import caching, pow, realtime, selectors, services, signing_keys, store, tokens
+from . import caching, flows, pow, realtime, selectors, services, signing_keys, store, tokens
 from .models import Queue
 from .selectors import NeighbourView, Polled, TicketGone, TicketView
 from .visitors import VisitorIdentity
@@ -69,20 +67,14 @@ class Joined:
 
 def _ensured(slug: str, read: Callable[[], T], *, mode: str = "") -> T:
     """A visitor's read, with the queue's policy synced once if Redis lost it; TicketGone if it cannot be."""
+    return flows.drive(_ensured_flow(slug, lambda: flows.done(read), mode=mode))
+
+
+def _ensured_flow(slug: str, read: Callable[[], flows.Flow[T]], *, mode: str = "") -> flows.Flow[T]:
     try:
-        return services.with_policy(slug, read, mode=mode)
+        return (yield from services.policy_flow(slug, read, mode=mode))
     except (services.QueueNotFound, selectors.PolicyMissing) as exc:
         raise TicketGone(slug) from exc
-
-
-def _polled(slug: str, read: Callable[[str], T], limit_scope: str, *, mode: str = "") -> T:
-    """A status read in `limit_scope` (its limiter in the same round trip). Only when Redis lost the queue's
-    policy does it go through the sync, reading again without the limiter (the poll was counted once)."""
-    try:
-        return read(limit_scope)
-    except selectors.PolicyMissing:
-        pass
-    return _ensured(slug, lambda: read(""), mode=mode)
 
 
 class QueueMode(ABC, Generic[C]):
@@ -99,17 +91,27 @@ class QueueMode(ABC, Generic[C]):
         knows it; ratelimit.Limited; PolicyMissing when Redis lost the queue's policy)."""
 
     def status(self, claims: C, *, limit_scope: str = "", now: float | None = None) -> TicketView:
-        """The ticket's state (TicketGone when its queue no longer knows it; ratelimit.Limited). Redis lost
-        the policy: synced once, and read again (without the limiter: the poll was counted once)."""
+        """The ticket's state (`status_flow`) from synchronous code."""
+        return flows.drive(self.status_flow(claims, limit_scope=limit_scope, now=now))
 
-        def read(scope: str) -> TicketView:
-            return selectors.polled(self.status_plan(claims, limit_scope=scope, now=now))
-
-        return _polled(claims.slug, read, limit_scope, mode=self.name)
+    def status_flow(self, claims: C, *, limit_scope: str = "", now: float | None = None) -> flows.Flow[TicketView]:
+        """The ticket's state (TicketGone when its queue no longer knows it; ratelimit.Limited), its limiter
+        in the same round trip. Only when Redis lost the queue's policy (synced once), or an admitted
+        visitor's access token needs signing keys this process has not loaded yet, is it read again: without
+        the limiter (the poll was counted once)."""
+        try:
+            return (yield from selectors.polled_flow(self.status_plan(claims, limit_scope=limit_scope, now=now)))
+        except selectors.PolicyMissing:
+            pass
+        except signing_keys.KeysNotLoaded:  # only ever on the event loop: loaded in a thread
+            yield from flows.blocking(signing_keys.key_ring)
+        plan = partial(self.status_plan, claims, now=now)
+        return (yield from _ensured_flow(claims.slug, lambda: selectors.polled_flow(plan()), mode=self.name))
 
     @abstractmethod
-    def join(self, visit: Visit) -> Joined:
-        """A ticket for the visitor (services.JOIN_REFUSALS; services.WrongMode: see `join` below)."""
+    def join_flow(self, visit: Visit, limit: store.LimitCall | None) -> flows.Flow[Joined]:
+        """A ticket for the visitor (services.JOIN_REFUSALS; services.WrongMode: see `join_flow` below). The
+        join's rate limiter (`limit`) is counted before any other work in Redis (ratelimit.Limited)."""
 
     @abstractmethod
     def promote(self, claims: C, *, code: str, address: str = "") -> Promoted:
@@ -148,21 +150,32 @@ class Tracked(QueueMode[tokens.TicketClaims]):
     ) -> store.Plan[Polled[TicketView]]:
         return selectors.ticket_status_plan(claims=claims, now=now, limit_scope=limit_scope)
 
-    def join(self, visit: Visit) -> Joined:
+    def join_flow(self, visit: Visit, limit: store.LimitCall | None) -> flows.Flow[Joined]:
         identity = visit.identify()
-        kept = self._from_before_rotation(visit.slug, identity)
-        if kept is not None:  # a ticket from before the secret's rotation: that one, not a new one at the back
-            return Joined(False, self._ticket(visit.slug, kept), kept, visitor_cookie=identity.new_cookie)
-        result = services.queue_join(
+        signed_in = bool(getattr(identity.user, "is_authenticated", False))
+        if identity.former or signed_in:  # reads before the join's script: the limiter counts first
+            yield from selectors.limit_flow(limit)
+            limit = None
+        if identity.former:
+            kept = yield from flows.blocking(lambda: self._from_before_rotation(visit.slug, identity))
+            if kept is not None:  # a ticket from before the secret's rotation: that one, not a new one at the back
+                return Joined(False, self._ticket(visit.slug, kept), kept, visitor_cookie=identity.new_cookie)
+        priority = 0
+        if signed_in:
+            priority = yield from flows.blocking(
+                lambda: services.priority_for_user(slug=visit.slug, user=identity.user)
+            )
+        result = yield from services.queue_join_flow(
             slug=visit.slug,
             visitor_key=identity.key,
-            priority=services.priority_for_user(slug=visit.slug, user=identity.user),
+            priority=priority,
             priority_code=visit.priority_code,
             display_name=visit.display_name,
             address=visit.address,
             proof=visit.proof,
+            limit=limit,
         )
-        return self.joined(visit.slug, result, identity)
+        return (yield from _signed(lambda: self.joined(visit.slug, result, identity)))
 
     def joined(self, slug: str, result: services.JoinResult, identity: VisitorIdentity) -> Joined:
         view = selectors.ticket_view(slug, result.reply)
@@ -250,15 +263,19 @@ class Stateless(QueueMode[tokens.PositionClaims]):
     ) -> store.Plan[Polled[TicketView]]:
         return selectors.position_status_plan(claims=claims, now=now, limit_scope=limit_scope)
 
-    def join(self, visit: Visit) -> Joined:
+    def join_flow(self, visit: Visit, limit: store.LimitCall | None) -> flows.Flow[Joined]:
         """A new number, or (dedupe by signed cookie only) the ticket this browser already holds while it
         is not finished. Nothing is stored per visitor."""
         if visit.priority_code:
             raise services.NoPriorityLanes(visit.priority_code)
-        held = self.held(visit.slug, identity=None, held_ticket=visit.held_ticket)
-        if held is not None and not held.is_finished:
-            return Joined(False, visit.held_ticket, held, position_cookie=True)
-        return self.joined(visit.slug, services.queue_join_stateless(slug=visit.slug, proof=visit.proof))
+        if visit.held_ticket:
+            yield from selectors.limit_flow(limit)  # the held ticket is read first: the limiter counts before
+            limit = None
+            held = yield from self.held_flow(visit.held_ticket, visit.slug)
+            if held is not None and not held.is_finished:
+                return Joined(False, visit.held_ticket, held, position_cookie=True)
+        window = yield from services.stateless_join_flow(slug=visit.slug, proof=visit.proof, limit=limit)
+        return (yield from _signed(lambda: self.joined(visit.slug, window)))
 
     @staticmethod
     def joined(slug: str, window: store.Window) -> Joined:
@@ -283,14 +300,15 @@ class Stateless(QueueMode[tokens.PositionClaims]):
         return None  # a stateless ticket is simply not used again
 
     def held(self, slug: str, *, identity: VisitorIdentity | None, held_ticket: str) -> TicketView | None:
-        if not held_ticket:
-            return None
+        return flows.drive(self.held_flow(held_ticket, slug)) if held_ticket else None
+
+    def held_flow(self, held_ticket: str, slug: str) -> flows.Flow[TicketView | None]:
+        """The state of the stateless ticket a browser kept (its cookie); None for a stale or foreign one."""
         try:
             claims = tokens.visitor_ticket_decode(held_ticket, slug=slug)
-            mode = of_claims(claims)
-            if mode is not self:
+            if not isinstance(claims, tokens.PositionClaims):
                 return None  # a tracked ticket where a stateless one was kept: not this mode's
-            return mode.status(claims)
+            return (yield from self.status_flow(claims))
         except (tokens.InvalidTicket, TicketGone):
             return None  # a stale cookie
 
@@ -322,79 +340,35 @@ def status(claims: tokens.VisitorClaims, *, limit_scope: str = "", now: float | 
 
 
 async def astatus(claims: tokens.VisitorClaims, *, limit_scope: str = "") -> TicketView:
-    """`status` from the web server's event loop: the same plan, run there. PolicyMissing is left to the
-    caller, which hands the request to the synchronous path (the sync needs the database)."""
-    return await selectors.apolled(of_claims(claims).status_plan(claims, limit_scope=limit_scope))
+    """`status` from the web server's event loop: the same flow, its round trip awaited there."""
+    return await flows.adrive(of_claims(claims).status_flow(claims, limit_scope=limit_scope))
 
 
 def join(visit: Visit) -> Joined:
-    """Join the queue the way its mode joins; if the mode changed a moment ago, the other way."""
+    """`join_flow` from synchronous code, its limiter counted apart."""
+    return flows.drive(join_flow(visit))
+
+
+def join_flow(visit: Visit, *, limit: store.LimitCall | None = None) -> flows.Flow[Joined]:
+    """Join the queue the way its mode joins, as this process last knew its mode (tracked when it does not
+    know: the script refuses a join of the wrong mode). If the mode was not the one tried (it changed a
+    moment ago, or was not known), the queue's mode is read and the join made that way, without the limiter
+    (`limit`, which the refused try counted)."""
     try:
-        return of_queue(visit.slug).join(visit)
+        return (yield from named(selectors.queue_mode_known(visit.slug)).join_flow(visit, limit))
     except services.WrongMode:
         selectors.queue_mode_forget(visit.slug)
-    return of_queue(visit.slug).join(visit)  # a second WrongMode: the queue flips back and forth
+    mode = yield from flows.blocking(lambda: of_queue(visit.slug))
+    return (yield from mode.join_flow(visit, None))  # a second WrongMode: the queue flips back and forth
 
 
-async def _in_thread(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Synchronous code that may read the database, run from the event loop in a thread of its own (its
-    database connection closed as after a request)."""
-    result: T = await database_sync_to_async(call, thread_sensitive=False)(*args, **kwargs)
-    return result
-
-
-async def ajoin(visit: Visit, *, limit: store.LimitCall | None = None) -> Joined | None:
-    """`join` from the web server's event loop, for the common join: a visitor who is not signed in, with
-    no priority code, no keys from before a rotation of the secret, and (to a stateless queue) no ticket
-    held already. None for any other: the caller hands it to the synchronous path before anything was
-    counted. The join's rate limiter (`limit`) runs in the join's own script (ratelimit.Limited).
-
-    The queue's mode is taken as this process last knew it (tracked when it does not know). Past the
-    script, what needs the database runs in a thread, here: the rest of a join Redis could not take (its
-    policy lost, or the queue's mode not the one tried: the synchronous join, without the limiter, which
-    has counted it), admitting the visitors a join freed room for, signing an access token before this
-    process has its keys. Refusals are raised as `join` raises them."""
-    identity = visit.identify()
-    if visit.priority_code or identity.former:
-        return None
-    mode = selectors.queue_mode_known(visit.slug)
-    if mode == STATELESS.name:
-        return None if visit.held_ticket else await _ajoin_stateless(visit, limit)
-    if mode not in (None, TRACKED.name):
-        return None
-    plan = services.join_plan(
-        slug=visit.slug,
-        visitor_key=identity.key,
-        display_name=visit.display_name,
-        address=visit.address,
-        proof=visit.proof,
-        limit=limit,
-    )
-    polled = await store.aexecute(plan)
-    if services.needs_sync(polled.value.reply) or isinstance(polled.refusal, services.WrongMode):
-        return await _in_thread(join, visit)
-    await realtime.asend(polled.messages)
-    result = polled.outcome()
-    if result.ticket.freed:
-        await _in_thread(services.queue_admit, slug=visit.slug)
-    return await _signed(TRACKED.joined, visit.slug, result, identity)
-
-
-async def _ajoin_stateless(visit: Visit, limit: store.LimitCall | None) -> Joined:
-    polled = await store.aexecute(services.stateless_join_plan(slug=visit.slug, proof=visit.proof, limit=limit))
-    if isinstance(polled.refusal, services.WrongMode):
-        return await _in_thread(join, visit)
-    _, window = polled.outcome()
-    return await _signed(STATELESS.joined, visit.slug, window)
-
-
-async def _signed(joined: Callable[..., Joined], *args: Any) -> Joined:
+def _signed(joined: Callable[[], Joined]) -> flows.Flow[Joined]:
     """A join's outcome with its tokens signed: here, or in a thread while this process has no signing keys
-    (an access token for a visitor let through at once; loading them reads the database)."""
+    (an access token for a visitor let through at once, on the event loop; loading them reads the database)."""
     try:
-        return joined(*args)
+        return joined()
     except signing_keys.KeysNotLoaded:
-        return await _in_thread(joined, *args)
+        return (yield from flows.blocking(joined))
 
 
 async def aclose() -> None:
@@ -402,36 +376,36 @@ async def aclose() -> None:
     await store.aclose()
 
 
-async def awindow_public(slug: str) -> dict[str, Any]:
-    """A live stateless queue's public window from the web server's event loop (one read). PolicyMissing
-    otherwise: the caller hands the request to the synchronous path (`window_public`), which knows what to
-    remember of a miss and may need the database."""
-    return await selectors.apolled(selectors.window_public_plan(slug=slug))
-
-
 def window_public(slug: str, *, address: str = "") -> dict[str, Any]:
+    """`window_public_flow` from synchronous code."""
+    return flows.drive(window_public_flow(slug, address=lambda: address))
+
+
+def window_public_flow(slug: str, *, address: Callable[[], str] | None = None) -> flows.Flow[dict[str, Any]]:
     """A stateless queue's public window. TicketGone for a tracked or unknown queue, which is remembered
     for a few seconds (in this process, then in the shared cache): a crowd asking for a window that is not
     there costs the database nothing, and a repeated miss costs no round trip after the window's own read.
-    A miss known to neither reads the database, so those are counted per client `address`
-    (ratelimit.Limited; scope `window_miss`): made-up slugs cannot make every request a query."""
-    try:
-        return selectors.window_public_get(slug=slug)  # one HMGET: a live stateless queue's answer
+    A miss known to neither reads the database, so those are counted per client (`address` gives it;
+    ratelimit.Limited; scope `window_miss`): made-up slugs cannot make every request a query."""
+    try:  # one HMGET: a live stateless queue's answer
+        return (yield from selectors.polled_flow(selectors.window_public_plan(slug=slug)))
     except selectors.PolicyMissing:
         pass
     refused = caching.window_refused_key(slug)
     if caching.local_cached(refused):
         raise TicketGone(slug)
-    if caching.cached(refused):
+    if (yield from flows.blocking(lambda: caching.cached(refused))):
         caching.local_remember(refused, True, caching.WINDOW_REFUSED_LOCAL_SECONDS)
         raise TicketGone(slug)
-    if address:
-        selectors.limit_check("window_miss", address)
+    client = address() if address else ""
+    if client:
+        yield from selectors.limit_flow(selectors.limit_call("window_miss", client))
     try:
-        return _ensured(slug, lambda: selectors.window_public_get(slug=slug), mode=STATELESS.name)
+        plan = selectors.window_public_plan
+        return (yield from _ensured_flow(slug, lambda: selectors.polled_flow(plan(slug=slug)), mode=STATELESS.name))
     except TicketGone:
         # A switch to stateless mode that lands between the read above and this line is answered 404 for
         # at most WINDOW_REFUSED_SECONDS (its invalidation ran before this entry was written).
-        caching.remember(refused, True, caching.WINDOW_REFUSED_SECONDS)
+        yield from flows.blocking(lambda: caching.remember(refused, True, caching.WINDOW_REFUSED_SECONDS))
         caching.local_remember(refused, True, caching.WINDOW_REFUSED_LOCAL_SECONDS)
         raise

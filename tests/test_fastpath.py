@@ -165,28 +165,35 @@ async def test_other_requests_go_to_django(settings):
 
 
 @pytest.mark.asyncio
-async def test_a_queue_whose_policy_redis_lost_is_answered_by_the_synchronous_path(ticket):
+async def test_a_queue_whose_policy_redis_lost_is_answered_on_the_loop_its_sync_in_a_thread(ticket, counted):
     slug, raw = ticket
-    store.client().delete(store.queue_keys(slug).cfg)  # lost: the event loop cannot sync it (the database can)
-    response = await call(f"/api/v1/queues/{slug}/status", headers={"Authorization": f"Bearer {raw}"})
+    app, django = counted
+    store.client().delete(store.queue_keys(slug).cfg)  # lost: the database has it, the loop cannot read it
+    response = await call(f"/api/v1/queues/{slug}/status", headers={"Authorization": f"Bearer {raw}"}, app=app)
     assert response.status_code == 200 and response.json()["status"] == "waiting"
     assert store.client().hget(store.queue_keys(slug).cfg, "live_epoch")  # synced again
+    assert django.paths == []
 
 
 @pytest.mark.asyncio
-async def test_an_admitted_visitors_poll_carries_its_access_token_before_and_after_the_keys_are_loaded(make_queue):
+async def test_an_admitted_visitors_poll_carries_its_access_token_before_and_after_the_keys_are_loaded(
+    make_queue, counted
+):
     """Signing the access token needs the keys, which live in the database: the event loop never reads it
-    (Django forbids it there, a 500), so the first poll before they are loaded takes Django's path."""
+    (Django forbids it there, a 500), so the first poll before they are loaded loads them in a thread."""
     from queueing import services, signing_keys
 
+    app, django = counted
     queue = await asyncio.to_thread(make_queue, state="open", capacity=5)
     raw = (await call_json("POST", f"/api/v1/queues/{queue.slug}/join"))["ticket"]
     await asyncio.to_thread(services.queue_admit, slug=queue.slug)
     signing_keys.signing_keys_reset_cache()
-    for _ in range(2):  # not loaded (Django's path loads them), then loaded (the event loop signs)
-        response = await call(f"/api/v1/queues/{queue.slug}/status", headers={"Authorization": f"Bearer {raw}"})
+    for _ in range(2):  # not loaded (a thread loads them), then loaded (the event loop signs)
+        path = f"/api/v1/queues/{queue.slug}/status"
+        response = await call(path, headers={"Authorization": f"Bearer {raw}"}, app=app)
         assert response.status_code == 200 and response.json()["status"] == "admitted"
         assert response.json()["access_token"]
+    assert django.paths == []
 
 
 async def call_json(method: str, path: str) -> dict[str, Any]:
@@ -370,12 +377,80 @@ async def test_the_join_and_its_rate_limiter_are_one_script_and_a_refused_join_j
         (b'{"pow_challenge": "forged", "pow_nonce": "1"}', {}, 201, ""),  # no gate: a bad proof is ignored
     ],
 )
-async def test_any_other_join_takes_djangos_path_and_gets_its_answer(paused, counted, body, headers, status, code):
+async def test_every_join_without_a_session_is_answered_on_the_loop_as_djangos_path_answers_it(
+    paused, counted, body, headers, status, code
+):
+    """One flow for a join, run by either driver: the event loop answers every join without a session (a bad
+    body, a priority code, a bad identity header, another site's page) with Django's path's answer."""
     app, django = counted
     response = await join(app, paused, body=body, headers=headers)
     assert response.status_code == status, response.text
     assert response.json().get("error", {}).get("code", "") == code
-    assert django.paths == [f"/api/v1/queues/{paused}/join"]
+    assert django.paths == []
+    slow = await asyncio.to_thread(
+        lambda: APIClient(REMOTE_ADDR="203.0.113.9").post(
+            f"/api/v1/queues/{paused}/join",
+            data=body,
+            content_type="application/json",
+            **{f"HTTP_{name.upper().replace('-', '_')}": value for name, value in headers.items()},
+        )
+    )
+    assert slow.status_code == status and slow.json().get("error", {}).get("code", "") == code
+    if status == 201:
+        assert set(slow.json()) == set(response.json())
+
+
+def join_count(address: str = "203.0.113.9") -> int:
+    """How many joins the join limiter (a fixed window) has counted for `address`."""
+    keys = list(store.client().scan_iter(match=f"*rl:join:fixed_window:*{address}*"))
+    return sum(int(store.client().hget(key, "count") or 0) for key in keys)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("driver", ["loop", "django"])
+async def test_the_join_limiter_counts_every_kind_of_join_once_on_either_path(make_queue, counted, settings, driver):
+    """The limiter in one place (answers.join_flow): counted once for a join that goes straight to its script,
+    one whose proof does not check out, one with a priority code, one whose policy Redis lost, a stateless
+    join that holds its number already; not at all for a join refused before any work in Redis."""
+    from queueing import selectors
+
+    settings.ALLOWED_HOSTS = ["testserver"]
+    settings.WR_RATE_LIMITS = {"join": {"algorithm": "fixed_window", "window_seconds": DAY, "max_requests": 100}}
+    app, django = counted
+    tracked = await asyncio.to_thread(make_queue, state="paused")
+    stateless = await asyncio.to_thread(make_queue, state="open", mode="stateless")
+    lost = await asyncio.to_thread(make_queue, state="paused")
+    store.client().delete(store.queue_keys(lost.slug).cfg)
+    selectors.queue_mode_forget(stateless.slug)
+
+    async def joined(slug: str, body: bytes = b"{}", cookies: Any = None) -> int:
+        if driver == "loop":
+            return (await join(app, slug, body=body, cookies=cookies)).status_code
+        client = APIClient(REMOTE_ADDR="203.0.113.9")
+        for name, value in (cookies or {}).items():
+            client.cookies[name] = value
+        answer = await asyncio.to_thread(
+            lambda: client.post(f"/api/v1/queues/{slug}/join", data=body, content_type="application/json")
+        )
+        return int(answer.status_code)
+
+    cases: list[tuple[str, bytes, int, int]] = [
+        (tracked.slug, b"{}", 201, 1),
+        (tracked.slug, b'{"pow_challenge": "forged", "pow_nonce": "1"}', 201, 1),
+        (tracked.slug, b'{"priority_code": "nope-nope-nope"}', 400, 1),
+        (lost.slug, b"{}", 201, 1),
+        (stateless.slug, b"{}", 201, 1),  # the mode unknown: the tracked script counted it and said so
+        (tracked.slug, b'{"colour": "red"}', 400, 0),
+        (tracked.slug, b"{not json", 400, 0),
+    ]
+    for slug, body, status, counted_once in cases:
+        before = join_count()
+        assert await joined(slug, body) == status, (slug, body)
+        assert join_count() - before == counted_once, (slug, body)
+    response = await join(app, stateless.slug)
+    before = join_count()
+    assert await joined(stateless.slug, cookies=dict(response.cookies)) == 200  # the number it holds, read first
+    assert join_count() - before == 1 and django.paths == []
 
 
 @pytest.mark.asyncio
@@ -431,7 +506,9 @@ async def test_a_join_whose_policy_redis_lost_is_finished_in_a_thread_and_counte
 
 
 @pytest.mark.asyncio
-async def test_a_stateless_queue_is_joined_on_the_event_loop_once_its_mode_is_known(make_queue, counted, settings):
+async def test_a_stateless_queue_is_joined_on_the_event_loop_whether_or_not_its_mode_is_known(
+    make_queue, counted, settings
+):
     from queueing import selectors, tokens
 
     settings.ALLOWED_HOSTS = ["testserver"]
@@ -439,16 +516,16 @@ async def test_a_stateless_queue_is_joined_on_the_event_loop_once_its_mode_is_kn
     app, django = counted
     queue = await asyncio.to_thread(make_queue, state="open", mode="stateless")
     selectors.queue_mode_forget(queue.slug)
-    first = await join(app, queue.slug)  # the mode unknown here: the tracked script says so, a thread joins
+    first = await join(app, queue.slug)  # the mode unknown here: the tracked script says so, a thread reads it
     assert first.status_code == 201 and django.paths == [] and f"wr_pos_{queue.slug}=" in first.headers["set-cookie"]
     second = await join(app, queue.slug)  # the mode known now: the stateless script, here
     assert second.status_code == 201 and django.paths == []
     numbers = [tokens.visitor_ticket_decode(r.json()["ticket"], slug=queue.slug) for r in (first, second)]
     assert numbers[1].number == numbers[0].number + 1  # type: ignore[union-attr]
-    # A browser holding its number (the cookie) keeps it: Django's path decides.
+    # A browser holding its number (the cookie) keeps it, here too.
     again = await join(app, queue.slug, cookies=first.cookies)
     assert again.status_code == 200 and again.json()["ticket"] == first.json()["ticket"]
-    assert django.paths == [f"/api/v1/queues/{queue.slug}/join"]
+    assert django.paths == []
     # The limiter counted each join once (three), in the stateless script too: the fourth joins nobody.
     issued = store.client().hget(store.queue_keys(queue.slug).win, "next")
     assert issued is not None

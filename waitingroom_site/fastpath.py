@@ -9,13 +9,14 @@ Every waiting visitor polls, and a sale's opening minute brings thousands of joi
   handing the GIL around). It keeps what matters from the layers it skips: the Host header is checked
   against ALLOWED_HOSTS, requests due an SSL redirect go to Django, and responses carry the headers
   SecurityMiddleware adds (taken from SecurityMiddleware itself at startup, so they cannot drift apart).
-  The code is the API view's (queueing/api/answers.py: the same plan, run from the event loop).
-* **Joins** without a session cookie cannot come from a signed-in user. The common one (answers.
-  ajoin_answer says which) is answered on the event loop too: the join's rate limiter and the join in one
-  script. The others go to Django, where `FastPathMiddleware` sends them straight to `join_fast`, past
-  sessions, authentication, CSRF, messages and DRF's dispatch. Joins with a session cookie take the full
-  stack, so a signed-in user joins as themselves (CSRF checked). The middleware also serves status polls
-  that reach Django (the test client, gunicorn).
+  The code is the API view's: one flow per use-case (queueing/flows.py), which Django's path drives in
+  its thread and this application drives on the loop, running only what may read the database (a queue's
+  policy lost from Redis and synced from its row, signing keys not loaded yet) in a thread.
+* **Joins** without a session cookie cannot come from a signed-in user: answered on the event loop too
+  (answers.join_flow), the join's rate limiter in the join's own script. Joins with a session cookie go to
+  Django's full stack, so a signed-in user joins as themselves (CSRF checked). `FastPathMiddleware` serves
+  status polls, window reads and joins without a session that reach Django (the test client, gunicorn)
+  past sessions, authentication, CSRF, messages and DRF's dispatch.
 * **Everything else** goes to Django's WSGI handler in a pool of threads (a2wsgi), its body read in full
   on the event loop first: a body that trickles in costs a coroutine, not a thread.
 """
@@ -56,6 +57,7 @@ from queueing.api.answers import (
     window_fast,
 )
 from queueing.api.errors import error_body, error_said
+from queueing.visitors import client_address
 
 _SLUG = r"([a-z0-9](?:[a-z0-9-]{0,48}[a-z0-9])?)"
 STATUS_PATH = re.compile(rf"^/api/v1/queues/{_SLUG}/status$")
@@ -119,8 +121,8 @@ BODY_SECONDS = 30.0
 
 
 class HotPathASGI:
-    """Answers GET status polls (and stateless queues' window reads) on the event loop; everything else
-    goes to Django's WSGI handler, in a pool of `threads` threads."""
+    """Answers status polls, stateless queues' window reads and joins without a session on the event loop;
+    everything else goes to Django's WSGI handler, in a pool of `threads` threads."""
 
     def __init__(self, django_app: WSGIApp, *, threads: int = 32) -> None:
         self.django_app = django_app
@@ -143,7 +145,7 @@ class HotPathASGI:
         return await self.django(scope, _replay(body, receive), send)  # type: ignore[arg-type]
 
     async def _join(self, scope: Scope, body: bytes, send: Send) -> Answered | None:
-        """Answer a join here (answers.ajoin_answer says which); None to leave it to Django."""
+        """Answer a join here; None to leave it to Django (a session, a host it refuses, an SSL redirect)."""
         match = JOIN_PATH.match(scope["path"])
         if match is None:
             return None
@@ -158,8 +160,6 @@ class HotPathASGI:
         if settings.SECURE_SSL_REDIRECT and not secure:
             return None
         answer = await ajoin_answer(request, match.group(1))
-        if answer is None:
-            return None
         await _respond(send, answer, self.headers[secure], scope)
         return JOIN_ROUTE, "POST", answer.status
 
@@ -179,11 +179,19 @@ class HotPathASGI:
             answer = await astatus_answer(headers.get("authorization", ""), status_match.group(1))
         else:
             route = WINDOW_ROUTE
-            answer = await awindow_answer(window_match.group(1))  # type: ignore[union-attr]
-        if answer is None:
-            return None  # the queue's policy must be synced from the database: Django's path does
+            address = functools.partial(_client_address, scope, headers)
+            answer = await awindow_answer(window_match.group(1), address)  # type: ignore[union-attr]
         await _respond(send, answer, self.headers[secure], scope)
         return route, "GET", answer.status
+
+
+def _client_address(scope: Scope, headers: dict[str, str]) -> str:
+    """The client's address as Django's path reads it from a request's META (visitors.client_address)."""
+    meta = {
+        "REMOTE_ADDR": (scope.get("client") or ("",))[0],
+        "HTTP_X_FORWARDED_FOR": headers.get("x-forwarded-for", ""),
+    }
+    return client_address(meta)
 
 
 async def _respond(send: Send, answer: Answer, extra: list[tuple[bytes, bytes]], scope: Scope | None = None) -> None:

@@ -1,12 +1,12 @@
-"""The visitor hot path's answers: a join, a status poll and a stateless queue's window, each built once as
-an `Answer` and shaped into whichever response its caller needs: a DRF Response (the documented views in
-views.py), a plain Django response (fastpath.py answers polls in front of Django's request handling, and
-joins without a session skip DRF), or a redirect (the waiting page's no-JavaScript form joins through
-`join_answer` too).
+"""The visitor hot path's answers: a join, a status poll and a stateless queue's window, each written once
+as a flow (queueing/flows.py) that ends in an `Answer`, driven from Django's thread (`join_answer`,
+`status_answer`, `window_answer`) or from the web server's event loop (`ajoin_answer`, `astatus_answer`,
+`awindow_answer`: fastpath.py), and shaped into whichever response its caller needs: a DRF Response (the
+documented views in views.py), a plain Django response (fastpath.py's middleware, in front of Django's
+request handling), or a redirect (the waiting page's no-JavaScript form joins through `join_answer` too).
 
 What a status poll costs: one ticket check (HMAC, no SQL) and one Redis round trip (the status script
-with the ticket's rate limiter in the same pipeline).
-"""
+with the ticket's rate limiter in it)."""
 
 from __future__ import annotations
 
@@ -19,14 +19,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import redis
-from channels.db import database_sync_to_async
 from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse
 from django.utils import translation
 from django.utils.translation import gettext_noop
 from rest_framework.response import Response
 
-from .. import instruments, logcontext, modes, pow, ratelimit, realtime, selectors, services, signing_keys, tokens
+from .. import flows, instruments, logcontext, modes, pow, ratelimit, realtime, selectors, services, tokens
 from ..models import Queue
 from ..visitors import (
     InvalidVisitorId,
@@ -39,7 +38,7 @@ from ..visitors import (
 )
 from . import serializers as s
 from .errors import ApiError, Words, error_body, error_said, retry_after, service_unavailable
-from .throttling import limit, rate_limited
+from .throttling import rate_limited
 
 
 @dataclass(frozen=True)
@@ -140,12 +139,36 @@ def poll_headers(view: selectors.TicketView) -> dict[str, str]:
 def join_answer(
     request: HttpRequest, slug: str, data: Any, *, user: Any, identity: VisitorIdentity | None = None
 ) -> Answer:
-    """A whole join, in either mode: the address's limiter, validate, the proof of work, then the queue's
-    mode joins (one Redis script) and the ticket is signed.
+    """`join_flow` from synchronous code: JoinView (signed-in visitors, and the schema), join_fast (Django's
+    fast path) and the waiting page's form (which passes the visitor's `identity` as the page knows it)."""
+    return flows.drive(join_flow(request, slug, data, user=user, identity=identity))
 
-    Shared by JoinView (signed-in visitors, and the schema), join_fast (everyone without a session) and
-    the waiting page's form (which passes the visitor's `identity` as the page knows it).
-    """
+
+async def ajoin_answer(request: HttpRequest, slug: str) -> Answer:
+    """`join_flow` from the web server's event loop (fastpath.HotPathASGI; `request` built from the ASGI
+    scope, its body read; no session, so no signed-in user): what reads the database runs in a thread. A
+    Redis error is a 503."""
+    try:
+        data = json_body(request)
+    except ApiError as exc:
+        return Answer.error(exc)
+    try:
+        return await flows.adrive(join_flow(request, slug, data, user=None))
+    except redis.RedisError:
+        return Answer.unavailable()
+
+
+def join_flow(
+    request: HttpRequest, slug: str, data: Any, *, user: Any, identity: VisitorIdentity | None = None
+) -> flows.Flow[Answer]:
+    """A whole join, in either mode: refused from another site's page, the body's rules, the proof of work,
+    then the queue's mode joins (one Redis script) and the ticket is signed.
+
+    The join's rate limiter (per client address, across queues: made-up slugs get no fresh allowance) is
+    counted with the first work in Redis: in the join's own script, or, where something must be read first
+    (a proof that does not check out, a priority code, a kept ticket), in a round trip before it. A join
+    refused before any of that (another site's page, a body that breaks the rules) costs Redis nothing and
+    is not counted."""
     try:
         cross_site = identity is None and _cross_site(request)
         if cross_site and not _api_client(request):
@@ -156,74 +179,34 @@ def join_answer(
                 ),
             )
         address = client_address(request.META)
-        limit("join", address)  # as ajoin_answer counts it, in the join's own script
         fields = s.join_request_validate(data)
+        limit = ratelimit.prepare("join", address)
         try:
-            proof = _proof(slug, fields)
+            try:
+                proof = _proof_shown(slug, fields)
+            except pow.InvalidProof as exc:  # refused only by a queue whose gate is on; elsewhere ignored
+                yield from selectors.limit_flow(limit)
+                limit = None
+                if (yield from flows.blocking(lambda: services.pow_difficulty_get(slug=slug))) > 0:
+                    raise ApiError("invalid_proof_of_work", str(exc)) from exc
+                proof = None
+            visit = modes.Visit(
+                slug=slug,
+                identify=(lambda: identity) if identity is not None else (lambda: _identify(request, user)),
+                held_ticket=request.COOKIES.get(position_cookie_name(slug), ""),
+                address=address,
+                priority_code=fields["priority_code"],
+                display_name=fields["display_name"],
+                proof=proof,
+            )
+            joined = yield from modes.join_flow(visit, limit=limit)
         except services.JOIN_REFUSALS as exc:
-            raise _join_refused(slug, exc) from exc
-        visit = modes.Visit(
-            slug=slug,
-            identify=(lambda: identity) if identity is not None else (lambda: _identify(request, user)),
-            held_ticket=request.COOKIES.get(position_cookie_name(slug), ""),
-            address=address,
-            priority_code=fields.get("priority_code", ""),
-            display_name=fields.get("display_name", ""),
-            proof=proof,
-        )
-        try:
-            joined = modes.join(visit)
-        except services.JOIN_REFUSALS as exc:
-            raise _join_refused(slug, exc) from exc
-        except ratelimit.Limited as exc:  # too many priority codes tried from this address
+            raise (yield from _join_refused_flow(slug, exc)) from exc
+        except ratelimit.Limited as exc:  # the join's limiter, or too many priority codes tried from here
             raise rate_limited(exc.decision, "join") from exc
     except ApiError as exc:
         return Answer.error(exc)
     return _joined(request, slug, joined, cross_site=cross_site)
-
-
-async def ajoin_answer(request: HttpRequest, slug: str) -> Answer | None:
-    """`join_answer` from the web server's event loop (fastpath.HotPathASGI; `request` built from the ASGI
-    scope, its body read), for the common join: not cross-site, a JSON body that validates, no priority
-    code, a proof of work (if any) that checks out, a valid identity. None for any other join, before
-    anything is counted: join_fast then answers it as ever.
-
-    The same steps as join_answer, with the join's rate limiter in the join's own script (one round trip),
-    and the same answers; what needs the database (a pre-queue's opening time, a new challenge) in a thread."""
-    try:
-        if _cross_site(request):
-            return None
-        fields = s.join_request_validate(json_body(request))
-        proof = _proof_shown(slug, fields)
-        identity = _identify(request, None)
-    except (ApiError, pow.InvalidProof):
-        return None
-    if fields["priority_code"]:
-        return None
-    address = client_address(request.META)
-    visit = modes.Visit(
-        slug=slug,
-        identify=lambda: identity,
-        held_ticket=request.COOKIES.get(position_cookie_name(slug), ""),
-        address=address,
-        display_name=fields["display_name"],
-        proof=proof,
-    )
-    try:
-        try:
-            # Per address across queues, as join_answer counts it: made-up slugs get no fresh allowance.
-            joined = await modes.ajoin(visit, limit=ratelimit.prepare("join", address))
-        except services.JOIN_REFUSALS as exc:
-            if isinstance(exc, services.QueueNotOpen | services.ProofOfWorkRequired):
-                raise await database_sync_to_async(_join_refused, thread_sensitive=False)(slug, exc) from exc
-            raise _join_refused(slug, exc) from exc
-        except ratelimit.Limited as exc:
-            raise rate_limited(exc.decision, "join") from exc
-    except ApiError as exc:
-        return Answer.error(exc)
-    except redis.RedisError:
-        return Answer.unavailable()
-    return None if joined is None else _joined(request, slug, joined, cross_site=False)
 
 
 def _joined(request: HttpRequest, slug: str, joined: modes.Joined, *, cross_site: bool) -> Answer:
@@ -267,17 +250,6 @@ def _proof_shown(slug: str, fields: dict[str, Any]) -> pow.Solved | None:
     return pow.solution_check(slug, fields["pow_challenge"], fields["pow_nonce"])
 
 
-def _proof(slug: str, fields: dict[str, Any]) -> pow.Solved | None:
-    """The join's solved challenge. One that does not check out is refused only by a queue whose gate is on:
-    elsewhere it is ignored (QueueNotFound for no queue at all)."""
-    try:
-        return _proof_shown(slug, fields)
-    except pow.InvalidProof as exc:
-        if services.pow_difficulty_get(slug=slug) > 0:
-            raise ApiError("invalid_proof_of_work", str(exc)) from exc
-        return None
-
-
 def _identify(request: HttpRequest, user: Any) -> VisitorIdentity:
     try:
         return visitor_identity(request, user=user)
@@ -315,6 +287,14 @@ def no_queue(slug: str) -> Words:
 def _come_back(code: str, message: str, seconds: float, **extra: Any) -> ApiError:
     headers, wait = retry_after(seconds)
     return ApiError(code, message, headers=headers, **wait, **extra)
+
+
+def _join_refused_flow(slug: str, exc: Exception) -> flows.Flow[ApiError]:
+    """`_join_refused`, which reads the database (a pre-queue's opening) or Redis (a new challenge) for two
+    refusals."""
+    if isinstance(exc, services.QueueNotOpen | services.ProofOfWorkRequired):
+        return (yield from flows.blocking(lambda: _join_refused(slug, exc)))
+    return _join_refused(slug, exc)
 
 
 def _join_refused(slug: str, exc: Exception) -> ApiError:
@@ -384,41 +364,31 @@ GONE = {
 
 
 def status_answer(authorization: str, slug: str) -> Answer:
-    """A whole status poll: one ticket check and one Redis round trip, no SQL.
-
-    Shared by StatusView (the documented DRF view) and status_fast (Django's fast path). Redis errors
-    propagate (each caller maps them to a 503). The web server's event loop runs `astatus_answer`.
-    """
-    try:
-        claims = ticket_claims(authorization, slug)
-    except ApiError as exc:
-        return Answer.error(exc)
-    try:
-        # The ticket's rate limiter runs in the same Redis round trip as the poll.
-        view = modes.status(claims, limit_scope="status")
-    except (ratelimit.Limited, selectors.TicketGone) as exc:
-        return _status_refused(claims, exc)
-    return _status_ok(view, slug)
+    """`status_flow` from synchronous code: StatusView (the documented DRF view) and status_fast (Django's
+    fast path). Redis errors propagate (each caller maps them to a 503)."""
+    return flows.drive(status_flow(authorization, slug))
 
 
-async def astatus_answer(authorization: str, slug: str) -> Answer | None:
-    """`status_answer` from the web server's event loop (fastpath.HotPathASGI): the same ticket check, the
-    same plan and the same answers. None when the queue's policy is missing from Redis, or an admitted
-    visitor's access token needs signing keys this process has not loaded: the request then takes the
-    synchronous path, which reads the database. A Redis error is a 503."""
+async def astatus_answer(authorization: str, slug: str) -> Answer:
+    """`status_flow` from the web server's event loop (fastpath.HotPathASGI). A Redis error is a 503."""
     try:
-        claims = ticket_claims(authorization, slug)
-    except ApiError as exc:
-        return Answer.error(exc)
-    try:
-        view = await modes.astatus(claims, limit_scope="status")
-    except (ratelimit.Limited, selectors.TicketGone) as exc:
-        return _status_refused(claims, exc)
-    except (selectors.PolicyMissing, signing_keys.KeysNotLoaded):
-        return None
+        return await flows.adrive(status_flow(authorization, slug, on_loop=True))
     except redis.RedisError:
         return Answer.unavailable()
-    return _status_ok(view, slug, on_loop=True)
+
+
+def status_flow(authorization: str, slug: str, *, on_loop: bool = False) -> flows.Flow[Answer]:
+    """A whole status poll: one ticket check (HMAC, no SQL) and one Redis round trip, the ticket's rate
+    limiter in it. The database only when Redis lost the queue's policy, or keys must be loaded."""
+    try:
+        claims = ticket_claims(authorization, slug)
+    except ApiError as exc:
+        return Answer.error(exc)
+    try:
+        view = yield from modes.of_claims(claims).status_flow(claims, limit_scope="status")
+    except (ratelimit.Limited, selectors.TicketGone) as exc:
+        return _status_refused(claims, exc)
+    return _status_ok(view, slug, on_loop=on_loop)
 
 
 def _status_ok(view: selectors.TicketView, slug: str, *, on_loop: bool = False) -> Answer:
@@ -444,29 +414,30 @@ def status_fast(request: HttpRequest, slug: str) -> HttpResponse:
 
 
 def window_answer(slug: str, address: str = "") -> Answer:
+    """`window_flow` from synchronous code."""
+    return flows.drive(window_flow(slug, lambda: address))
+
+
+async def awindow_answer(slug: str, address: Callable[[], str]) -> Answer:
+    """`window_flow` from the web server's event loop. A Redis error is a 503."""
+    try:
+        return await flows.adrive(window_flow(slug, address))
+    except redis.RedisError:
+        return Answer.unavailable()
+
+
+def window_flow(slug: str, address: Callable[[], str]) -> flows.Flow[Answer]:
     """A stateless queue's window, for anyone (no ticket): one Redis read. Cacheable until about the next
     step of the window (at most one interval), so a CDN can answer most of a crowd's polls. A queue with no
     window is a 404 remembered for a moment; reads that would have to ask the database are limited per
-    client `address` (when the caller knows it)."""
+    client (`address` gives it, '' when the caller does not know it)."""
     try:
-        window = modes.window_public(slug, address=address)
+        window = yield from modes.window_public_flow(slug, address=address)
     except selectors.TicketGone:
         not_stateless = Words(gettext_noop("Queue '%(slug)s' is not a stateless queue (or does not exist)."), slug=slug)
         return Answer.error(ApiError("not_found", not_stateless))
     except ratelimit.Limited as exc:
         return Answer.error(rate_limited(exc.decision, "window"))
-    return _window_ok(window)
-
-
-async def awindow_answer(slug: str) -> Answer | None:
-    """`window_answer` from the web server's event loop, for a live stateless queue; None for anything else
-    (a miss: the synchronous path remembers it and may ask the database). A Redis error is a 503."""
-    try:
-        window = await modes.awindow_public(slug)
-    except selectors.PolicyMissing:
-        return None
-    except redis.RedisError:
-        return Answer.unavailable()
     return _window_ok(window)
 
 

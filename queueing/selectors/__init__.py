@@ -10,7 +10,7 @@ the visitor paths) and reads again.
 """
 
 from ..store import QueueSnapshot, WaitSample
-from .limits import DEFAULT_LIMITS, limit_check, limit_hit
+from .limits import DEFAULT_LIMITS, limit_call, limit_check, limit_flow, limit_hit
 from .metrics import Scrape, scrape_read
 from .queues import (
     MODE_CACHE_SECONDS,
@@ -38,12 +38,12 @@ from .tickets import (
     TicketGone,
     TicketView,
     admission_link,
-    apolled,
     heartbeat_ceiling,
     limit_decided,
     opens_in_seconds,
     poll_after_seconds,
     polled,
+    polled_flow,
     public_status,
     sighting_ceiling,
     ticket_neighbours_get,
@@ -82,17 +82,19 @@ __all__ = [
     "TicketView",
     "WaitSample",
     "admission_link",
-    "apolled",
     "health_window_seconds",
     "heartbeat_ceiling",
+    "limit_call",
     "limit_check",
     "limit_decided",
+    "limit_flow",
     "limit_hit",
     "observed_per_minute",
     "opens_in_seconds",
     "outflow_in_force",
     "poll_after_seconds",
     "polled",
+    "polled_flow",
     "position_status_plan",
     "position_view",
     "public_status",

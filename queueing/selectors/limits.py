@@ -17,6 +17,7 @@ from django.conf import settings
 
 from .. import ratelimit, store
 from ..clock import now_ms
+from ..flows import Flow, drive, execute
 
 DEFAULT_LIMITS: dict[str, dict[str, Any]] = {
     "window_miss": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 60, "max_requests": 60},
@@ -31,17 +32,34 @@ def _default_limiter(scope: str) -> ratelimit.Limiter:
     return ratelimit.limiter_from_config(DEFAULT_LIMITS[scope])
 
 
-def limit_hit(scope: str, ident: str, *, now: float | None = None, queue: str = "") -> ratelimit.Decision:
-    """Count one request of `ident` in `scope`: the limiter settings name, else the default above."""
+def limit_call(scope: str, ident: str, *, now: float | None = None, queue: str = "") -> store.LimitCall | None:
+    """The limiter call for one request of `ident` in `scope` (as ratelimit.prepare, with the defaults
+    above); None when the scope is not limited."""
     if scope in settings.WR_RATE_LIMITS or scope not in DEFAULT_LIMITS:
-        return ratelimit.hit(scope, ident, now=now, queue=queue)
+        return ratelimit.prepare(scope, ident, now=now, queue=queue)
     limiter = _default_limiter(scope)
     key = store.limit_key(f"{scope}:{limiter.algorithm}", ident, queue=queue)  # as ratelimit.prepare names it
-    return ratelimit.decision_from(store.limit_hit(limiter.algorithm, key, *limiter.arguments(now_ms(now))))
+    return store.LimitCall(limiter.algorithm, key, limiter.arguments(now_ms(now)))
+
+
+def limit_hit(scope: str, ident: str, *, now: float | None = None, queue: str = "") -> ratelimit.Decision:
+    """Count one request of `ident` in `scope`: the limiter settings name, else the default above."""
+    call = limit_call(scope, ident, now=now, queue=queue)
+    if call is None:
+        return ratelimit.Decision(True, 0, float("inf"))
+    return ratelimit.decision_from(store.limit_hit(call.algorithm, call.key, *call.args))
 
 
 def limit_check(scope: str, ident: str, *, now: float | None = None) -> None:
     """ratelimit.Limited when `ident` is over its limit in `scope` (the request is counted)."""
-    decision = limit_hit(scope, ident, now=now)
-    if not decision.allowed:
-        raise ratelimit.Limited(decision)
+    drive(limit_flow(limit_call(scope, ident, now=now)))
+
+
+def limit_flow(call: store.LimitCall | None) -> Flow[None]:
+    """Count a request with `call` (from limit_call or ratelimit.prepare) in a round trip of its own;
+    ratelimit.Limited when it is over the limit. Nothing to count when `call` is None (not limited)."""
+    if call is not None:
+        reply = yield from execute(store.limit_plan(call))
+        decision = ratelimit.decision_from(reply)
+        if not decision.allowed:
+            raise ratelimit.Limited(decision)

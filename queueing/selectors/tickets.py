@@ -11,7 +11,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from django.conf import settings
 
-from .. import clock, ratelimit, realtime, store, tokens
+from .. import clock, flows, ratelimit, realtime, store, tokens
 from ..store import PollFigures, StatusReply, TicketReply, TicketState, TicketStatus
 
 T = TypeVar("T")
@@ -242,18 +242,16 @@ class Polled(Generic[T]):
         return self.value
 
 
+def polled_flow(plan: store.Plan[Polled[T]]) -> flows.Flow[T]:
+    """A visitor's read (its plan), and what it moved published before its answer, or its refusal."""
+    result = yield from flows.execute(plan)
+    yield from flows.publish(result.messages)
+    return result.outcome()
+
+
 def polled(plan: store.Plan[Polled[T]]) -> T:
-    """Run a visitor's read (its plan) and publish what it moved: from synchronous code."""
-    result = store.execute(plan)
-    realtime.send(result.messages)
-    return result.outcome()
-
-
-async def apolled(plan: store.Plan[Polled[T]]) -> T:
-    """The same from the web server's event loop (the hot path): the same plan, the same reading."""
-    result = await store.aexecute(plan)
-    await realtime.asend(result.messages)
-    return result.outcome()
+    """`polled_flow` from synchronous code."""
+    return flows.drive(polled_flow(plan))
 
 
 def limit_decided(limited: store.LimitReply | None) -> None:

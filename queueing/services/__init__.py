@@ -89,7 +89,9 @@ from .joins import (
     pow_challenge_issue,
     pow_difficulty_get,
     queue_join,
+    queue_join_flow,
     queue_join_stateless,
+    stateless_join_flow,
     stateless_join_plan,
     ticket_leave,
 )
@@ -97,6 +99,7 @@ from .liveness import beat_alive_mark, beat_lease_hold, worker_alive_mark
 from .notices import turn_notice_request, turn_notices_send
 from .recovery import (
     needs_sync,
+    policy_flow,
     queue_config_sync,
     queue_live_state_ensure,
     with_policy,
@@ -151,6 +154,7 @@ __all__ = [
     "join_plan",
     "needs_sync",
     "outflow_adaptation_reset",
+    "policy_flow",
     "pow_challenge_issue",
     "pow_difficulty_get",
     "priority_code_release",
@@ -164,6 +168,7 @@ __all__ = [
     "queue_configure",
     "queue_delete",
     "queue_join",
+    "queue_join_flow",
     "queue_join_stateless",
     "queue_live_state_ensure",
     "queue_outflow_adapt",
@@ -188,6 +193,7 @@ __all__ = [
     "session_verify",
     "shuffle_commit_ensure",
     "site_health_report",
+    "stateless_join_flow",
     "stateless_join_plan",
     "ticket_leave",
     "ticket_promote",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .. import clock, pow, realtime, selectors, store, tokens
+from .. import clock, flows, pow, realtime, selectors, store, tokens
 from ..selectors import Polled
 from .admission import queue_admit
 from .codes import priority_code_release, priority_code_reserve
@@ -19,7 +19,7 @@ from .errors import (
     TicketCapReached,
     WrongMode,
 )
-from .recovery import needs_sync, with_policy
+from .recovery import needs_sync, policy_flow, with_policy
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class JoinResult:
         return self.reply.ticket
 
 
-def queue_join(
+def queue_join_flow(
     *,
     slug: str,
     visitor_key: str,
@@ -43,16 +43,25 @@ def queue_join(
     address: str = "",
     proof: pow.Solved | None = None,
     now: float | None = None,
-) -> JoinResult:
-    """Give the visitor a ticket, or its existing live one (idempotent per visitor).
+    limit: store.LimitCall | None = None,
+) -> flows.Flow[JoinResult]:
+    """Give the visitor a ticket, or its existing live one (idempotent per visitor). With `limit` (the
+    join's rate limiter), it is counted before anything else: in the join's own script, or in a round trip
+    of its own before a priority code is taken.
 
     A priority code's use is taken before the join and given back when the visitor already had a ticket,
     so retries never spend a code twice.
     """
     if priority_code:
-        priority = max(priority, priority_code_reserve(slug=slug, code=priority_code, address=address))
+        yield from selectors.limit_flow(limit)
+        limit = None
+        code = priority_code
+        priority = max(
+            priority, (yield from flows.blocking(lambda: priority_code_reserve(slug=slug, code=code, address=address)))
+        )
+    gate = [limit]
 
-    def joined() -> Polled[JoinResult]:
+    def joined() -> flows.Flow[Polled[JoinResult]]:
         plan = join_plan(
             slug=slug,
             visitor_key=visitor_key,
@@ -61,22 +70,26 @@ def queue_join(
             address=address,
             proof=proof,
             now=now,
+            limit=gate.pop() if gate else None,  # counted once: a join again after a sync runs without it
         )
-        return store.execute(plan)
+        return flows.execute(plan)
 
     try:
-        polled = with_policy(slug, joined, lambda polled: needs_sync(polled.value.reply))
-        realtime.send(polled.messages)
+        polled = yield from policy_flow(slug, joined, lambda polled: needs_sync(polled.value.reply))
+        yield from flows.publish(polled.messages)
         result = polled.outcome()
     except Exception:
         if priority_code:
-            priority_code_release(slug=slug, code=priority_code)
+            yield from flows.blocking(lambda: priority_code_release(slug=slug, code=priority_code))
         raise
     if priority_code and not result.created:
-        priority_code_release(slug=slug, code=priority_code)
+        yield from flows.blocking(lambda: priority_code_release(slug=slug, code=priority_code))
     if result.ticket.freed:
-        queue_admit(slug=slug, now=now)
+        yield from flows.blocking(lambda: queue_admit(slug=slug, now=now))
     return result
+
+
+queue_join = flows.synchronous(queue_join_flow)  # Give the visitor a ticket, or its existing live one.
 
 
 def join_plan(
@@ -147,15 +160,23 @@ def _refusal(slug: str, reply: store.TicketReply) -> Exception | None:
     return None
 
 
-def queue_join_stateless(*, slug: str, proof: pow.Solved | None = None, now: float | None = None) -> store.Window:
+def stateless_join_flow(
+    *, slug: str, proof: pow.Solved | None = None, now: float | None = None, limit: store.LimitCall | None = None
+) -> flows.Flow[store.Window]:
     """A new number in a stateless queue (SPEC 4): an increment in Redis, nothing stored per visitor.
-    Returns the window as the join left it; the number is `window.next_number`."""
-    polled = with_policy(
-        slug,
-        lambda: store.execute(stateless_join_plan(slug=slug, proof=proof, now=now)),
-        lambda polled: polled.value[0] in ("no_config", "no_seq"),
-    )
+    Gives the window as the join left it; the number is `window.next_number`. With `limit` (the join's
+    rate limiter), it is counted first, in the same script."""
+    gate = [limit]
+
+    def joined() -> flows.Flow[Polled[tuple[str, store.Window]]]:
+        plan = stateless_join_plan(slug=slug, proof=proof, now=now, limit=gate.pop() if gate else None)
+        return flows.execute(plan)
+
+    polled = yield from policy_flow(slug, joined, lambda polled: polled.value[0] in ("no_config", "no_seq"))
     return polled.outcome()[1]
+
+
+queue_join_stateless = flows.synchronous(stateless_join_flow)  # A new number in a stateless queue.
 
 
 def stateless_join_plan(

@@ -16,7 +16,7 @@ import redis
 from django.conf import settings
 from django.db import transaction
 
-from .. import clock, realtime, selectors, shuffle, store
+from .. import clock, flows, realtime, selectors, shuffle, store
 from ..models import Queue
 from .audit import queue_change_record
 from .errors import QueueNotFound
@@ -35,22 +35,34 @@ def with_policy(slug: str, call: Callable[[], T], missing: Callable[[T], bool] =
     QueueNotFound when the database has no such queue (or, with `mode`, none in that mode).
 
     Redis normally has it (every save and every tick writes it), so the hot paths need no SQL. This is
-    the one place that loads a queue's configuration into Redis on demand.
+    the one place that loads a queue's configuration into Redis on demand (`policy_flow`, which this runs
+    from synchronous code).
     """
+    return flows.drive(policy_flow(slug, lambda: flows.done(call), missing, mode=mode))
+
+
+def policy_flow(
+    slug: str, call: Callable[[], flows.Flow[T]], missing: Callable[[T], bool] = _never, *, mode: str = ""
+) -> flows.Flow[T]:
+    """`with_policy` as a flow: `call` gives the read's flow, run once more after the sync if it must be."""
     try:
-        reply = call()
+        reply = yield from call()
         if not missing(reply):
             return reply
     except selectors.PolicyMissing:
         pass
+    yield from flows.blocking(lambda: _policy_sync(slug, mode))
+    try:
+        return (yield from call())
+    except selectors.PolicyMissing as exc:  # synced, yet Redis has no policy: nothing to serve it from
+        raise QueueNotFound(slug) from exc
+
+
+def _policy_sync(slug: str, mode: str) -> None:
     queue = Queue.objects.prefetch_related(*Queue.MIRROR_READS).filter(slug=slug).first()
     if queue is None or (mode and queue.mode != mode):
         raise QueueNotFound(slug)
     queue_config_sync(queue)
-    try:
-        return call()
-    except selectors.PolicyMissing as exc:  # synced, yet Redis has no policy: nothing to serve it from
-        raise QueueNotFound(slug) from exc
 
 
 def needs_sync(reply: store.TicketReply | store.AdmitReply) -> bool:

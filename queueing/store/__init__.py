@@ -67,7 +67,7 @@ from .inspect import (
     wait_samples_read,
 )
 from .keys import SEQ_DIGITS, QueueKeys, key_pattern, limit_key, parse_ticket_id, queue_keys, ticket_id
-from .limits import LimitCall, LimitReply, limit_hit
+from .limits import LimitCall, LimitReply, limit_hit, limit_plan
 from .liveness import alive_key, alive_mark, alive_mark_read, beat_lease, cluster_epoch, ping
 from .state import (
     Held,
@@ -209,6 +209,7 @@ __all__ = [
     "library",
     "limit_hit",
     "limit_key",
+    "limit_plan",
     "line_count",
     "line_keys",
     "line_members",

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .connection import ScriptCall, run
+from .connection import Plan, ScriptCall, run
 from .keys import limit_key
 from .replies import Reply
 
-__all__ = ["LimitCall", "LimitReply", "limit_hit", "limit_key"]
+__all__ = ["LimitCall", "LimitReply", "limit_hit", "limit_key", "limit_plan"]
 
 
 class LimitCall(NamedTuple):
@@ -47,3 +47,8 @@ def limit_hit(algorithm: str, key: str, *args: str | int | float) -> LimitReply:
     """Run one limiter script: (allowed, retry after ms, remaining or weighted count, wait ms)."""
     call = LimitCall(algorithm, key, args)
     return LimitReply.parse(run(call.script, [key], args))
+
+
+def limit_plan(call: LimitCall) -> Plan[LimitReply]:
+    """One limiter script as a round trip's plan (a limiter that must count before other work)."""
+    return Plan((call.call,), lambda replies: LimitReply.parse(replies[0]))
