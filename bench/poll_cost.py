@@ -2,7 +2,12 @@
 its limiter in one Redis round trip, the answer) called in a loop, without any HTTP server. For comparing
 two versions of the code on one machine in one sitting (HTTP throughput is too noisy for that):
 
-    .venv/bin/python bench/poll_cost.py [--tree PATH_TO_ANOTHER_CHECKOUT] [--polls 4000] [--runs 7]
+    .venv/bin/python bench/poll_cost.py [--tree PATH_TO_ANOTHER_CHECKOUT] [--polls 4000] [--runs 7] [--loop]
+        [--profile N]
+
+`--loop`: the web server's path instead, the ASGI application (waitingroom_site.web:application) called on
+an event loop with an HTTP scope, one poll after another (what granian hands it, without the sockets).
+`--profile N`: cProfile's N most costly functions (by their own time) over one more run.
 
 Uses REDIS_URL (default 127.0.0.1:6379) database 14 under a key prefix of its own, deleted at the end, and
 a SQLite file under /tmp. Prints microseconds per poll for each run and their median.
@@ -17,6 +22,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 
 def main() -> None:
@@ -24,6 +30,8 @@ def main() -> None:
     parser.add_argument("--tree", default=str(Path(__file__).resolve().parent.parent))
     parser.add_argument("--polls", type=int, default=4000)
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--loop", action="store_true")
+    parser.add_argument("--profile", type=int, default=0)
     args = parser.parse_args()
     tree = str(Path(args.tree).resolve())
     sys.path.insert(0, tree)
@@ -64,21 +72,73 @@ def main() -> None:
             "/api/v1/queues/pollcost/join", content_type="application/json", HTTP_X_VISITOR_ID=str(uuid.uuid4())
         ).json()
         auths.append(f"Bearer {body['ticket']}")
+    poll = _looped(auths) if args.loop else _threaded(auths, status_answer)
     try:
-        for auth in auths:
-            status_answer(auth, "pollcost")
+        poll(len(auths))
         runs = []
         for _ in range(args.runs):
             started = time.perf_counter()
-            for i in range(args.polls):
-                status_answer(auths[i % len(auths)], "pollcost")
+            poll(args.polls)
             runs.append((time.perf_counter() - started) / args.polls * 1e6)
-        print(f"{tree}: µs per poll {[round(r, 1) for r in runs]}, median {statistics.median(runs):.1f}")
+        path = "event loop" if args.loop else "Django's thread"
+        print(f"{tree} ({path}): µs per poll {[round(r, 1) for r in runs]}, median {statistics.median(runs):.1f}")
+        if args.profile:
+            import cProfile
+            import pstats
+
+            profile = cProfile.Profile()
+            profile.runcall(poll, args.polls)
+            pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile)
     finally:
         keys = list(store.client().scan_iter(match=f"{prefix}*"))
         if keys:
             store.client().delete(*keys)
         Path(f"/tmp/{prefix}.sqlite3").unlink(missing_ok=True)
+
+
+def _threaded(auths: list[str], status_answer: Any) -> Any:
+    def poll(count: int) -> None:
+        for i in range(count):
+            status_answer(auths[i % len(auths)], "pollcost")
+
+    return poll
+
+
+def _looped(auths: list[str]) -> Any:
+    """Polls through the ASGI application on one event loop, as the web server calls it."""
+    import asyncio
+
+    from waitingroom_site.web import application
+
+    loop = asyncio.new_event_loop()
+    headers = [[(b"host", b"testserver"), (b"authorization", auth.encode())] for auth in auths]
+    statuses: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
+    async def polls(count: int) -> None:
+        for i in range(count):
+            scope = {
+                "type": "http",
+                "method": "GET",
+                "scheme": "http",
+                "path": "/api/v1/queues/pollcost/status",
+                "query_string": b"",
+                "headers": headers[i % len(headers)],
+                "client": ("127.0.0.1", 40000),
+                "server": ("testserver", 80),
+            }
+            await application(scope, receive, send)
+        if set(statuses) != {200}:
+            raise SystemExit(f"polls answered {sorted(set(statuses))}")
+        statuses.clear()
+
+    return lambda count: loop.run_until_complete(polls(count))
 
 
 if __name__ == "__main__":

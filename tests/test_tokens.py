@@ -182,3 +182,41 @@ def test_threads_that_find_the_keys_stale_together_load_them_once(transactional_
     for thread in threads:
         thread.join(timeout=10)
     assert len(loads) == 1
+
+
+def test_a_checked_ticket_is_kept_until_it_expires_or_the_keys_change(db, settings, monkeypatch):
+    """A visitor polls with the same ticket every few seconds: its check is kept (the signature is checked
+    once), but never for another queue, past the ticket's expiry, or under other keys."""
+    settings.WR_TICKET_SIGNING_KEY = "k" * 64
+    checks: list[str] = []
+    decode = tokens.TicketBackend.decode
+
+    def counted(self: tokens.TicketBackend, token: str, verify: bool = True) -> dict[str, object]:
+        checks.append(token)
+        return decode(self, token, verify)
+
+    monkeypatch.setattr(tokens.TicketBackend, "decode", counted)
+    raw = tokens.ticket_issue(slug="sale", ticket_id=TID, seq=7, priority=2, epoch=3)
+    first = tokens.visitor_ticket_decode(raw, slug="sale")
+    assert tokens.visitor_ticket_decode(raw, slug="sale") == first and len(checks) == 1
+    with pytest.raises(tokens.InvalidTicket):
+        tokens.visitor_ticket_decode(raw, slug="another-sale")  # another queue's: checked, and refused
+    assert len(checks) == 2
+    expires = jwt.decode(raw, options={"verify_signature": False})["exp"]
+    monkeypatch.setattr(tokens.time, "time", lambda: expires + 1.0)
+    with pytest.raises(tokens.InvalidTicket) as expired:
+        tokens.visitor_ticket_decode(raw, slug="sale")
+    assert expired.value.expired and len(checks) == 3
+    monkeypatch.undo()
+    settings.WR_TICKET_SIGNING_KEY = "r" * 64  # rotated, without the old key as a fallback
+    with pytest.raises(tokens.InvalidTicket):
+        tokens.visitor_ticket_decode(raw, slug="sale")
+
+
+def test_the_kept_checks_are_bounded(db, settings, monkeypatch):
+    monkeypatch.setattr(tokens, "CHECKED_MAX", 3)
+    monkeypatch.setattr(tokens, "_checked", {})
+    raws = [tokens.ticket_issue(slug="sale", ticket_id=TID, seq=7, priority=0, epoch=e) for e in range(5)]
+    for raw in raws:
+        tokens.visitor_ticket_decode(raw, slug="sale")
+    assert [key[0] for key in tokens._checked] == raws[2:]  # the oldest let go first

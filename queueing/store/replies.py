@@ -38,6 +38,7 @@ BY_TYPE: dict[Any, Callable[[Any], Any]] = {str: text, int: int, float: float, b
 
 _converters: dict[type, tuple[Callable[[Any], Any], ...]] = {}
 _names: dict[type, tuple[str, ...]] = {}
+_parsers: dict[type, Callable[[Sequence[Any]], Any]] = {}
 
 
 def converters_of(cls: type) -> tuple[Callable[[Any], Any], ...]:
@@ -52,6 +53,28 @@ def converters_of(cls: type) -> tuple[Callable[[Any], Any], ...]:
     return found
 
 
+def _parser(cls: type) -> Callable[[Sequence[Any]], Any]:
+    """A function that reads a reply of this type, written out once per type: each field set from its
+    converter and its place, in one dict (a generic loop over the fields, a call per field to apply its
+    converter, was most of the cost of reading a poll's replies)."""
+    converters = converters_of(cls)
+    count = len(converters)
+    fields = ", ".join(f"{name!r}: c{index}(raw[{index}])" for index, name in enumerate(_names[cls]))
+    source = (
+        "def parse(raw):\n"
+        f"    if len(raw) != {count}:\n"
+        f"        raise ValueError(f'{cls.__name__} has {count} fields; the reply has {{len(raw)}}')\n"
+        "    reply = new(cls)\n"
+        f"    reply.__dict__.update({{{fields}}})\n"
+        "    return reply\n"
+    )
+    namespace: dict[str, Any] = {"new": object.__new__, "cls": cls}
+    namespace.update((f"c{index}", convert) for index, convert in enumerate(converters))
+    exec(source, namespace)  # noqa: S102 (our own field names and converters, no outside text)
+    parse: Callable[[Sequence[Any]], Any] = namespace["parse"]
+    return parse
+
+
 class Reply:
     """A script's reply (or one row of it) as named fields."""
 
@@ -59,13 +82,12 @@ class Reply:
 
     @classmethod
     def parse(cls, raw: Sequence[Any]) -> Self:
-        converters = converters_of(cls)
-        if len(raw) != len(converters):
-            raise ValueError(f"{cls.__name__} has {len(converters)} fields; the reply has {len(raw)}")
-        # Every field is given, so the frozen dataclass's __init__ (a call to object.__setattr__ per field,
-        # most of the cost of reading a poll's three replies) has nothing to add: its fields are set at once.
-        reply = object.__new__(cls)
-        reply.__dict__.update(zip(_names[cls], map(_apply, converters, raw), strict=False))
+        # Every field is given, so the frozen dataclass's __init__ (a call to object.__setattr__ per field)
+        # has nothing to add: its fields are set at once.
+        parse = _parsers.get(cls)
+        if parse is None:
+            parse = _parsers[cls] = _parser(cls)
+        reply: Self = parse(raw)
         return reply
 
     # A reply still reads as the array it came from: unpacked, or indexed in the script's order.
@@ -74,10 +96,6 @@ class Reply:
 
     def __getitem__(self, index: int) -> Any:
         return tuple(self)[index]
-
-
-def _apply(convert: Callable[[Any], Any], value: Any) -> Any:
-    return convert(value)
 
 
 def maybe(parse: Callable[[Sequence[Any]], Any]) -> Callable[[Any], Any]:

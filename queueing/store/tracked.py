@@ -36,6 +36,15 @@ class TicketStatus(enum.IntEnum):
         return self in (TicketStatus.ADMITTED, TicketStatus.ACTIVE)
 
 
+# A status as a script returns it (an integer; its text from a pipeline that decodes replies), looked up:
+# the enum's own lookup by value cost a poll about a microsecond.
+_STATUSES: dict[object, TicketStatus] = {**{int(s): s for s in TicketStatus}, **{str(int(s)): s for s in TicketStatus}}
+
+
+def _status(value: Any) -> TicketStatus:
+    return _STATUSES.get(value) or TicketStatus(int(value))
+
+
 @dataclass(frozen=True)
 class PollFigures(Reply):
     """What a poll's answer needs of the queue as the script saw it: `poll_figures()` in lua/_lib.lua,
@@ -110,7 +119,7 @@ class TicketState(Reply):
     priority: int
     score: float | None = None  # its line score (joins only; None when not in line)
 
-    CONVERT = {"status": lambda v: TicketStatus(int(v)), "rank": optional, "est_wait_s": optional, "score": _line_score}
+    CONVERT = {"status": _status, "rank": optional, "est_wait_s": optional, "score": _line_score}
 
     @classmethod
     def parse(cls, raw: Sequence[Any]) -> TicketState:
