@@ -21,6 +21,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core import signing
+from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.shortcuts import render
 from django.template.loader import select_template
@@ -33,10 +34,8 @@ from django.utils.translation import gettext_lazy as _
 from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from . import modes, selectors, services, tokens
-from .api.answers import join_answer
-from .api.codes import code_answer
-from .api.notices import NOT_WAITING, notify_answer
+from . import flows, instruments, modes, ratelimit, selectors, services, tokens
+from .api.notices import NOT_WAITING, place_link
 from .api.serializers import PRIORITY_CODE_MAX
 from .middleware import QueueAccess, access_cookie_name, queue_access_serve, waiting_page_url
 from .models import Queue
@@ -45,6 +44,7 @@ from .visitors import (
     VisitorIdentity,
     client_address,
     position_cookie_name,
+    position_cookie_set,
     resume_read,
     visitor_cookie_set,
     visitor_identity,
@@ -280,33 +280,46 @@ def _refused(request: HttpRequest, slug: str, identity: VisitorIdentity, retry: 
 
 
 def _join_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity) -> HttpResponse:
-    """The join button without JavaScript (or its retry): the API's join, then the page (post/redirect/get).
-    A refused join shows the refusal's page, which retries by itself where waiting can help."""
+    """The join button without JavaScript (or its retry): the domain's join (as the API's, its limiter counted
+    once), then the page (post/redirect/get). A refused join shows the refusal's page, which retries by
+    itself where waiting can help."""
     entered = request.POST.get("code", "").strip()[:PRIORITY_CODE_MAX] if request.method == "POST" else ""
-    body = {"priority_code": entered} if entered else {}
-    answer = join_answer(request, slug, body, user=request.user, identity=identity)
-    target, code = request.path, answer.error_code
-    wait = int(answer.body.get("error", {}).get("retry_after_seconds") or 0) if code else 0
-    if code == "queue_not_found":
-        raise Http404("No such queue.")
-    if code == "rate_limited":
-        target = _refused(request, slug, identity, _Retry("limited", max(1, wait)))
-    elif code == "ticket_cap_reached":
+    address = client_address(request.META)
+    visit = modes.Visit(
+        slug=slug,
+        identify=lambda: identity,
+        held_ticket=request.COOKIES.get(position_cookie_name(slug), ""),
+        address=address,
+        priority_code=entered,
+    )
+    target, joined = request.path, None
+    try:
+        joined = flows.drive(modes.join_flow(visit, limit=ratelimit.prepare("join", address)))
+    except services.QueueNotFound as exc:
+        raise Http404("No such queue.") from exc
+    except ratelimit.Limited as exc:  # the join's limiter, or too many codes tried from here
+        instruments.rate_limited.labels("join").inc()
+        target = _refused(request, slug, identity, _Retry("limited", max(1, math.ceil(exc.decision.retry_after))))
+    except services.TicketCapReached:
         target = _refused(request, slug, identity, _Retry("limited", 60))
-    elif code == "queue_not_open":
+    except services.QueueNotOpen:
         target = _refused(request, slug, identity, _Retry("notyet", _until_open(_policy(slug))))
-    elif code == "queue_full":
-        target = _refused(request, slug, identity, _Retry("full", wait))
-    elif code == "proof_of_work_required":
+    except services.QueueFull as exc:
+        target = _refused(request, slug, identity, _Retry("full", exc.retry_after))
+    except services.ProofOfWorkRequired:
         target += "?state=pow"  # the gate's puzzle needs JavaScript
-    elif code == "queue_closed":
+    except services.QueueClosed:
         target += "?state=closed"
-    elif code == "invalid_priority_code":
+    except (services.InvalidPriorityCode, services.NoPriorityLanes):
         target += "?code=bad"  # the join page again, saying so: joining without the code is one click
-    elif entered and not code:
-        target += "?code=joined"
+    except services.WrongMode:
+        pass  # the queue changed how it runs twice during the join: the page again, and its button
+    else:
+        if entered:
+            target += "?code=joined"
     response = HttpResponseRedirect(target, status=303)
-    answer.cookies_set(response)
+    if joined is not None and joined.position_cookie:
+        position_cookie_set(response, slug, joined.ticket)
     if identity.new_cookie:
         visitor_cookie_set(response, identity.new_cookie)
     return response
@@ -352,17 +365,21 @@ def _code_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity) 
     claims = _held_claims(slug, identity)
     if claims is None:
         return _join_from_form(request, slug, identity)
-    answer = code_answer(claims, {"code": entered}, address=client_address(request.META))
-    outcome = {
-        "invalid_priority_code": "bad",
-        "invalid_request": "bad",
-        "rate_limited": "limited",
-        "not_in_line": "late",
-        "ticket_not_found": "late",
-    }.get(answer.error_code, "moved" if answer.body.get("promoted") else "kept")
-    if answer.body.get("place_drawn_at_start") and outcome in ("moved", "kept"):
-        outcome = "drawn" if outcome == "moved" else "drawn_kept"
-    before = f"&before={answer.body['position_before']}" if outcome == "moved" else ""
+    promoted = None
+    try:
+        promoted = modes.of_claims(claims).promote(claims, code=entered, address=client_address(request.META))
+    except (services.InvalidPriorityCode, services.NoPriorityLanes):
+        outcome = "bad"
+    except ratelimit.Limited:  # too many codes tried from here
+        instruments.rate_limited.labels("priority_code").inc()
+        outcome = "limited"
+    except (services.NotInLine, services.TicketNotFound, selectors.TicketGone, services.QueueNotFound):
+        outcome = "late"
+    else:
+        outcome = "moved" if promoted.promoted else "kept"
+        if promoted.view.drawn_at_start:
+            outcome = "drawn" if outcome == "moved" else "drawn_kept"
+    before = f"&before={promoted.position_before}" if promoted is not None and outcome == "moved" else ""
     return HttpResponseRedirect(f"{request.path}?code={outcome}{before}", status=303)
 
 
@@ -380,9 +397,25 @@ def _notify_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity
     claims = _held_claims(slug, identity)
     if claims is None:
         return HttpResponseRedirect(f"{request.path}?notify=late", status=303)
-    answer = notify_answer(request, claims, {"email": request.POST.get("email", "")})
-    outcome = {"invalid_request": "bad", "rate_limited": "limited", "not_in_line": "late", "ticket_not_found": "late"}
-    return HttpResponseRedirect(f"{request.path}?notify={outcome.get(answer.error_code, 'kept')}", status=303)
+    if not settings.WR_NOTIFY_BY_EMAIL:  # the page offers no address field then
+        return HttpResponseRedirect(request.path, status=303)
+    outcome = "kept"
+    try:
+        services.turn_notice_request(
+            claims=claims,
+            email=request.POST.get("email", ""),
+            language=get_language() or settings.LANGUAGE_CODE,
+            link=place_link(request, claims),
+            address=client_address(request.META),
+        )
+    except ValidationError:
+        outcome = "bad"
+    except ratelimit.Limited:  # too many addresses left from here
+        instruments.rate_limited.labels("notify").inc()
+        outcome = "limited"
+    except (services.NotInLine, selectors.TicketGone, services.QueueNotFound):
+        outcome = "late"
+    return HttpResponseRedirect(f"{request.path}?notify={outcome}", status=303)
 
 
 def _held_claims(slug: str, identity: VisitorIdentity) -> tokens.TicketClaims | None:

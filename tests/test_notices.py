@@ -137,6 +137,17 @@ def test_bad_addresses_and_visitors_not_in_line_are_told_so(line, make_queue, ma
     assert TurnNotice.objects.count() == 0
 
 
+def test_a_page_without_e_mail_set_up_never_says_it_will_write(line, settings):
+    """The page's form uses the domain's outcomes: with e-mail off it keeps nothing and promises nothing (it
+    said "We will e-mail you" when it read the API's not_found as anything but a refusal)."""
+    queue, _ = line
+    client = page_visitor(queue.slug)
+    settings.WR_NOTIFY_BY_EMAIL = False
+    response = leave_address(client, queue.slug, "ada@example.com")
+    assert "notify=" not in response.redirect_chain[-1][0] and "We will e-mail you" not in response.content.decode()
+    assert TurnNotice.objects.count() == 0
+
+
 def test_the_api_keeps_an_address_for_a_ticket_and_refuses_in_the_error_shape(line, api, clock, settings):
     queue, _ = line
     joined = api.post(f"/api/v1/queues/{queue.slug}/join", format="json", HTTP_X_VISITOR_ID=str(uuid.uuid4())).json()
