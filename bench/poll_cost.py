@@ -88,7 +88,7 @@ def main() -> None:
 
             profile = cProfile.Profile()
             profile.runcall(poll, args.polls)
-            pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile)
+            pstats.Stats(profile).sort_stats(os.environ.get("PROFILE_SORT", "tottime")).print_stats(args.profile)
     finally:
         keys = list(store.client().scan_iter(match=f"{prefix}*"))
         if keys:

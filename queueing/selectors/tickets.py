@@ -25,9 +25,10 @@ class PolicyMissing(Exception):
     """Redis has no policy (or no live window) for the queue: a new queue, or lost state. Sync, read again."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class TicketView:
-    """What the API and pages show a visitor about its ticket."""
+    """What the API and pages show a visitor about its ticket. Built once a poll and never changed after
+    (not frozen: a frozen dataclass's __init__, a call to object.__setattr__ per field, cost a poll 2 µs)."""
 
     ticket_id: str
     status: str
