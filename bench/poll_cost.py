@@ -7,6 +7,7 @@ two versions of the code on one machine in one sitting (HTTP throughput is too n
 
 `--loop`: the web server's path instead, the ASGI application (waitingroom_site.web:application) called on
 an event loop with an HTTP scope, one poll after another (what granian hands it, without the sockets).
+`--join`: joins instead of polls, on the event loop (a new visitor each, the line growing by --polls a run).
 `--profile N`: cProfile's N most costly functions (by their own time) over one more run.
 
 Uses REDIS_URL (default 127.0.0.1:6379) database 14 under a key prefix of its own, deleted at the end, and
@@ -31,6 +32,7 @@ def main() -> None:
     parser.add_argument("--polls", type=int, default=4000)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--loop", action="store_true")
+    parser.add_argument("--join", action="store_true")
     parser.add_argument("--profile", type=int, default=0)
     args = parser.parse_args()
     tree = str(Path(args.tree).resolve())
@@ -73,6 +75,8 @@ def main() -> None:
         ).json()
         auths.append(f"Bearer {body['ticket']}")
     poll = _looped(auths) if args.loop else _threaded(auths, status_answer)
+    if args.join:
+        poll = _looped([], join=True)
     try:
         poll(len(auths))
         runs = []
@@ -80,8 +84,9 @@ def main() -> None:
             started = time.perf_counter()
             poll(args.polls)
             runs.append((time.perf_counter() - started) / args.polls * 1e6)
-        path = "event loop" if args.loop else "Django's thread"
-        print(f"{tree} ({path}): µs per poll {[round(r, 1) for r in runs]}, median {statistics.median(runs):.1f}")
+        path = "event loop" if args.loop or args.join else "Django's thread"
+        what = "join" if args.join else "poll"
+        print(f"{tree} ({path}): µs per {what} {[round(r, 1) for r in runs]}, median {statistics.median(runs):.1f}")
         if args.profile:
             import cProfile
             import pstats
@@ -104,8 +109,8 @@ def _threaded(auths: list[str], status_answer: Any) -> Any:
     return poll
 
 
-def _looped(auths: list[str]) -> Any:
-    """Polls through the ASGI application on one event loop, as the web server calls it."""
+def _looped(auths: list[str], *, join: bool = False) -> Any:
+    """Polls (or joins) through the ASGI application on one event loop, as the web server calls it."""
     import asyncio
 
     from waitingroom_site.web import application
@@ -115,7 +120,7 @@ def _looped(auths: list[str]) -> Any:
     statuses: list[int] = []
 
     async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
+        return {"type": "http.request", "body": b"{}" if join else b"", "more_body": False}
 
     async def send(message: Any) -> None:
         if message["type"] == "http.response.start":
@@ -125,20 +130,26 @@ def _looped(auths: list[str]) -> Any:
         for i in range(count):
             scope = {
                 "type": "http",
-                "method": "GET",
+                "method": "POST" if join else "GET",
                 "scheme": "http",
-                "path": "/api/v1/queues/pollcost/status",
+                "path": f"/api/v1/queues/pollcost/{'join' if join else 'status'}",
                 "query_string": b"",
-                "headers": headers[i % len(headers)],
+                "headers": _joiner() if join else headers[i % len(headers)],
                 "client": ("127.0.0.1", 40000),
                 "server": ("testserver", 80),
             }
             await application(scope, receive, send)
-        if set(statuses) != {200}:
+        if set(statuses) != {201 if join else 200}:
             raise SystemExit(f"polls answered {sorted(set(statuses))}")
         statuses.clear()
 
     return lambda count: loop.run_until_complete(polls(count))
+
+
+def _joiner() -> list[tuple[bytes, bytes]]:
+    """A new visitor's join headers (its own identity: a new ticket each)."""
+    visitor = uuid.uuid4().hex.encode()
+    return [(b"host", b"testserver"), (b"content-type", b"application/json"), (b"x-visitor-id", visitor)]
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The settings the visitor hot path reads on every request, copied once.
 
 Django's `settings` costs about a microsecond an attribute (LazyObject.__getattribute__ probes every value
-it returns for `_mask_wrapped`, an AttributeError each time), and a status poll read a dozen of them:
+it returns for `_mask_wrapped`, an AttributeError each time), and a status poll read a dozen of them (a join
+twenty):
 several percent of its Python. `hot()` is a plain copy of those few, dropped whenever a setting changes
 (Django's setting_changed: override_settings, the tests' settings fixture), so it never goes stale.
 Anything read once, or rarely, reads `settings` as usual.
@@ -29,6 +30,12 @@ HOT = (
     "SECURE_SSL_REDIRECT",
     "SECURE_PROXY_SSL_HEADER",
     "USE_X_FORWARDED_HOST",
+    # a join's
+    "SESSION_COOKIE_NAME",
+    "WR_VISITOR_COOKIE",
+    "WR_TRUSTED_PROXIES",
+    "WR_IPV6_PREFIX",
+    "WR_WS_BASE_URL",
 )
 
 _copy: SimpleNamespace | None = None

@@ -26,7 +26,7 @@ from channels_redis.serializers import registry
 from django.conf import settings
 from django.http import HttpRequest
 
-from . import store
+from . import conf, store
 
 Event = dict[str, Any]
 Message = tuple[str, Event]  # (group, event)
@@ -35,7 +35,7 @@ Message = tuple[str, Event]  # (group, event)
 def socket_url(request: HttpRequest, path: str) -> str:
     """Where a browser opens a websocket: WR_WS_BASE_URL (the websocket server, when it has an address
     of its own), else the host the page came from."""
-    base = settings.WR_WS_BASE_URL
+    base = conf.hot().WR_WS_BASE_URL
     if not base:
         base = f"{'wss' if request.is_secure() else 'ws'}://{request.get_host()}"
     return f"{base.rstrip('/')}{path}"

@@ -72,13 +72,13 @@ def visitor_key(identity: str) -> str:
     Keyed, so the key in a ticket (which the visitor can read) does not reveal who it is, and nobody can
     derive a key that claims someone else's ticket without the server's secret.
     """
-    return _visitor_key(settings.SECRET_KEY, identity)
+    return _visitor_key(conf.hot().SECRET_KEY, identity)
 
 
 def former_visitor_keys(identity: str) -> tuple[str, ...]:
     """The keys the same visitor had under each of SECRET_KEY_FALLBACKS (before a rotation of the secret):
     a visitor who comes back with only their cookie is found by them (modes.Tracked)."""
-    return tuple(_visitor_key(old, identity) for old in getattr(settings, "SECRET_KEY_FALLBACKS", ()) or ())
+    return tuple(_visitor_key(old, identity) for old in conf.hot().SECRET_KEY_FALLBACKS or ())
 
 
 def _visitor_key(secret_key: str, identity: str) -> str:

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.core import signing
 from django.http import HttpRequest
 
+from . import conf
 from .tokens import former_visitor_keys, visitor_key
 
 COOKIE_SALT = "waitingroom.visitor"
@@ -97,7 +98,7 @@ def visitor_identity(request: HttpRequest, user: Any = None) -> VisitorIdentity:
     """Resolve the visitor behind a request, in the order SPEC 6.1 gives. InvalidVisitorId on a bad header."""
     if user is not None and getattr(user, "is_authenticated", False):
         return _identity(f"user:{user.pk}", user)
-    cookie = request.get_signed_cookie(settings.WR_VISITOR_COOKIE, default=None, salt=COOKIE_SALT)
+    cookie = request.get_signed_cookie(conf.hot().WR_VISITOR_COOKIE, default=None, salt=COOKIE_SALT)
     if cookie:
         return _identity(f"cookie:{cookie}")
     header = request.META.get("HTTP_X_VISITOR_ID")
@@ -176,17 +177,29 @@ def _networks(proxies: tuple[str, ...]) -> tuple[IPNetwork, ...]:
 
 
 def _trusted(address: str) -> bool:
+    return _trusted_in(address, tuple(conf.hot().WR_TRUSTED_PROXIES))
+
+
+# A crowd comes from a few addresses per visitor: each one's answers are worked out once (ipaddress's
+# parsing was a join's costliest step after its signature), keyed by the settings they depend on too.
+@lru_cache(maxsize=4096)
+def _trusted_in(address: str, proxies: tuple[str, ...]) -> bool:
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
         return False
-    return any(ip in network for network in _networks(tuple(settings.WR_TRUSTED_PROXIES)))
+    return any(ip in network for network in _networks(proxies))
 
 
 def address_group(address: str) -> str:
     """What per-address limits count: an IPv4 address as it is; an IPv6 one by its network of
     settings.WR_IPV6_PREFIX bits (default /64: one subscriber usually holds a whole /64, so counting single
     IPv6 addresses would give one person unlimited addresses)."""
+    return _address_group(address, int(conf.hot().WR_IPV6_PREFIX))
+
+
+@lru_cache(maxsize=4096)
+def _address_group(address: str, prefix: int) -> str:
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
@@ -194,7 +207,6 @@ def address_group(address: str) -> str:
     if isinstance(ip, ipaddress.IPv6Address):
         if ip.ipv4_mapped is not None:
             return str(ip.ipv4_mapped)
-        prefix = int(settings.WR_IPV6_PREFIX)
         return str(ipaddress.ip_network(f"{ip}/{prefix}", strict=False))
     return str(ip)
 

@@ -150,14 +150,14 @@ class HotPathASGI:
         if match is None:
             return None
         request = ASGIRequest(scope, io.BytesIO(body))
-        if settings.SESSION_COOKIE_NAME in request.COOKIES:
+        if conf.hot().SESSION_COOKIE_NAME in request.COOKIES:
             return None  # perhaps a signed-in user: Django's full stack (CSRF, the user's identity)
         secure = request.is_secure()
         try:
             request.get_host()
         except DisallowedHost:
             return None  # Django refuses it
-        if settings.SECURE_SSL_REDIRECT and not secure:
+        if conf.hot().SECURE_SSL_REDIRECT and not secure:
             return None
         answer = await ajoin_answer(request, match.group(1))
         await _respond(send, answer, self.headers[secure], scope)

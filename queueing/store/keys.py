@@ -97,7 +97,7 @@ def limit_key(scope: str, ident: str, *, queue: str = "") -> str:
     the same script as the queue's own work (store.combined)."""
     if queue:
         return queue_keys(queue).tagged(f"rl:{scope}:{ident}")
-    return f"{settings.WR_REDIS_PREFIX}:rl:{scope}:{{{ident}}}"
+    return f"{conf.hot().WR_REDIS_PREFIX}:rl:{scope}:{{{ident}}}"
 
 
 def ticket_id(seq: int, visitor_key: str) -> str:
