@@ -19,7 +19,9 @@ Effects:
 
 Inside a flow, `yield from execute(plan)` (and `publish`, `blocking`) gives the result typed; a flow that
 calls another one does so with `yield from`. A failure of the effect (a Redis error, a refusal the plan's
-reading raised) is raised inside the flow where it yielded, so it handles it as it would a call's.
+reading raised, the request's task cancelled on the event loop) is raised inside the flow where it yielded,
+so it handles it as it would a call's: a flow that took something (a priority code's use) gives it back in
+an `except BaseException` that may still yield, then raises again. A driver never closes a flow early.
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ def drive(flow: Flow[T]) -> T:
         while True:
             try:
                 result = effect.run()
-            except Exception as exc:  # raised in the flow, where it yielded
+            except BaseException as exc:  # raised in the flow, where it yielded
                 effect = flow.throw(exc)
             else:
                 effect = flow.send(result)
@@ -137,7 +139,7 @@ async def adrive(flow: Flow[T]) -> T:
         while True:
             try:
                 result = await effect.arun()
-            except Exception as exc:
+            except BaseException as exc:  # a cancellation too: the flow gives back what it took, then ends
                 effect = flow.throw(exc)
             else:
                 effect = flow.send(result)

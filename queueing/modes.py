@@ -268,10 +268,11 @@ class Stateless(QueueMode[tokens.PositionClaims]):
         is not finished. Nothing is stored per visitor."""
         if visit.priority_code:
             raise services.NoPriorityLanes(visit.priority_code)
-        if visit.held_ticket:
+        kept = self._held_claims(visit.held_ticket, visit.slug)
+        if kept is not None:
             yield from selectors.limit_flow(limit)  # the held ticket is read first: the limiter counts before
             limit = None
-            held = yield from self.held_flow(visit.held_ticket, visit.slug)
+            held = yield from self._held_view(kept)
             if held is not None and not held.is_finished:
                 return Joined(False, visit.held_ticket, held, position_cookie=True)
         window = yield from services.stateless_join_flow(slug=visit.slug, proof=visit.proof, limit=limit)
@@ -304,13 +305,25 @@ class Stateless(QueueMode[tokens.PositionClaims]):
 
     def held_flow(self, held_ticket: str, slug: str) -> flows.Flow[TicketView | None]:
         """The state of the stateless ticket a browser kept (its cookie); None for a stale or foreign one."""
+        kept = self._held_claims(held_ticket, slug)
+        return None if kept is None else (yield from self._held_view(kept))
+
+    @staticmethod
+    def _held_claims(held_ticket: str, slug: str) -> tokens.PositionClaims | None:
+        """What a kept stateless ticket carries (no I/O); None for none, a stale one or a tracked one."""
+        if not held_ticket:
+            return None
         try:
             claims = tokens.visitor_ticket_decode(held_ticket, slug=slug)
-            if not isinstance(claims, tokens.PositionClaims):
-                return None  # a tracked ticket where a stateless one was kept: not this mode's
-            return (yield from self.status_flow(claims))
-        except (tokens.InvalidTicket, TicketGone):
+        except tokens.InvalidTicket:
             return None  # a stale cookie
+        return claims if isinstance(claims, tokens.PositionClaims) else None  # a tracked ticket: not this mode's
+
+    def _held_view(self, claims: tokens.PositionClaims) -> flows.Flow[TicketView | None]:
+        try:
+            return (yield from self.status_flow(claims))
+        except TicketGone:
+            return None
 
 
 TRACKED = Tracked()

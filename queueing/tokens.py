@@ -17,6 +17,7 @@ import hmac
 import json
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import lru_cache
@@ -230,10 +231,10 @@ def ticket_issue(
 # seconds, mostly over a connection kept alive to the same web worker, and the check (a signature, a JSON
 # payload, the claims read) was a tenth of a poll's cost. Kept by the ticket's text, the queue and the keys
 # it was checked with (a rotation checks again); its expiry is checked at every use. Only tickets that
-# passed are kept, the oldest let go first past CHECKED_MAX (a crowd larger than that, per worker, checks
-# some tickets afresh: as before, no worse). About 0.5 KB a ticket.
+# passed are kept, the least recently used let go first past CHECKED_MAX: a crowd larger than that, per
+# worker, keeps its most frequent pollers, and costs the others a check as before. About 0.5 KB a ticket.
 CHECKED_MAX = 32_768
-_checked: dict[tuple[str, str], tuple[VisitorClaims, int, tuple[str, ...]]] = {}
+_checked: OrderedDict[tuple[str, str], tuple[VisitorClaims, int, tuple[str, ...]]] = OrderedDict()
 
 
 def visitor_ticket_decode(raw: str, *, slug: str) -> VisitorClaims:
@@ -242,6 +243,8 @@ def visitor_ticket_decode(raw: str, *, slug: str) -> VisitorClaims:
     keys = _ticket_keys()
     kept = _checked.get((raw, slug))
     if kept is not None and kept[2] == keys and kept[1] > time.time():
+        with contextlib.suppress(KeyError):  # another thread let it go a moment ago
+            _checked.move_to_end((raw, slug))
         return kept[0]
     try:
         payload = _ticket_backend(keys, slug).decode(raw)
@@ -250,10 +253,10 @@ def visitor_ticket_decode(raw: str, *, slug: str) -> VisitorClaims:
     except TokenBackendError as exc:
         raise InvalidTicket(gettext_noop("The ticket is not valid for this queue.")) from exc
     claims = _visitor_claims(payload, slug)
-    if len(_checked) >= CHECKED_MAX:
-        with contextlib.suppress(StopIteration, KeyError, RuntimeError):  # another thread let it go first
-            del _checked[next(iter(_checked))]
     _checked[(raw, slug)] = (claims, int(payload["exp"]), keys)
+    while len(_checked) > CHECKED_MAX:
+        with contextlib.suppress(KeyError):  # emptied by another thread meanwhile
+            _checked.popitem(last=False)
     return claims
 
 

@@ -306,7 +306,7 @@ def _join_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity) 
         target = _refused(request, slug, identity, _Retry("notyet", _until_open(_policy(slug))))
     except services.QueueFull as exc:
         target = _refused(request, slug, identity, _Retry("full", exc.retry_after))
-    except services.ProofOfWorkRequired:
+    except (services.ProofOfWorkRequired, services.ProofOfWorkReused):
         target += "?state=pow"  # the gate's puzzle needs JavaScript
     except services.QueueClosed:
         target += "?state=closed"
@@ -399,11 +399,14 @@ def _notify_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity
         return HttpResponseRedirect(f"{request.path}?notify=late", status=303)
     if not settings.WR_NOTIFY_BY_EMAIL:  # the page offers no address field then
         return HttpResponseRedirect(request.path, status=303)
+    email = request.POST.get("email", "")
+    if not email.strip():  # nothing typed: said so, without counting it against the address's limit
+        return HttpResponseRedirect(f"{request.path}?notify=bad", status=303)
     outcome = "kept"
     try:
         services.turn_notice_request(
             claims=claims,
-            email=request.POST.get("email", ""),
+            email=email,
             language=get_language() or settings.LANGUAGE_CODE,
             link=place_link(request, claims),
             address=client_address(request.META),

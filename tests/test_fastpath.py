@@ -566,3 +566,55 @@ async def test_the_join_limit_counts_an_address_across_queues_so_made_up_slugs_a
     refused = await join(app, "another-made-up-one")  # the address's allowance is spent, whatever the slug
     assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
     assert django.paths == []
+
+
+@pytest.mark.asyncio
+async def test_a_join_the_database_fails_on_the_loop_is_a_503_and_any_other_failure_a_500_in_the_error_shape(
+    paused, counted, monkeypatch
+):
+    """Django's path has its handlers for a failed request; the loop answers as they do, in the error shape."""
+    from django.db import OperationalError
+
+    from queueing.services import joins
+
+    app, django = counted
+
+    def database_away(**kwargs: Any) -> int:
+        raise OperationalError("the database went away")
+
+    monkeypatch.setattr(joins, "priority_code_reserve", database_away)
+    response = await join(app, paused, body=json_body(priority_code="GOLD-2"))
+    assert (response.status_code, response.json()["error"]["code"]) == (503, "service_unavailable")
+    assert int(response.headers["retry-after"]) >= 1
+
+    def broken(**kwargs: Any) -> int:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(joins, "priority_code_reserve", broken)
+    response = await join(app, paused, body=json_body(priority_code="GOLD-2"))
+    assert (response.status_code, response.json()["error"]["code"]) == (500, "server_error")
+    assert django.paths == []
+
+
+@pytest.mark.asyncio
+async def test_a_join_cancelled_on_the_loop_gives_its_priority_code_back(paused, counted, monkeypatch):
+    """A request's task cancelled while its join is in Redis (the server shutting down): the flow is told (the
+    cancellation is thrown into it), gives back the code's use it took, and ends cancelled."""
+    from queueing.models import PriorityCode, Queue
+    from queueing.store import connection
+
+    app, _ = counted
+    queue = await asyncio.to_thread(Queue.objects.get, slug=paused)
+    await asyncio.to_thread(PriorityCode.objects.create, queue=queue, code="GOLD-2", level=2, max_uses=1)
+    aexecute = connection.aexecute
+
+    async def cancelled_at_the_join(plan: Any) -> Any:
+        if any(name == "join" for name, _, _ in plan.calls):
+            raise asyncio.CancelledError
+        return await aexecute(plan)
+
+    monkeypatch.setattr(store, "aexecute", cancelled_at_the_join)
+    with pytest.raises(asyncio.CancelledError):
+        await join(app, paused, body=json_body(priority_code="GOLD-2"))
+    code = await asyncio.to_thread(PriorityCode.objects.get, code="GOLD-2")
+    assert code.uses == 0 and store.line_count(paused) == 0

@@ -205,6 +205,17 @@ def test_leaving_addresses_is_limited_per_address(line, api, settings):
     assert TurnNotice.objects.get().email == "v1@example.com"  # one address per ticket: the last kept
 
 
+def test_an_empty_address_on_the_page_is_said_to_be_bad_without_spending_the_limit(line, settings):
+    queue, _ = line
+    settings.WR_RATE_LIMITS = {
+        "notify": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 600, "max_requests": 2}
+    }
+    client = page_visitor(queue.slug, REMOTE_ADDR="198.51.100.7")
+    for _ in range(3):
+        assert said(leave_address(client, queue.slug, "  ")).startswith("That does not look like an e-mail address")
+    assert said(leave_address(client, queue.slug, "ada@example.com")).startswith("We will e-mail you")
+
+
 def test_an_e_mail_the_smtp_server_refused_is_sent_on_a_later_run(line, mailbox, clock, settings):
     queue, ahead = line
     client = page_visitor(queue.slug)

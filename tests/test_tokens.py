@@ -213,10 +213,15 @@ def test_a_checked_ticket_is_kept_until_it_expires_or_the_keys_change(db, settin
         tokens.visitor_ticket_decode(raw, slug="sale")
 
 
-def test_the_kept_checks_are_bounded(db, settings, monkeypatch):
+def test_the_kept_checks_are_bounded_and_the_least_recently_used_let_go(db, settings, monkeypatch):
+    from collections import OrderedDict
+
     monkeypatch.setattr(tokens, "CHECKED_MAX", 3)
-    monkeypatch.setattr(tokens, "_checked", {})
+    monkeypatch.setattr(tokens, "_checked", OrderedDict())
     raws = [tokens.ticket_issue(slug="sale", ticket_id=TID, seq=7, priority=0, epoch=e) for e in range(5)]
-    for raw in raws:
+    for raw in raws[:3]:
         tokens.visitor_ticket_decode(raw, slug="sale")
-    assert [key[0] for key in tokens._checked] == raws[2:]  # the oldest let go first
+    tokens.visitor_ticket_decode(raws[0], slug="sale")  # polled again: kept ahead of the others
+    for raw in raws[3:]:
+        tokens.visitor_ticket_decode(raw, slug="sale")
+    assert [key[0] for key in tokens._checked] == [raws[0], raws[3], raws[4]]

@@ -33,6 +33,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis
@@ -126,12 +127,13 @@ class HotPathASGI:
 
     def __init__(self, django_app: WSGIApp, *, threads: int = 32) -> None:
         self.django_app = django_app
+        self.threads = threads
         self.django = WSGIMiddleware(django_app, workers=threads)  # type: ignore[arg-type]
         self.headers = {secure: _security_headers(secure) for secure in (False, True)}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            return await _lifespan(receive, send)
+            return await _lifespan(receive, send, self.threads)
         if scope["type"] != "http":
             return None  # websockets are the websocket server's (asgi.py)
         started = time.perf_counter()
@@ -179,19 +181,18 @@ class HotPathASGI:
             answer = await astatus_answer(headers.get("authorization", ""), status_match.group(1))
         else:
             route = WINDOW_ROUTE
-            address = functools.partial(_client_address, scope, headers)
+            address = functools.partial(_client_address, scope)
             answer = await awindow_answer(window_match.group(1), address)  # type: ignore[union-attr]
         await _respond(send, answer, self.headers[secure], scope)
         return route, "GET", answer.status
 
 
-def _client_address(scope: Scope, headers: dict[str, str]) -> str:
-    """The client's address as Django's path reads it from a request's META (visitors.client_address)."""
-    meta = {
-        "REMOTE_ADDR": (scope.get("client") or ("",))[0],
-        "HTTP_X_FORWARDED_FOR": headers.get("x-forwarded-for", ""),
-    }
-    return client_address(meta)
+def _client_address(scope: Scope) -> str:
+    """The client's address as Django's path reads it from a request's META (visitors.client_address; the
+    lines of a repeated X-Forwarded-For joined as Django joins them)."""
+    remote = (scope.get("client") or ("",))[0]
+    forwarded = ",".join(value.decode("latin-1") for name, value in scope["headers"] if name == b"x-forwarded-for")
+    return client_address({"REMOTE_ADDR": remote, "HTTP_X_FORWARDED_FOR": forwarded})
 
 
 async def _respond(send: Send, answer: Answer, extra: list[tuple[bytes, bytes]], scope: Scope | None = None) -> None:
@@ -210,14 +211,19 @@ async def _respond(send: Send, answer: Answer, extra: list[tuple[bytes, bytes]],
     await send({"type": "http.response.body", "body": body})
 
 
-async def _lifespan(receive: Receive, send: Send) -> None:
+async def _lifespan(receive: Receive, send: Send, threads: int) -> None:
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
+            # What the flows on the loop run in a thread (what may read the database: a policy Redis lost,
+            # signing keys, a priority code) gets as many threads as Django's own requests, not asyncio's
+            # default (the cores plus four).
+            loop = asyncio.get_running_loop()
+            loop.set_default_executor(ThreadPoolExecutor(max_workers=threads, thread_name_prefix="blocking"))
             # Admitted visitors' polls sign access tokens on the event loop, which never reads the database.
             try:
                 await asyncio.to_thread(_keys_load)
-            except Exception:  # the database is not there yet: those polls take Django's path until it is
+            except Exception:  # the database is not there yet: the first polls that sign load them in a thread
                 logger.exception("Loading the signing keys at startup failed")
             # What startup built (Django, its apps, URL patterns, the scripts) lives as long as the process:
             # out of the collector's sight, a full collection no longer walks it in the middle of a crowd's

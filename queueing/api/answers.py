@@ -11,6 +11,7 @@ with the ticket's rate limiter in it)."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from urllib.parse import urlsplit
 
 import redis
 from django.core.exceptions import DisallowedHost
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 from django.utils import translation
 from django.utils.translation import gettext_noop
@@ -39,6 +41,8 @@ from ..visitors import (
 from . import serializers as s
 from .errors import ApiError, Words, error_body, error_said, retry_after, service_unavailable
 from .throttling import rate_limited
+
+logger = logging.getLogger("django.request")
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,16 @@ def plain(answer: Callable[[], Answer], request: HttpRequest) -> HttpResponse:
         return Answer.unavailable().plain(request)
 
 
+def on_loop_failed(exc: Exception) -> Answer:
+    """What the event loop answers for a request its flow could not finish (Django's path has its handlers
+    for these): Redis or the database out of reach is a 503 in the error shape, with Retry-After; anything
+    else is logged as Django logs a failed request, and a 500 in the error shape."""
+    if isinstance(exc, redis.RedisError | DatabaseError):
+        return Answer.unavailable()
+    logger.error("A request on the event loop failed", exc_info=exc)
+    return Answer(500, error_body("server_error", gettext_noop("Something went wrong on our side.")))
+
+
 def authorization(request: HttpRequest) -> str:
     return str(request.META.get("HTTP_AUTHORIZATION", ""))
 
@@ -136,12 +150,10 @@ def poll_headers(view: selectors.TicketView) -> dict[str, str]:
 # --- Join ---------------------------------------------------------------------------------------------
 
 
-def join_answer(
-    request: HttpRequest, slug: str, data: Any, *, user: Any, identity: VisitorIdentity | None = None
-) -> Answer:
-    """`join_flow` from synchronous code: JoinView (signed-in visitors, and the schema), join_fast (Django's
-    fast path) and the waiting page's form (which passes the visitor's `identity` as the page knows it)."""
-    return flows.drive(join_flow(request, slug, data, user=user, identity=identity))
+def join_answer(request: HttpRequest, slug: str, data: Any, *, user: Any) -> Answer:
+    """`join_flow` from synchronous code: JoinView (signed-in visitors, and the schema) and join_fast
+    (Django's fast path)."""
+    return flows.drive(join_flow(request, slug, data, user=user))
 
 
 async def ajoin_answer(request: HttpRequest, slug: str) -> Answer:
@@ -154,13 +166,11 @@ async def ajoin_answer(request: HttpRequest, slug: str) -> Answer:
         return Answer.error(exc)
     try:
         return await flows.adrive(join_flow(request, slug, data, user=None))
-    except redis.RedisError:
-        return Answer.unavailable()
+    except Exception as exc:
+        return on_loop_failed(exc)
 
 
-def join_flow(
-    request: HttpRequest, slug: str, data: Any, *, user: Any, identity: VisitorIdentity | None = None
-) -> flows.Flow[Answer]:
+def join_flow(request: HttpRequest, slug: str, data: Any, *, user: Any) -> flows.Flow[Answer]:
     """A whole join, in either mode: refused from another site's page, the body's rules, the proof of work,
     then the queue's mode joins (one Redis script) and the ticket is signed.
 
@@ -170,7 +180,7 @@ def join_flow(
     refused before any of that (another site's page, a body that breaks the rules) costs Redis nothing and
     is not counted."""
     try:
-        cross_site = identity is None and _cross_site(request)
+        cross_site = _cross_site(request)
         if cross_site and not _api_client(request):
             raise ApiError(
                 "cross_site_refused",
@@ -192,7 +202,7 @@ def join_flow(
                 proof = None
             visit = modes.Visit(
                 slug=slug,
-                identify=(lambda: identity) if identity is not None else (lambda: _identify(request, user)),
+                identify=lambda: _identify(request, user),
                 held_ticket=request.COOKIES.get(position_cookie_name(slug), ""),
                 address=address,
                 priority_code=fields["priority_code"],
@@ -373,8 +383,8 @@ async def astatus_answer(authorization: str, slug: str) -> Answer:
     """`status_flow` from the web server's event loop (fastpath.HotPathASGI). A Redis error is a 503."""
     try:
         return await flows.adrive(status_flow(authorization, slug, on_loop=True))
-    except redis.RedisError:
-        return Answer.unavailable()
+    except Exception as exc:
+        return on_loop_failed(exc)
 
 
 def status_flow(authorization: str, slug: str, *, on_loop: bool = False) -> flows.Flow[Answer]:
@@ -422,8 +432,8 @@ async def awindow_answer(slug: str, address: Callable[[], str]) -> Answer:
     """`window_flow` from the web server's event loop. A Redis error is a 503."""
     try:
         return await flows.adrive(window_flow(slug, address))
-    except redis.RedisError:
-        return Answer.unavailable()
+    except Exception as exc:
+        return on_loop_failed(exc)
 
 
 def window_flow(slug: str, address: Callable[[], str]) -> flows.Flow[Answer]:

@@ -76,14 +76,17 @@ def queue_join_flow(
 
     try:
         polled = yield from policy_flow(slug, joined, lambda polled: needs_sync(polled.value.reply))
-        yield from flows.publish(polled.messages)
-        result = polled.outcome()
-    except Exception:
+    except GeneratorExit:
+        raise
+    except BaseException:  # a cancelled request's too (flows.adrive throws it in): the code's use given back
         if priority_code:
             yield from flows.blocking(lambda: priority_code_release(slug=slug, code=priority_code))
         raise
-    if priority_code and not result.created:
+    if priority_code and (polled.refusal is not None or not polled.value.created):
+        # Refused, or the visitor had a ticket already: the code moved nobody.
         yield from flows.blocking(lambda: priority_code_release(slug=slug, code=priority_code))
+    yield from flows.publish(polled.messages)  # (failing here, the join stands, and its code stays spent)
+    result = polled.outcome()
     if result.ticket.freed:
         yield from flows.blocking(lambda: queue_admit(slug=slug, now=now))
     return result
