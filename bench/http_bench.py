@@ -251,8 +251,10 @@ def start_stack(
     return start(command, env, var / "stack.log")
 
 
-def queue_configure(env: dict[str, str], slug: str) -> None:
-    """A queue that admits almost nobody for the run (1 a minute): its visitors stay waiting, as most pollers are."""
+def queue_configure(env: dict[str, str], slug: str, *, sale: bool = False) -> None:
+    """A queue that admits almost nobody for the run (1 a minute): its visitors stay waiting, as most pollers
+    are. With `sale`, a queue open mid-sale: 100 slots, 1,200 admitted a minute, an admission unclaimed for
+    30 s let go (so slots keep coming back and the line keeps moving), the tick's table of waits in force."""
     options = {
         "--target-url": "https://shop.example/",
         "--capacity": "1",
@@ -261,6 +263,9 @@ def queue_configure(env: dict[str, str], slug: str) -> None:
         "--presence-timeout": "3600",
         "--abandon-timeout": "7200",
     }
+    if sale:
+        options.update({"--capacity": "100", "--outflow-per-minute": "1200", "--burst": "20", "--claim-ttl": "30"})
+        options["--state"] = "open"
     command = [sys.executable, "manage.py", "configure_queue", slug, *(p for o in options.items() for p in o)]
     subprocess.run(command, env=env, cwd=ROOT, check=True, capture_output=True)
 
@@ -286,6 +291,7 @@ def http_benchmarks(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
     env = stack_env(redis_url, var, prefix, secrets.token_hex(32))
     stack = start_stack(env, var, port=port, ws_port=ws_port, web_server=args.web_server, web_workers=args.web_workers)
     results: dict[str, Any] = {
+        "queue": "open mid-sale" if args.sale else "admitting 1 a minute",
         "web_server": args.web_server,
         "web_workers": args.web_workers or "default",
     }
@@ -293,7 +299,7 @@ def http_benchmarks(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
     try:
         base = f"http://127.0.0.1:{port}"
         wait_healthy(f"{base}/healthz")
-        queue_configure(env, QUEUE)
+        queue_configure(env, QUEUE, sale=args.sale)
         # Tickets for the status runs (waiting visitors, as most pollers are).
         status = status_script(tickets_join(base, [QUEUE], args.tickets), var / "tickets.lua")
         run = {"duration": args.duration, "connections": args.connections, "threads": args.wrk_threads}
@@ -523,6 +529,7 @@ def main() -> None:
     parser.add_argument("--skip-http", action="store_true")
     parser.add_argument("--skip-redis", action="store_true")
     parser.add_argument("--skip-join", action="store_true", help="status and the reference only (process scaling)")
+    parser.add_argument("--sale", action="store_true", help="the queue open mid-sale (admitting), not paused")
     args = parser.parse_args()
     if not shutil.which("wrk") and not args.skip_http:
         raise SystemExit("wrk is needed: apt-get install wrk")
