@@ -301,12 +301,8 @@ class Stateless(QueueMode[tokens.PositionClaims]):
         return None  # a stateless ticket is simply not used again
 
     def held(self, slug: str, *, identity: VisitorIdentity | None, held_ticket: str) -> TicketView | None:
-        return flows.drive(self.held_flow(held_ticket, slug)) if held_ticket else None
-
-    def held_flow(self, held_ticket: str, slug: str) -> flows.Flow[TicketView | None]:
-        """The state of the stateless ticket a browser kept (its cookie); None for a stale or foreign one."""
         kept = self._held_claims(held_ticket, slug)
-        return None if kept is None else (yield from self._held_view(kept))
+        return None if kept is None else flows.drive(self._held_view(kept))
 
     @staticmethod
     def _held_claims(held_ticket: str, slug: str) -> tokens.PositionClaims | None:
@@ -389,12 +385,7 @@ async def aclose() -> None:
     await store.aclose()
 
 
-def window_public(slug: str, *, address: str = "") -> dict[str, Any]:
-    """`window_public_flow` from synchronous code."""
-    return flows.drive(window_public_flow(slug, address=lambda: address))
-
-
-def window_public_flow(slug: str, *, address: Callable[[], str] | None = None) -> flows.Flow[dict[str, Any]]:
+def window_public_flow(slug: str, *, address: Callable[[], str]) -> flows.Flow[dict[str, Any]]:
     """A stateless queue's public window. TicketGone for a tracked or unknown queue, which is remembered
     for a few seconds (in this process, then in the shared cache): a crowd asking for a window that is not
     there costs the database nothing, and a repeated miss costs no round trip after the window's own read.
@@ -410,7 +401,7 @@ def window_public_flow(slug: str, *, address: Callable[[], str] | None = None) -
     if (yield from flows.blocking(lambda: caching.cached(refused))):
         caching.local_remember(refused, True, caching.WINDOW_REFUSED_LOCAL_SECONDS)
         raise TicketGone(slug)
-    client = address() if address else ""
+    client = address()
     if client:
         yield from selectors.limit_flow(selectors.limit_call("window_miss", client))
     try:

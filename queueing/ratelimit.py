@@ -205,7 +205,11 @@ def prepare(scope: str, ident: str, *, now: float | None = None, queue: str = ""
 def hit(scope: str, ident: str, *, now: float | None = None, queue: str = "") -> Decision:
     """Count one request of `ident` (a client address, ticket, API key or user) in `scope` (with `queue`:
     for that queue alone, as `prepare`)."""
-    call = prepare(scope, ident, now=now, queue=queue)
+    return counted(prepare(scope, ident, now=now, queue=queue))
+
+
+def counted(call: store.LimitCall | None) -> Decision:
+    """Run a prepared limiter call on its own (None: not limited, always allowed)."""
     if call is None:
         return Decision(True, 0, float("inf"))
     return decision_from(store.limit_hit(call.algorithm, call.key, *call.args))

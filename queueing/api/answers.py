@@ -2,8 +2,8 @@
 as a flow (queueing/flows.py) that ends in an `Answer`, driven from Django's thread (`join_answer`,
 `status_answer`, `window_answer`) or from the web server's event loop (`ajoin_answer`, `astatus_answer`,
 `awindow_answer`: fastpath.py), and shaped into whichever response its caller needs: a DRF Response (the
-documented views in views.py), a plain Django response (fastpath.py's middleware, in front of Django's
-request handling), or a redirect (the waiting page's no-JavaScript form joins through `join_answer` too).
+documented views in views.py) or a plain Django response (fastpath.py's middleware, in front of Django's
+request handling). The waiting page's forms call the domain themselves (views.py).
 
 What a status poll costs: one ticket check (HMAC, no SQL) and one Redis round trip (the status script
 with the ticket's rate limiter in it)."""
@@ -114,14 +114,17 @@ def plain(answer: Callable[[], Answer], request: HttpRequest) -> HttpResponse:
         return Answer.unavailable().plain(request)
 
 
-def on_loop_failed(exc: Exception) -> Answer:
-    """What the event loop answers for a request its flow could not finish (Django's path has its handlers
-    for these): Redis or the database out of reach is a 503 in the error shape, with Retry-After; anything
-    else is logged as Django logs a failed request, and a 500 in the error shape."""
-    if isinstance(exc, redis.RedisError | DatabaseError):
+async def on_loop(flow: flows.Flow[Answer]) -> Answer:
+    """An answer's flow driven on the web server's event loop. One it could not finish (Django's path has
+    its handlers for these): Redis or the database out of reach is a 503 in the error shape, with
+    Retry-After; anything else is logged as Django logs a failed request, and a 500 in the error shape."""
+    try:
+        return await flows.adrive(flow)
+    except (redis.RedisError, DatabaseError):
         return Answer.unavailable()
-    logger.error("A request on the event loop failed", exc_info=exc)
-    return Answer(500, error_body("server_error", gettext_noop("Something went wrong on our side.")))
+    except Exception as exc:
+        logger.error("A request on the event loop failed", exc_info=exc)
+        return Answer(500, error_body("server_error", gettext_noop("Something went wrong on our side.")))
 
 
 def authorization(request: HttpRequest) -> str:
@@ -158,16 +161,13 @@ def join_answer(request: HttpRequest, slug: str, data: Any, *, user: Any) -> Ans
 
 async def ajoin_answer(request: HttpRequest, slug: str) -> Answer:
     """`join_flow` from the web server's event loop (fastpath.HotPathASGI; `request` built from the ASGI
-    scope, its body read; no session, so no signed-in user): what reads the database runs in a thread. A
-    Redis error is a 503."""
+    scope, its body read; no session, so no signed-in user): what reads the database runs in a thread.
+    Failures are answered as `on_loop` says."""
     try:
         data = json_body(request)
     except ApiError as exc:
         return Answer.error(exc)
-    try:
-        return await flows.adrive(join_flow(request, slug, data, user=None))
-    except Exception as exc:
-        return on_loop_failed(exc)
+    return await on_loop(join_flow(request, slug, data, user=None))
 
 
 def join_flow(request: HttpRequest, slug: str, data: Any, *, user: Any) -> flows.Flow[Answer]:
@@ -380,11 +380,8 @@ def status_answer(authorization: str, slug: str) -> Answer:
 
 
 async def astatus_answer(authorization: str, slug: str) -> Answer:
-    """`status_flow` from the web server's event loop (fastpath.HotPathASGI). A Redis error is a 503."""
-    try:
-        return await flows.adrive(status_flow(authorization, slug, on_loop=True))
-    except Exception as exc:
-        return on_loop_failed(exc)
+    """`status_flow` from the web server's event loop (fastpath.HotPathASGI; failures: `on_loop`)."""
+    return await on_loop(status_flow(authorization, slug, on_loop=True))
 
 
 def status_flow(authorization: str, slug: str, *, on_loop: bool = False) -> flows.Flow[Answer]:
@@ -429,11 +426,8 @@ def window_answer(slug: str, address: str = "") -> Answer:
 
 
 async def awindow_answer(slug: str, address: Callable[[], str]) -> Answer:
-    """`window_flow` from the web server's event loop. A Redis error is a 503."""
-    try:
-        return await flows.adrive(window_flow(slug, address))
-    except Exception as exc:
-        return on_loop_failed(exc)
+    """`window_flow` from the web server's event loop (failures: `on_loop`)."""
+    return await on_loop(window_flow(slug, address))
 
 
 def window_flow(slug: str, address: Callable[[], str]) -> flows.Flow[Answer]:

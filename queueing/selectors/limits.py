@@ -18,6 +18,7 @@ from django.conf import settings
 from .. import ratelimit, store
 from ..clock import now_ms
 from ..flows import Flow, drive, execute
+from .tickets import limit_decided
 
 DEFAULT_LIMITS: dict[str, dict[str, Any]] = {
     "window_miss": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 60, "max_requests": 60},
@@ -44,10 +45,7 @@ def limit_call(scope: str, ident: str, *, now: float | None = None, queue: str =
 
 def limit_hit(scope: str, ident: str, *, now: float | None = None, queue: str = "") -> ratelimit.Decision:
     """Count one request of `ident` in `scope`: the limiter settings name, else the default above."""
-    call = limit_call(scope, ident, now=now, queue=queue)
-    if call is None:
-        return ratelimit.Decision(True, 0, float("inf"))
-    return ratelimit.decision_from(store.limit_hit(call.algorithm, call.key, *call.args))
+    return ratelimit.counted(limit_call(scope, ident, now=now, queue=queue))
 
 
 def limit_check(scope: str, ident: str, *, now: float | None = None) -> None:
@@ -59,7 +57,4 @@ def limit_flow(call: store.LimitCall | None) -> Flow[None]:
     """Count a request with `call` (from limit_call or ratelimit.prepare) in a round trip of its own;
     ratelimit.Limited when it is over the limit. Nothing to count when `call` is None (not limited)."""
     if call is not None:
-        reply = yield from execute(store.limit_plan(call))
-        decision = ratelimit.decision_from(reply)
-        if not decision.allowed:
-            raise ratelimit.Limited(decision)
+        limit_decided((yield from execute(store.limit_plan(call))))
