@@ -1,6 +1,7 @@
 -- _line.lua: the line in buckets, and a place in it found by counting (part of the library: _lib.lua).
 --!exports: LINE_LAYOUT line_count line_score_of line_score_keep line_add line_rank line_has line_drop
---!exports: line_remove line_range line_upgrade
+--!exports: line_remove line_range
+-- (A line kept before the buckets moves into them: _line_upgrade.lua.)
 
 -- The line (KEYS[3] names it): waiting tickets in order of score, then ticket id, kept in buckets. A
 -- bucket `line:<b>` is a ZSET of the scores in [b x LINE_WIDTH, (b + 1) x LINE_WIDTH), small enough that
@@ -68,8 +69,16 @@ local function line_bucket(score)
   return bucket_of(score, line_meta().base)
 end
 
+-- Bucket keys by line and bucket (a number's text is printf's work: 0.28 µs a poll); 20,000, then again.
+local BUCKET_KEYS, bucket_keys_kept = {}, 0
+
 local function bucket_key(b)
-  return K_LINE .. ':' .. b
+  local keys = BUCKET_KEYS[K_LINE]
+  if keys and keys[b] then return keys[b] end
+  if bucket_keys_kept >= 20000 then BUCKET_KEYS, bucket_keys_kept, keys = {}, 0, nil end
+  if not keys then keys = {} BUCKET_KEYS[K_LINE] = keys end
+  keys[b], bucket_keys_kept = K_LINE .. ':' .. b, bucket_keys_kept + 1
+  return keys[b]
 end
 
 -- A field longer than any listpack's value (hash-max-listpack-value, 64 by default) keeps line:f a
@@ -115,7 +124,6 @@ local function tree_add(b, delta)
   if #drop > 0 then redis.call('HDEL', K_LINE_F, unpack(drop)) end
 end
 
--- The entries in buckets before b.
 -- The entries in buckets before b, from the tree fields read for it (values[first] on).
 local function before_from(meta, b, values, first)
   if b == meta.head then return 0 end
@@ -375,25 +383,4 @@ function line_range(start, stop)
     end
   end
   return members, scores
-end
-
--- A line kept before the buckets (one ZSET at K_LINE itself) moves into them, scores into the records;
--- once, from policy_pack(), whose packed policy then says the layout: until then no script runs on the
--- queue (a policy packed before says no layout, and reads as not live: Python writes it again).
-function line_upgrade()
-  if redis.call('TYPE', K_LINE).ok == 'zset' then
-    local flat = redis.call('ZRANGE', K_LINE, 0, -1, 'WITHSCORES')
-    for i = 1, #flat, 2 do
-      local tid, score = flat[i], tonumber(flat[i + 1])
-      line_add(tid, score)
-      local vk = vk_of(tid)
-      local rec = load(vk)
-      if rec and rec[R_STATUS] == WAITING and ticket_id(rec[R_SEQ], vk) == tid and line_score_of(rec) ~= score then
-        line_score_keep(rec, score)
-        save(vk, rec)
-      end
-    end
-    redis.call('DEL', K_LINE)
-  end
-  redis.call('HSET', K_CFG, 'line_layout', LINE_LAYOUT)
 end

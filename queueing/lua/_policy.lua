@@ -234,11 +234,14 @@ end
 
 -- What a poll's answer needs about the queue right now (status.lua; store.PollFigures). `used`: the slots in
 -- use, when the caller has counted them already (estimate_wait takes them too: one count a poll).
+local FIRST_RANGE = nil  -- the first range's texts, {lo, hi}: formatted once (printf's work)
+
 function poll_figures(p, st, used)
+  if not FIRST_RANGE then FIRST_RANGE = {fmt(WAIT_LO_FIRST), fmt(WAIT_HI_FIRST)} end
   return {
     p.state, p.capacity, used or used_slots(p, st), line_count(), st.evseq or '0',
     p.presence_timeout, p.target_url, p.epoch, p.claim_ttl, p.starts_at_ms,
-    st.w_lo or fmt(WAIT_LO_FIRST), st.w_hi or fmt(WAIT_HI_FIRST),
+    st.w_lo or FIRST_RANGE[1], st.w_hi or FIRST_RANGE[2],
     st.svo and st.svo:match(' (%S+)$') or '0',  -- a slot held by one who left: when it ends (returns_look)
   }
 end

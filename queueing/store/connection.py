@@ -52,6 +52,7 @@ LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 LIB_PARTS = (
     "_lib.lua",
     "_line.lua",
+    "_line_upgrade.lua",
     "_policy.lua",
     "_priority.lua",
     "_walkaways.lua",
