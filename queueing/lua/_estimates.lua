@@ -104,10 +104,12 @@ local function estimate_wait(p, st, ahead, now, used, level, own_s, exact, e)
     local t = (n - tokens) / r_out
     if n > free then  -- this visitor needs a slot that is not free yet: when do slots come back?
       if r_cap == nil or r_cap <= 0 then return nil end  -- no slot has come back yet: nobody can know
-      t = math.max(t, returns(n - free))
+      local back_s = returns(n - free)
+      if back_s > t then t = back_s end  -- (math.max written out: every step of a bisection asks)
       if t == math.huge then return nil end
     end
-    return math.max(0, t)
+    if not (t > 0) then return 0 end
+    return t
   end
   local t = drained(present + 1)
   if t == nil then return -1 end
@@ -126,8 +128,13 @@ local function estimate_wait(p, st, ahead, now, used, level, own_s, exact, e)
   if stay ~= nil or cutting > 0 or cutting_slow > 0 then
     local cap = 2 * (present + 1)
     if r_cap == nil or r_cap <= 0 then cap = math.min(cap, free) end  -- known only within the free slots
+    local cuts = cutting ~= 0 or cutting_slow ~= 0
     local function admissions(t)  -- n(t): those ahead still there when reached, cutters, and itself
-      return math.min(cap, (present + priority_cutters(cutting, cutting_slow, t)) * (stay and stay(t) or 1) + 1)
+      local ahead_n = present  -- (no cutters: priority_cutters is 0; math.min written out)
+      if cuts then ahead_n = present + priority_cutters(cutting, cutting_slow, t) end
+      local n = ahead_n * (stay and stay(t) or 1) + 1
+      if n < cap then return n end
+      return cap
     end
     local lo, hi = 0, drained(cap)
     for _ = 1, 14 do  -- drained(n(t)) - t falls from >= 0 at 0 to <= 0 at hi

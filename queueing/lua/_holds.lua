@@ -320,17 +320,22 @@ end
 function returns_after(v, now, k, r_cap)
   if v == nil then return nil end
   local since, step = (now - v[1]) / 1000, v[2]
+  local t
   if v[RETURN_POINTS + 2] < k then
-    return math.max(0, RETURN_POINTS * step + (k - v[RETURN_POINTS + 2]) / r_cap - since)
+    t = RETURN_POINTS * step + (k - v[RETURN_POINTS + 2]) / r_cap - since
+  else
+    local lo, hi = 1, RETURN_POINTS
+    while lo < hi do
+      local mid = lo + hi
+      mid = (mid - mid % 2) / 2  -- math.floor(mid / 2) of a whole number, without a call
+      if v[mid + 2] >= k then hi = mid else lo = mid + 1 end
+    end
+    local back, before = v[lo + 2], lo > 1 and v[lo + 1] or 0
+    local share = back > before and (k - before) / (back - before) or 1
+    t = (lo - 1 + share) * step - since
   end
-  local lo, hi = 1, RETURN_POINTS
-  while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
-    if v[mid + 2] >= k then hi = mid else lo = mid + 1 end
-  end
-  local back, before = v[lo + 2], lo > 1 and v[lo + 1] or 0
-  local share = back > before and (k - before) / (back - before) or 1
-  return math.max(0, (lo - 1 + share) * step - since)
+  if t > 0 then return t end  -- (math.max(0, t) written out: every step of a bisection asks)
+  return 0
 end
 
 -- Seconds until k slots are back near the head: the first HEAD_SLOTS admissions unclaimed for CLAIM_LATE_S
@@ -356,7 +361,8 @@ function slots_back(p, now, r_cap, curve)
     local lo, hi = 1, math.min(#late, math.ceil(k))
     local first = hi + 1  -- the least i with late[i] >= others(k - i)
     while lo <= hi do
-      local mid = math.floor((lo + hi) / 2)
+      local mid = lo + hi
+      mid = (mid - mid % 2) / 2  -- (math.floor of a whole number's half, without a call)
       if late[mid] >= others(k - mid) then first, hi = mid, mid - 1 else lo = mid + 1 end
     end
     local best = others(k - first + 1)
