@@ -146,7 +146,14 @@ local function bucket_at(rank)
   local meta = line_meta()
   local first = meta.hn
   if rank < first then return meta.head, 0 end
-  local in_tree = meta.n - redis.call('ZCARD', bucket_key(meta.tail))
+  -- (the tree's fields and the tail's count, as read since the line last changed: the tick's looks and
+  -- table find some ninety places a call, each reading the tree's top fields again)
+  local seen = meta.seen
+  if not seen then
+    seen = {tail = redis.call('ZCARD', bucket_key(meta.tail))}
+    meta.seen = seen
+  end
+  local in_tree = meta.n - seen.tail
   if rank >= in_tree then return meta.tail, in_tree end
   -- Halving from the least power of two past the tail's slot, not from LINE_SIZE: every field above it
   -- counts the whole tree, more than `left`, and is never taken (17 reads a place were 5 in a line of 16
@@ -156,7 +163,11 @@ local function bucket_at(rank)
   while step >= 1 do
     local at = pos + step
     if at <= LINE_SIZE then
-      local v = tonumber(redis.call('HGET', K_LINE_F, string.format('%d', at))) or 0
+      local v = seen[at]
+      if v == nil then
+        v = tonumber(redis.call('HGET', K_LINE_F, string.format('%d', at))) or 0
+        seen[at] = v
+      end
       if v <= left then pos, left = at, left - v end
     end
     step = step / 2
@@ -269,6 +280,7 @@ end
 
 function line_add(tid, score)
   local meta = line_meta()
+  meta.seen = nil
   if meta.n > 0 and math.floor(score / LINE_WIDTH) < meta.base then line_rebase(math.floor(score / LINE_WIDTH)) end
   local b = line_bucket(score)
   local key = bucket_key(b)
@@ -328,6 +340,7 @@ function line_drop(tid, score)
   local r = redis.call('ZRANK', key, tid)
   if not r then return nil end
   local rank = line_before(b) + r
+  meta.seen = nil
   redis.call('ZREM', key, tid)
   if meta.n <= 1 then  -- nobody left: the tree, its base and ends go
     redis.call('DEL', K_LINE_F, K_LINE_I)
