@@ -35,7 +35,7 @@ from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from . import flows, instruments, modes, ratelimit, selectors, services, tokens
-from .api.notices import NOT_WAITING, place_link
+from .api.notices import NOT_WAITING, place_of
 from .api.serializers import PRIORITY_CODE_MAX
 from .middleware import QueueAccess, access_cookie_name, queue_access_serve, waiting_page_url
 from .models import Queue
@@ -45,7 +45,7 @@ from .visitors import (
     client_address,
     position_cookie_name,
     position_cookie_set,
-    resume_read,
+    visitor_cookie_id,
     visitor_cookie_set,
     visitor_identity,
 )
@@ -119,9 +119,11 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
             return _code_from_form(request, slug, identity)
         if request.POST.get("action") == "notify":
             return _notify_from_form(request, slug, identity)
+        if request.POST.get("action") == "resume":
+            return _resume_take(request, slug, policy)
         return _join_from_form(request, slug, identity)
-    if "resume" in request.GET:  # a turn notice's link: this browser becomes the visitor who asked for it
-        return _resume(request, slug)
+    if "resume" in request.GET:  # a turn notice's link: its page, where this browser may take the place
+        return _resume_page(request, slug, policy)
     held_ticket = request.COOKIES.get(position_cookie_name(slug), "")
     view = modes.named(policy.get("mode")).held(slug, identity=identity, held_ticket=held_ticket)
     without_ticket = view is None or view.is_finished
@@ -194,13 +196,42 @@ def waiting_page(request: HttpRequest, slug: str) -> HttpResponse:
     return response
 
 
-def _resume(request: HttpRequest, slug: str) -> HttpResponse:
-    """A turn notice's link (?resume=...): the visitor's identity from the link, then their page without it
-    (so the address bar, history and any copy of it no longer carry it). A stale or forged one: the page."""
-    cookie_id = resume_read(request.GET["resume"], slug, max_age=settings.WR_TICKET_LIFETIME)
+def _resume_page(request: HttpRequest, slug: str, policy: dict[str, str]) -> HttpResponse:
+    """A turn notice's link (?resume=...): a page that changes nothing, whose button (a POST) takes the place
+    in this browser. Opened where it was asked from (the same identity already): the page itself."""
+    token = request.GET["resume"]
+    offer = services.place_link_read(slug=slug, token=token)
+    if offer is not None and visitor_cookie_id(request) == offer.cookie_id:
+        return HttpResponseRedirect(request.path, status=303)
+    return _resume_render(request, slug, policy, offer, token)
+
+
+def _resume_take(request: HttpRequest, slug: str, policy: dict[str, str]) -> HttpResponse:
+    """The place link's button: this browser becomes the visitor who asked for the e-mail (once), then their
+    page, without the link in its address."""
+    token = request.POST.get("token", "")
+    cookie_id = services.place_link_take(slug=slug, token=token) if token else None
+    if cookie_id is None:
+        return _resume_render(request, slug, policy, None, "")
     response = HttpResponseRedirect(request.path, status=303)
-    if cookie_id:
-        visitor_cookie_set(response, cookie_id)
+    visitor_cookie_set(response, cookie_id)
+    return response
+
+
+def _resume_render(
+    request: HttpRequest, slug: str, policy: dict[str, str], offer: services.PlaceOffer | None, token: str
+) -> HttpResponse:
+    texts = _texts(policy)
+    mine = visitor_cookie_id(request)
+    context = {
+        "queue": {"slug": slug, "name": texts["name"] or slug},
+        "offer": offer,
+        "token": token,
+        "replaces": offer is not None and mine is not None and mine != offer.cookie_id,
+        "page_url": request.path,
+    }
+    response = render(request, "queueing/resume.html", context, status=200 if offer else 410)
+    response["Cache-Control"] = "no-store"
     return response
 
 
@@ -403,12 +434,14 @@ def _notify_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity
     if not email.strip():  # nothing typed: said so, without counting it against the address's limit
         return HttpResponseRedirect(f"{request.path}?notify=bad", status=303)
     outcome = "kept"
+    link, sealed = place_of(request, claims)
     try:
         services.turn_notice_request(
             claims=claims,
             email=email,
             language=get_language() or settings.LANGUAGE_CODE,
-            link=place_link(request, claims),
+            link=link,
+            sealed=sealed,
             address=client_address(request.META),
         )
     except ValidationError:

@@ -7,18 +7,20 @@ opaque random value of at least 128 bits (a UUID4 qualifies). Shorter or pattern
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import ipaddress
 import re
 import secrets
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
 from functools import lru_cache
 from typing import Any
 
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
-from django.core import signing
 from django.http import HttpRequest
+from django.utils.crypto import salted_hmac
 
 from . import conf
 from .tokens import former_visitor_keys, visitor_key
@@ -109,7 +111,7 @@ def visitor_identity(request: HttpRequest, user: Any = None) -> VisitorIdentity:
     return VisitorIdentity(visitor_key(f"cookie:{fresh}"), None, fresh)
 
 
-RESUME_SALT = "waitingroom.resume"
+SEAL_SALT = "waitingroom.identity-seal"
 
 
 def visitor_cookie_id(request: HttpRequest) -> str | None:
@@ -118,19 +120,33 @@ def visitor_cookie_id(request: HttpRequest) -> str | None:
     return str(value) if value else None
 
 
-def resume_token(slug: str, cookie_id: str) -> str:
-    """A link's token that makes another browser this visitor, for this queue (a turn notice's e-mail): it
-    carries the cookie's id, signed, so it is worth what the cookie is worth. resume_read reads it."""
-    return signing.dumps([slug, cookie_id], salt=RESUME_SALT, compress=True)
+def _sealer() -> MultiFernet:
+    """Fernet keys derived from SECRET_KEY (and its fallbacks, so a rotation keeps what was sealed)."""
+    secrets_ = [settings.SECRET_KEY, *(settings.SECRET_KEY_FALLBACKS or ())]
+    keys = [
+        base64.urlsafe_b64encode(salted_hmac(SEAL_SALT, "fernet", secret=k, algorithm="sha256").digest())
+        for k in secrets_
+    ]
+    return MultiFernet([Fernet(key) for key in keys])
 
 
-def resume_read(token: str, slug: str, *, max_age: timedelta) -> str | None:
-    """The visitor cookie's id a resume token carries for this queue, or None (forged, stale, another queue's)."""
+def identity_seal(cookie_id: str) -> str:
+    """A visitor cookie's id encrypted (a turn notice keeps it so until its e-mail's link is made, and the link
+    until it is used): the database alone does not make anyone that visitor."""
+    return _sealer().encrypt(cookie_id.encode()).decode()
+
+
+def identity_unseal(sealed: str) -> str | None:
+    """The cookie id identity_seal sealed, or None (not sealed here, or with a key no longer known)."""
     try:
-        token_slug, cookie_id = signing.loads(token, salt=RESUME_SALT, max_age=max_age)
-    except (signing.BadSignature, ValueError, TypeError):
+        return _sealer().decrypt(sealed.encode()).decode() or None
+    except (InvalidToken, ValueError):
         return None
-    return str(cookie_id) if token_slug == slug and isinstance(cookie_id, str) and cookie_id else None
+
+
+def link_token_hash(token: str) -> str:
+    """What is kept of a place link's token (256 random bits): its SHA-256."""
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def random_visitor_id() -> str:

@@ -49,6 +49,21 @@ def link_in(message) -> str:
     return match.group(1)
 
 
+def path_of(link: str) -> str:
+    return link.replace("http://testserver", "")
+
+
+def take_place(client: Client, link: str):
+    """Open a place link, then press its page's button (a POST with the page's CSRF token), following on."""
+    page = client.get(path_of(link))
+    assert page.status_code == 200, page.content.decode()[:2000]
+    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.content.decode())
+    token = re.search(r'name="token" value="([^"]+)"', page.content.decode())
+    assert csrf and token
+    form = {"csrfmiddlewaretoken": csrf.group(1), "action": "resume", "token": token.group(1)}
+    return client.post(path_of(link).split("?")[0], form, follow=True)
+
+
 @pytest.fixture
 def line(make_queue, clock):
     queue = make_queue(state="paused", capacity=1, burst=1, claim_ttl=120, time_zone="Asia/Tokyo")
@@ -73,8 +88,8 @@ def test_near_then_turn_by_e_mail_with_a_link_that_takes_another_browser_to_the_
     assert "You are number 3 in line" in near.get_content()
     link = link_in(near)
 
-    other_browser = Client()
-    landed = other_browser.get(link.replace("http://testserver", ""), follow=True)
+    other_browser = Client(enforce_csrf_checks=True)
+    landed = take_place(other_browser, link)
     assert landed.redirect_chain[-1][0] == f"/q/{queue.slug}/"  # the link's token is gone from the address
     assert re.search(r'<span id="wr-position">3</span>', landed.content.decode())
 
@@ -86,11 +101,13 @@ def test_near_then_turn_by_e_mail_with_a_link_that_takes_another_browser_to_the_
     assert services.turn_notices_send(now=clock()) == 1
     turn = mailbox.messages[1][1]
     assert turn["Subject"] == f"{queue.name}: it's your turn"
-    assert "Go through now" in turn.get_content() and link_in(turn) == link
+    assert "Go through now" in turn.get_content() and link_in(turn) != link  # a link of its own: each works once
     assert re.search(r"Your turn is held until \d\d:\d\d:\d\d JST;", turn.get_content())  # the queue's zone
     assert TurnNotice.objects.count() == 0  # the address is gone once the turn is told
     assert services.turn_notices_send(now=clock()) == 0
-    went = Client().get(link.replace("http://testserver", ""), follow=True)
+    offered = Client().get(path_of(link_in(turn)))
+    assert "your turn has come" in offered.content.decode()
+    went = take_place(Client(enforce_csrf_checks=True), link_in(turn))
     assert 'data-state="admitted"' in went.content.decode()  # the link takes them through, in any browser
 
 

@@ -1,8 +1,8 @@
 """Turn notices (issue 20, "Notify me"): `POST /api/v1/queues/<slug>/notify` with the visitor's ticket and
 `{"email": "..."}`. The address is kept while the ticket waits, to e-mail the visitor when their turn is near
-and when it comes (services/notices.py), with a link back to their place that works in any browser when the
-request came from the waiting page (its visitor cookie); deleted once the turn is told. The waiting page's
-form without JavaScript answers through here too."""
+and when it comes (services/notices.py), with a link back to their place that can take another browser there
+once (asked from the waiting page, with its visitor cookie: models.PlaceLink); deleted once the turn is told.
+The waiting page's form without JavaScript answers through here too."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import ratelimit, selectors, services, tokens
-from ..visitors import client_address, resume_token, visitor_cookie_id
+from ..visitors import client_address, identity_seal, visitor_cookie_id
 from . import responses as r
 from . import serializers as s
 from .answers import Answer, authorization, ticket_claims
@@ -34,15 +34,15 @@ from .views import TICKET_AUTH
 NOT_WAITING = gettext_noop("Only people waiting in line can be e-mailed, and you are no longer waiting.")
 
 
-def place_link(request: HttpRequest, claims: tokens.TicketClaims) -> str:
-    """The link back to this visitor's place: the waiting page, carrying the visitor's identity when the
-    request came with the page's visitor cookie and it is this ticket's (any other browser becomes them)."""
+def place_of(request: HttpRequest, claims: tokens.TicketClaims) -> tuple[str, str]:
+    """The waiting page's address, and the visitor's identity sealed when the request came with the page's
+    visitor cookie and it is this ticket's (each e-mail then carries a place link, PlaceLink); else ''."""
     path = reverse("waiting-page", args=[claims.slug])
     base = settings.WR_PUBLIC_URL.rstrip("/") if settings.WR_PUBLIC_URL else request.build_absolute_uri("/")[:-1]
     cookie_id = visitor_cookie_id(request)
     if cookie_id and tokens.visitor_key(f"cookie:{cookie_id}") == claims.visitor_key:
-        return f"{base}{path}?resume={resume_token(claims.slug, cookie_id)}"
-    return f"{base}{path}"
+        return f"{base}{path}", identity_seal(cookie_id)
+    return f"{base}{path}", ""
 
 
 def notify_answer(request: HttpRequest, claims: tokens.VisitorClaims, data: Any) -> Answer:
@@ -59,11 +59,13 @@ def notify_answer(request: HttpRequest, claims: tokens.VisitorClaims, data: Any)
                 gettext_noop("A stateless queue's numbers are not followed one by one: keep the page open."),
             )
         try:
+            link, sealed = place_of(request, claims)
             services.turn_notice_request(
                 claims=claims,
                 email=email,
                 language=translation.get_language() or settings.LANGUAGE_CODE,
-                link=place_link(request, claims),
+                link=link,
+                sealed=sealed,
                 address=client_address(request.META),
             )
         except ValidationError as exc:

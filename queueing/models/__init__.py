@@ -26,7 +26,7 @@ from .queue import (
     validate_target_url,
     validate_time_zone,
 )
-from .records import FinishedTicket, QueueChange, QueueShuffle, QueueText, TurnNotice
+from .records import FinishedTicket, PlaceLink, QueueChange, QueueShuffle, QueueText, TurnNotice
 
 __all__ = [
     "ADAPTIVE_INTERVAL_MAX_SECONDS",
@@ -36,6 +36,7 @@ __all__ = [
     "SLUG_VALIDATOR",
     "FinishedTicket",
     "ManagementKey",
+    "PlaceLink",
     "PriorityCode",
     "PriorityLevel",
     "Queue",

@@ -135,14 +135,39 @@ class TurnNotice(models.Model):
     epoch = models.PositiveIntegerField()
     email = models.EmailField()
     language = models.CharField(max_length=10, default="en")
-    # The link that takes the visitor back to their place in any browser (it carries their identity, signed).
+    # The waiting page's address (the e-mail's link: a place link made at the send, or this page alone).
     link = models.URLField(max_length=1000)
+    # The visitor cookie's id, sealed (visitors.identity_seal), when asked from the page with it: each e-mail
+    # then carries a place link (PlaceLink) that can make another browser this visitor, once. Empty: none.
+    sealed = models.TextField(blank=True, default="")
     near_sent_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ("created_at",)
         constraints = [models.UniqueConstraint(fields=["queue", "ticket_id"], name="one_notice_per_ticket")]
+
+    def __str__(self) -> str:
+        return f"{self.queue.slug} {self.ticket_id[:10]}"
+
+
+class PlaceLink(models.Model):
+    """A turn notice's link back to one waiting ticket's place (issue 50): the e-mail carries a random token,
+    kept here only as its SHA-256. Opening it changes nothing; its page's button (a POST, CSRF-checked) makes
+    that browser the visitor who asked, once, while the ticket of that queue and epoch is live and the link
+    not past its time. Made by the e-mail's send (services.turn_notices_send), which also forgets the old."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="place_links")
+    ticket_id = models.CharField(max_length=100)
+    epoch = models.PositiveIntegerField()
+    token_hash = models.CharField(max_length=64, unique=True)
+    sealed = models.TextField()  # the visitor cookie's id (visitors.identity_seal)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("created_at",)
 
     def __str__(self) -> str:
         return f"{self.queue.slug} {self.ticket_id[:10]}"

@@ -96,7 +96,7 @@ from .joins import (
     ticket_leave,
 )
 from .liveness import beat_alive_mark, beat_lease_hold, worker_alive_mark
-from .notices import turn_notice_request, turn_notices_send
+from .notices import PlaceOffer, place_link_read, place_link_take, turn_notice_request, turn_notices_send
 from .recovery import (
     needs_sync,
     policy_flow,
@@ -132,6 +132,7 @@ __all__ = [
     "NotInLine",
     "NotInStatelessMode",
     "OutflowStep",
+    "PlaceOffer",
     "Promotion",
     "ProofOfWorkRequired",
     "ProofOfWorkReused",
@@ -154,6 +155,8 @@ __all__ = [
     "join_plan",
     "needs_sync",
     "outflow_adaptation_reset",
+    "place_link_read",
+    "place_link_take",
     "policy_flow",
     "pow_challenge_issue",
     "pow_difficulty_get",

@@ -1,7 +1,7 @@
 """Turn notices (issue 20, "Notify me"): a waiting visitor leaves an e-mail address and is told, in their
-language, when their turn is near (the link back to their place) and when it comes (the same link, which
-takes them through); the address is deleted once the turn is told, the ticket ends, the sale ends (the queue
-is closed), or the ticket's lifetime is over.
+language, when their turn is near (a link back to their place) and when it comes (a link of its own, which
+takes them through; each works once, models.PlaceLink); the address is deleted once the turn is told, the
+ticket ends, the sale ends (the queue is closed), or the ticket's lifetime is over.
 
 `turn_notices_send` runs every few seconds (the "Turn notices" periodic task). It reads each noticed ticket's
 state with a status read, which is also its heartbeat: a visitor who asked to be e-mailed keeps their place
@@ -13,8 +13,11 @@ the SMTP server refused is given back and tried on the next run.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -25,23 +28,27 @@ from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 
 from .. import selectors, tokens
-from ..models import Queue, QueueText, TurnNotice
+from ..models import PlaceLink, Queue, QueueText, TurnNotice
 from ..selectors import TicketGone, TicketView
 from ..templatetags.waiting import epoch_clock, wait_text
+from ..visitors import identity_unseal, link_token_hash
 from .errors import NotInLine, QueueNotFound
 from .recovery import with_policy
 
 logger = logging.getLogger(__name__)
 
 EMAIL_MAX = 254
+PLACE_TOKEN_BYTES = 32
 SMTP_TIMEOUT_SECONDS = 10
 
 
 def turn_notice_request(
-    *, claims: tokens.TicketClaims, email: str, language: str, link: str, address: str = ""
+    *, claims: tokens.TicketClaims, email: str, language: str, link: str, sealed: str = "", address: str = ""
 ) -> TurnNotice:
     """Keep `email` to tell this waiting ticket's visitor when their turn is near and when it comes (one
-    address per ticket: asking again replaces it, and the turn's nearness is told again).
+    address per ticket: asking again replaces it, and the turn's nearness is told again). `link`: the
+    waiting page's address; `sealed`: the visitor's identity (visitors.identity_seal) when each e-mail is
+    to carry a place link that takes another browser there, else ''.
 
     ValidationError for an address that is not one; NotInLine when the ticket is no longer waiting
     (TicketGone when its queue does not know it); ratelimit.Limited past the address's `notify` limit."""
@@ -60,7 +67,14 @@ def turn_notice_request(
     notice, _created = TurnNotice.objects.update_or_create(
         queue=queue,
         ticket_id=claims.ticket_id,
-        defaults={"email": email, "language": language, "link": link, "epoch": claims.epoch, "near_sent_at": None},
+        defaults={
+            "email": email,
+            "language": language,
+            "link": link,
+            "sealed": sealed,
+            "epoch": claims.epoch,
+            "near_sent_at": None,
+        },
     )
     return notice
 
@@ -85,6 +99,7 @@ def turn_notices_send(*, now: float | None = None) -> int:
     moment = time.time() if now is None else now
     lifetime = settings.WR_TICKET_LIFETIME.total_seconds()
     TurnNotice.objects.filter(created_at__lt=datetime.fromtimestamp(moment - lifetime, tz=UTC)).delete()
+    PlaceLink.objects.filter(expires_at__lt=datetime.fromtimestamp(moment, tz=UTC)).delete()
     sent = 0
     for notice in TurnNotice.objects.select_related("queue"):
         claims = tokens.held_claims(notice.queue.slug, ticket_id=notice.ticket_id, priority=0, epoch=notice.epoch)
@@ -118,7 +133,7 @@ def _near_tell(notice: TurnNotice, view: TicketView) -> int:
             "position": view.position,
             "queue": _queue_name(notice),
             "wait": wait_text(view.estimated_wait_seconds),
-            "link": notice.link,
+            "link": _place_url(notice),
             "held": wait_text(notice.queue.claim_ttl),
         }
     if _send(notice, subject, body):
@@ -138,12 +153,71 @@ def _turn_tell(notice: TurnNotice, view: TicketView) -> int:
         body = _(
             "It's your turn in line for %(queue)s.\n\nGo through now:\n%(link)s\n\n"
             "Your turn is held until %(until)s; after that it passes to the next in line."
-        ) % {"queue": _queue_name(notice), "link": notice.link, "until": epoch_clock(held_until)}
+        ) % {"queue": _queue_name(notice), "link": _place_url(notice), "until": epoch_clock(held_until)}
     if _send(notice, subject, body):
         return 1
     notice.pk = None  # refused: kept again (a new row) and tried on the next run
     notice.save()
     return 0
+
+
+def _place_url(notice: TurnNotice) -> str:
+    """The link an e-mail carries: a new place link (its token random, kept hashed) when the visitor asked
+    from the page with its cookie; else the waiting page."""
+    if not notice.sealed:
+        return notice.link
+    token = secrets.token_urlsafe(PLACE_TOKEN_BYTES)
+    PlaceLink.objects.create(
+        queue=notice.queue,
+        ticket_id=notice.ticket_id,
+        epoch=notice.epoch,
+        token_hash=link_token_hash(token),
+        sealed=notice.sealed,
+        expires_at=_now() + settings.WR_TICKET_LIFETIME,
+    )
+    return f"{notice.link}?{urlencode({'resume': token})}"
+
+
+@dataclass(frozen=True)
+class PlaceOffer:
+    """What a place link offers: the ticket's place now, and whose it is."""
+
+    link_id: int
+    cookie_id: str
+    view: TicketView
+
+
+def place_link_read(*, slug: str, token: str) -> PlaceOffer | None:
+    """The place a link offers; None for a link that is not one, was used, is past its time, or whose ticket
+    ended (or belongs to an epoch that is over). Reading it changes nothing (but counts as the ticket's
+    heartbeat, as a poll would)."""
+    now = _now()
+    found = PlaceLink.objects.filter(
+        token_hash=link_token_hash(token), queue__slug=slug, used_at__isnull=True, expires_at__gt=now
+    ).first()
+    if found is None:
+        return None
+    cookie_id = identity_unseal(found.sealed)
+    claims = tokens.held_claims(slug, ticket_id=found.ticket_id, priority=0, epoch=found.epoch)
+    if cookie_id is None or claims is None or claims.visitor_key != tokens.visitor_key(f"cookie:{cookie_id}"):
+        return None
+    try:
+        view = _read(claims)
+    except (TicketGone, QueueNotFound):
+        return None
+    if view.is_finished:
+        return None
+    return PlaceOffer(found.pk, cookie_id, view)
+
+
+def place_link_take(*, slug: str, token: str) -> str | None:
+    """Use a place link: the visitor cookie's id it gives (once: one conditional UPDATE, so two browsers
+    racing get it once), or None as place_link_read says."""
+    offer = place_link_read(slug=slug, token=token)
+    if offer is None:
+        return None
+    taken = PlaceLink.objects.filter(pk=offer.link_id, used_at__isnull=True).update(used_at=_now())
+    return offer.cookie_id if taken else None
 
 
 def _send(notice: TurnNotice, subject: str, body: str) -> bool:

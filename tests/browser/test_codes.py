@@ -122,8 +122,8 @@ def test_a_queue_without_codes_shows_no_code_box(stack, visitor):
 
 def test_an_e_mail_left_on_the_page_tells_the_turn_and_its_link_takes_another_browser_through(stack, visitor):
     """Issue 20, item 3: the visitor leaves an address and closes the page; the worker and beat e-mail them
-    (a real SMTP server) when the turn is near and when it comes; the link opens their place in another
-    browser (a phone's mail app), which is sent through."""
+    (a real SMTP server) when the turn is near and when it comes; the link opens a page in another browser (a
+    phone's mail app) whose button takes the place there (issue 50), and the phone is sent through."""
     slug = stack.new_queue(capacity=100, outflow_per_minute=60, burst=1, state="paused")
     join_from_elsewhere(stack, slug, 12)
     page = visitor()
@@ -151,6 +151,11 @@ def test_an_e_mail_left_on_the_page_tells_the_turn_and_its_link_takes_another_br
     assert found and "resume=" in found.group(1)
     phone = visitor()
     phone.route(f"**/demo/{slug}/**", lambda route: route.fulfill(status=204))  # let in: a 204 keeps the page
-    phone.goto(found.group(1))
+    phone.goto(found.group(1))  # opening the link changes nothing (issue 50): its page's button takes the place
+    expect(phone.locator("#wr-resume-said")).to_have_text(
+        "This link takes you back to your place in line: your turn has come."
+    )
+    accessible(phone)
+    phone.get_by_role("button", name="Take my place in this browser").click()
     expect(phone.locator("#wr")).to_have_attribute("data-state", "admitted")
     assert "resume=" not in phone.url
