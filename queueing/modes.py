@@ -281,8 +281,8 @@ class Stateless(QueueMode[tokens.PositionClaims]):
     @staticmethod
     def joined(slug: str, window: store.Window) -> Joined:
         """The new number's ticket (the window as the join left it)."""
-        claims = tokens.PositionClaims(slug, window.next_number, window.epoch, int(time.time()))
-        ticket = tokens.position_issue(slug=slug, number=claims.number, epoch=claims.epoch)
+        claims = tokens.PositionClaims(slug, window.next_number, window.epoch, int(time.time()), window.queue_id)
+        ticket = tokens.position_issue(slug=slug, number=claims.number, epoch=claims.epoch, queue_id=window.queue_id)
         return Joined(True, ticket, selectors.position_view(slug, claims, window), position_cookie=True)
 
     def promote(self, claims: tokens.PositionClaims, *, code: str, address: str = "") -> Promoted:

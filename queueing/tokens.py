@@ -265,7 +265,9 @@ def _visitor_claims(payload: dict[str, Any], slug: str) -> VisitorClaims:
         if "jti" not in payload:
             raise ValueError("no token id")
         if payload.get("token_type") == PositionToken.token_type:
-            return PositionClaims(slug, _int(payload["sub"]), _int(payload["ep"]), _int(payload.get("iat", 0)))
+            return PositionClaims(
+                slug, _int(payload["sub"]), _int(payload["ep"]), _int(payload.get("iat", 0)), _int(payload.get("q", 0))
+            )
         if payload.get("token_type") != TicketToken.token_type:
             raise ValueError("not a ticket")
         ticket_id, seq = str(payload["tid"]), _int(payload["seq"])
@@ -320,6 +322,7 @@ class PositionClaims:
     number: int
     epoch: int
     issued_at: int = 0
+    queue_id: int = 0  # the queue's row it was issued for (0: a ticket from before it was said)
 
     @property
     def ticket_id(self) -> str:
@@ -330,8 +333,11 @@ class PositionClaims:
 VisitorClaims = TicketClaims | PositionClaims
 
 
-def position_issue(*, slug: str, number: int, epoch: int) -> str:
-    return _visitor_issue(slug, PositionToken.token_type, {"sub": str(number), "ep": epoch})
+def position_issue(*, slug: str, number: int, epoch: int, queue_id: int = 0) -> str:
+    claims: dict[str, Any] = {"sub": str(number), "ep": epoch}
+    if queue_id:
+        claims["q"] = queue_id
+    return _visitor_issue(slug, PositionToken.token_type, claims)
 
 
 # --- Access tokens ----------------------------------------------------------------------------------
@@ -346,11 +352,19 @@ class AccessClaims:
     fence: int
     expires_at: int  # seconds since the epoch
     epoch: int = 0  # the queue's epoch when the session began (0: a token from before epochs)
-    stateless: bool = False  # from a stateless queue: no session is kept, the signature and expiry are all
+    stateless: bool = False  # from a stateless queue: no session is kept (its epoch and queue are checked)
+    queue_id: int = 0  # a stateless token's queue row (0: not said)
 
 
 def access_token_issue(
-    *, slug: str, ticket_id: str, fence: int, expires_ms: int, epoch: int = 0, stateless: bool = False
+    *,
+    slug: str,
+    ticket_id: str,
+    fence: int,
+    expires_ms: int,
+    epoch: int = 0,
+    stateless: bool = False,
+    queue_id: int = 0,
 ) -> str:
     ring = key_ring()
     payload: dict[str, Any] = {
@@ -364,6 +378,8 @@ def access_token_issue(
     }
     if stateless:
         payload["sl"] = 1
+        if queue_id:
+            payload["q"] = queue_id
     return jwt.encode(payload, ring.signing_key, algorithm=ACCESS_ALGORITHM, headers={"kid": ring.signing_kid})
 
 
@@ -389,9 +405,17 @@ def access_token_decode(raw: str, *, slug: str) -> AccessClaims:
     except (jwt.PyJWTError, UnicodeError) as exc:  # UnicodeError: a lone surrogate cannot be a token
         raise InvalidAccessToken("The access token is not valid for this queue.") from exc
     parsed = store.parse_ticket_id(str(payload["sub"]))
-    fence, epoch = payload["fence"], payload.get("ep", 0)
-    if parsed is None or any(not isinstance(v, int) or isinstance(v, bool) for v in (fence, epoch)):
+    fence, epoch, queue_id = payload["fence"], payload.get("ep", 0), payload.get("q", 0)
+    if parsed is None or any(not isinstance(v, int) or isinstance(v, bool) for v in (fence, epoch, queue_id)):
         raise InvalidAccessToken("The access token is not valid for this queue.")
     return AccessClaims(
-        slug, str(payload["sub"]), parsed[0], parsed[1], fence, int(payload["exp"]), epoch, payload.get("sl") == 1
+        slug,
+        str(payload["sub"]),
+        parsed[0],
+        parsed[1],
+        fence,
+        int(payload["exp"]),
+        epoch,
+        payload.get("sl") == 1,
+        queue_id,
     )

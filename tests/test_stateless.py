@@ -376,3 +376,61 @@ def test_a_join_finds_its_way_when_the_queue_changed_mode_a_moment_ago(make_queu
     services.queue_configure(slug=queue.slug, changes={"mode": "tracked"}, actor_label="tests")
     assert selectors.queue_mode_get(queue.slug) == "stateless"
     assert "mode" not in join_once()
+
+
+def issued(slug: str, now: float) -> tokens.PositionClaims:
+    """A join's ticket as the visitor holds it (signed, with the queue's row), read back."""
+    ticket = modes.Stateless.joined(slug, services.queue_join_stateless(slug=slug, now=now)).ticket
+    claims = tokens.visitor_ticket_decode(ticket, slug=slug)
+    assert isinstance(claims, tokens.PositionClaims)
+    return claims
+
+
+def test_tickets_of_a_sale_before_a_change_of_mode_are_void_after_it(window_queue, clock, api_key_for, api):
+    """Issue 50, item 2. Seen: a queue switched stateless -> tracked -> stateless read its old tickets' epoch
+    gap as 0, so their numbers became places 1-3 of the new sale; one already admitted was admitted again."""
+    t0, slug = clock.now, window_queue.slug
+    old = [issued(slug, t0) for _ in range(4)]
+    step(window_queue, t0 + 10)
+    token = modes.status(claims=old[0], now=t0 + 10).access_token
+    assert token and [state(t, t0 + 10) for t in old] == ["admitted"] * 3 + ["waiting"]
+    auth = {"HTTP_AUTHORIZATION": f"Api-Key {api_key_for(window_queue)}"}
+
+    def verified() -> dict:
+        answer = api.post(f"/api/v1/queues/{slug}/sessions/verify", {"access_token": token}, format="json", **auth)
+        assert answer.status_code == 200, answer.content
+        return dict(answer.json())
+
+    assert verified()["valid"]
+    for mode in ("tracked", "stateless"):
+        services.queue_configure(slug=slug, changes={"mode": mode}, actor_label="tests")
+    views = [modes.status(claims=t, now=t0 + 11) for t in old]
+    assert {(v.status, v.reason) for v in views} == {("expired", selectors.EXPIRED_EPOCH)}
+    assert views[0].access_token is None
+    assert verified() == {"valid": False, "reason": "invalid"}  # its sale is over
+    new = [issued(slug, t0 + 11) for _ in range(4)]
+    assert [modes.status(claims=t, now=t0 + 11).position for t in new] == [1, 2, 3, 4]
+    window_queue.refresh_from_db()
+    step(window_queue, t0 + 30)
+    assert [state(t, t0 + 30) for t in new] == ["admitted"] * 3 + ["waiting"]  # one step: three, all new
+    assert {state(t, t0 + 30) for t in old} == {"expired"}
+
+
+def test_a_queue_deleted_and_made_again_under_its_slug_voids_the_old_tickets(make_queue, clock, api_key_for, api):
+    t0 = clock.now
+    first = make_queue(mode="stateless", window_size=3, window_interval=10)
+    slug = first.slug
+    old = [issued(slug, t0) for _ in range(2)]
+    step(first, t0 + 12)  # (its window began when it was made, a moment after t0)
+    token = modes.status(claims=old[0], now=t0 + 12).access_token
+    assert token
+    services.queue_delete(first, actor_label="tests")
+    again = make_queue(slug=slug, mode="stateless", window_size=3, window_interval=10)
+    assert again.epoch == first.epoch  # the same epoch, the same numbers: only the queue's row tells them apart
+    views = [modes.status(claims=t, now=t0 + 13) for t in old]
+    assert {(v.status, v.reason) for v in views} == {("expired", selectors.EXPIRED_EPOCH)}
+    new = issued(slug, t0 + 13)
+    assert modes.status(claims=new, now=t0 + 13).position == 1
+    auth = {"HTTP_AUTHORIZATION": f"Api-Key {api_key_for(again)}"}
+    answer = api.post(f"/api/v1/queues/{slug}/sessions/verify", {"access_token": token}, format="json", **auth)
+    assert answer.json() == {"valid": False, "reason": "invalid"}

@@ -27,6 +27,7 @@ SPECTACULAR_SETTINGS: dict[str, Any] = {
             "expired_session",
             "revoked",
             "expired_window",
+            "expired_epoch",
         ],
         "QueueStateEnum": ["open", "paused", "closed"],
         "QueueModeEnum": "queueing.policy_table.Mode",

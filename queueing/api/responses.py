@@ -64,7 +64,16 @@ class TicketResponseSerializer(serializers.Serializer):
     redirect_url = serializers.CharField(required=False, help_text="When admitted: go here.")
     expires_at = serializers.IntegerField(required=False, help_text="When admitted: session end (epoch s).")
     reason = serializers.ChoiceField(
-        choices=["completed", "left", "abandoned", "expired_claim", "expired_session", "revoked", "expired_window"],
+        choices=[
+            "completed",
+            "left",
+            "abandoned",
+            "expired_claim",
+            "expired_session",
+            "revoked",
+            "expired_window",
+            "expired_epoch",
+        ],
         required=False,
         help_text="When completed or expired: why.",
     )

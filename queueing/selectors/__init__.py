@@ -53,6 +53,7 @@ from .tickets import (
     with_query,
 )
 from .windows import (
+    EXPIRED_EPOCH,
     EXPIRED_WINDOW,
     RATE_TAU_S,
     observed_per_minute,
@@ -68,6 +69,7 @@ from .windows import (
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "EXPIRED_EPOCH",
     "EXPIRED_WINDOW",
     "MODE_CACHE_SECONDS",
     "RATE_TAU_S",

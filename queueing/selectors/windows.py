@@ -25,6 +25,14 @@ def observed_per_minute(ema_rate: float, ema_ts_ms: int, now: float | None = Non
 
 
 EXPIRED_WINDOW = "expired_window"  # why a stateless ticket expired: the window passed it
+# ... or it is of a sale this window does not continue: an epoch before a change of mode, or a queue of the
+# same slug deleted since (issue 50: such numbers came back as the first places of the new sale)
+EXPIRED_EPOCH = "expired_epoch"
+
+
+def ticket_void(claims: tokens.PositionClaims, window: store.Window) -> bool:
+    """Whether the ticket is of another sale than the window's (EXPIRED_EPOCH)."""
+    return window.ticket_void or bool(claims.queue_id and window.queue_id and claims.queue_id != window.queue_id)
 
 
 def window_place(window: store.Window, number: int) -> int:
@@ -66,7 +74,9 @@ def position_view(
     expires_at = None
     position = ahead = estimate = None
     reason = ""
-    if not started or place > window.active:
+    if ticket_void(claims, window):
+        status, reason, poll = "expired", EXPIRED_EPOCH, 60.0
+    elif not started or place > window.active:
         status = "waiting"
         position = max(1, place - window.active)
         ahead = position - 1
@@ -80,7 +90,13 @@ def position_view(
         status = "admitted"
         expires_ms = now_ms + window.session_ttl * 1000
         access_token = tokens.access_token_issue(
-            slug=slug, ticket_id=claims.ticket_id, fence=0, expires_ms=expires_ms, epoch=claims.epoch, stateless=True
+            slug=slug,
+            ticket_id=claims.ticket_id,
+            fence=0,
+            expires_ms=expires_ms,
+            epoch=claims.epoch,
+            stateless=True,
+            queue_id=window.queue_id,
         )
         redirect_url = with_query(window.target_url, **{settings.WR_ACCESS_QUERY_PARAM: access_token})
         expires_at = expires_ms // 1000

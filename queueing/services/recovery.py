@@ -135,6 +135,7 @@ class _Mirror(NamedTuple):
                 "pow": queue.pow_difficulty,
                 "capacity": queue.capacity,
                 "capacity_source": queue.capacity_source,
+                "qid": queue.pk,  # (tickets carry it: a queue made again under this slug voids the old ones)
             }
             gaps = {int(epoch): int(gap) for epoch, gap in queue.window_gaps.items()}
         # With the scripts' library's name (a digest of its code): a new release's scripts may keep the

@@ -53,10 +53,19 @@ def session_verify(
         return VerifyResult(False, "invalid", claims.ticket_id, 0)  # signed before a switch to tracked mode
     if claims.stateless:
         # A stateless queue keeps no sessions (SPEC 4): a token it signed is good until it expires, in the
-        # browser that first presented it.
-        if not store.window_token_bind(
-            slug, token_id=claims.ticket_id, binding=binding, expires_ms=claims.expires_at * 1000, rebind=rebind
-        ):
+        # browser that first presented it, while its sale goes on (its epoch one of the window's).
+        bound = store.window_token_bind(
+            slug,
+            token_id=claims.ticket_id,
+            binding=binding,
+            expires_ms=claims.expires_at * 1000,
+            epoch=claims.epoch,
+            queue_id=claims.queue_id,
+            rebind=rebind,
+        )
+        if bound == "void":  # signed in a sale before a change of mode, or for a queue deleted since
+            return VerifyResult(False, "invalid", claims.ticket_id, 0)
+        if bound != "ok":
             return VerifyResult(False, "bound_elsewhere", claims.ticket_id, 0)
         return VerifyResult(True, "", claims.ticket_id, claims.expires_at)
     reply = _of_session(

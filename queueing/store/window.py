@@ -42,6 +42,7 @@ WINDOW_FIELDS = (
     "evseq",
     "name",
     "admitted",
+    "qid",
 )
 
 
@@ -73,15 +74,20 @@ class Window:
     evseq: int
     name: str
     admitted: int
+    queue_id: int = 0  # the queue's row (its tickets carry it: a queue made again under a slug is another)
     ticket_gap: int = 0  # the gap of the epoch the asking ticket was issued in
+    # The asking ticket's epoch is not one of this window's: it began in a sale before a change of mode (every
+    # epoch of the window records its gap, `gap:<epoch>`, the first one's too; a switch forgets them).
+    ticket_void: bool = False
 
     @classmethod
-    def parse(cls, raw: Sequence[Any], ticket_gap: Any = "current") -> Window:
-        """`ticket_gap`: the asking ticket's epoch's gap as read (None: that epoch skipped nothing), or
-        "current" for a ticket of the current epoch (a join)."""
+    def parse(cls, raw: Sequence[Any], ticket_gap: Any = "current", ticket_epoch: int = 0) -> Window:
+        """`ticket_gap`: the gap of the asking ticket's epoch (`ticket_epoch`) as read (None: not recorded),
+        or "current" for a ticket of the current epoch (a join)."""
         v = dict(zip(WINDOW_FIELDS, raw, strict=True))
         if ticket_gap == "current":
             ticket_gap = v["gap"]
+        void = ticket_epoch > 0 and ticket_gap is None and str(ticket_epoch) != str(v["epoch"])
 
         def num(name: str) -> int:
             return int(float(v[name] or 0))
@@ -111,7 +117,9 @@ class Window:
             evseq=num("evseq"),
             name=str(v["name"] or ""),
             admitted=num("admitted"),
+            queue_id=num("qid"),
             ticket_gap=int(float(ticket_gap or 0)),
+            ticket_void=void,
         )
 
 
@@ -122,17 +130,17 @@ def window_read_plan(
     script when `limit` is given (its key under the queue's hash tag)."""
     read: ScriptCall = ("window/read", [queue_keys(slug).win], [*WINDOW_FIELDS, f"gap:{ticket_epoch}"])
     if limit is None:
-        return Plan((read,), lambda replies: (_window(replies[0]), None))
-    return Plan((limit.call, read), lambda replies: (_window(replies[1]), LimitReply.parse(replies[0])))
+        return Plan((read,), lambda replies: (_window(replies[0], ticket_epoch), None))
+    return Plan((limit.call, read), lambda replies: (_window(replies[1], ticket_epoch), LimitReply.parse(replies[0])))
 
 
-def _window(raw: Sequence[Any]) -> Window:
-    return Window.parse(raw[:-1], raw[-1])
+def _window(raw: Sequence[Any], ticket_epoch: int) -> Window:
+    return Window.parse(raw[:-1], raw[-1], ticket_epoch)
 
 
 def window_read(slug: str, *, ticket_epoch: int = 0) -> Window:
-    """The window in one HMGET (with the gap of the asking ticket's epoch)."""
-    return _window(client().hmget(queue_keys(slug).win, [*WINDOW_FIELDS, f"gap:{ticket_epoch}"]))
+    """The window in one HMGET (with the gap of the asking ticket's epoch; 0: no ticket asks)."""
+    return _window(client().hmget(queue_keys(slug).win, [*WINDOW_FIELDS, f"gap:{ticket_epoch}"]), ticket_epoch)
 
 
 def window_join_plan(
@@ -221,8 +229,14 @@ def window_capacity_report(slug: str, *, in_use: int, now_ms: int) -> None:
     client().hset(queue_keys(slug).win, mapping={"reported_in_use": in_use, "reported_at": now_ms})
 
 
-def window_token_bind(slug: str, *, token_id: str, binding: str, expires_ms: int, rebind: bool = False) -> bool:
+def window_token_bind(
+    slug: str, *, token_id: str, binding: str, expires_ms: int, epoch: int, queue_id: int = 0, rebind: bool = False
+) -> str:
     """Stateless mode keeps no sessions, so an access token is bound to the first browser that presents it
-    by a key of its own, gone when the token expires. True when `binding` may use the token."""
-    key = queue_keys(slug).tagged(f"bind:s{token_id}")
-    return bool(run("window/bind", [key], [binding, max(expires_ms, 1), "1" if rebind else "0"]))
+    by a key of its own, gone when the token expires. 'ok' when `binding` may use the token, 'bound_elsewhere'
+    when another browser holds it, 'void' when it was signed for an epoch this window does not know (a sale
+    before a change of mode) or another queue of the same slug (`queue_id`, 0: not said)."""
+    keys = queue_keys(slug)
+    key = keys.tagged(f"bind:s{token_id}")
+    argv = [binding, max(expires_ms, 1), "1" if rebind else "0", epoch, queue_id]
+    return str(run("window/bind", [key, keys.win], argv))
