@@ -45,6 +45,36 @@ def test_verify_starts_the_session_and_answers_valid(site, queue):
     assert poll(queue.slug, visitor["ticket"])["status"] == "active"
 
 
+def test_once_bound_a_verify_without_the_browser_s_secret_is_refused_unless_it_is_the_site_s_own(site, queue):
+    """Issue 50, item 4. Seen: any verify without `browser` skipped the binding, and the queue's own recipe for
+    non-Django sites (its curl call) sent none, so a shared admission link still let a second browser in."""
+    token = join(site, queue.slug)["access_token"]
+
+    def verify(**more):
+        answer = site.post(url(queue.slug, "sessions/verify"), {"access_token": token, **more}, format="json")
+        assert answer.status_code == 200, answer.content
+        return answer.json()
+
+    assert verify(browser="first-browser-secret")["valid"]
+    assert verify() == {"valid": False, "reason": "bound_elsewhere"}  # the link, in a browser the site did not ask
+    assert verify(server=True)["valid"]  # the site's own back-office check: the token alone
+    assert verify(browser="first-browser-secret")["valid"]
+    assert site.post(url(queue.slug, "sessions/verify"), {"access_token": token, "server": "yes"}, format="json").json()[
+        "error"
+    ]["code"] == "invalid_request"
+
+
+def test_the_recipes_and_the_schema_send_the_browser_s_secret(admin_client, queue):
+    page = admin_client.get(f"/admin/queueing/queue/{queue.pk}/change/").content.decode()
+    verify_call = page[page.index("curl") : page.index("sessions/verify")]
+    assert '"browser": ' in verify_call  # the non-Django recipe binds, as the middleware does
+    schema = admin_client.get("/api/schema/?format=json").json()
+    examples = schema["paths"]["/api/v1/queues/{slug}/sessions/verify"]["post"]["requestBody"]["content"][
+        "application/json"
+    ]["examples"]
+    assert all("browser" in e["value"] or e["value"].get("server") for e in examples.values())
+
+
 def test_verify_answers_invalid_with_a_reason(site, queue):
     response = site.post(url(queue.slug, "sessions/verify"), {"access_token": "x.y.z"}, format="json")
     assert response.json() == {"valid": False, "reason": "invalid"}

@@ -152,13 +152,19 @@ def test_the_first_browser_to_verify_holds_the_session_and_the_site_may_hand_it_
         slug=queue.slug, ticket_id=ticket.ticket_id, fence=ticket.fence, expires_ms=ticket.expires_ms, epoch=1
     )
 
-    def verify(browser: str, rebind: bool = False) -> services.VerifyResult:
-        return services.session_verify(slug=queue.slug, raw_token=token, browser=browser, rebind=rebind, now=clock())
+    def verify(browser: str, rebind: bool = False, server: bool = False) -> services.VerifyResult:
+        return services.session_verify(
+            slug=queue.slug, raw_token=token, browser=browser, rebind=rebind, server=server, now=clock()
+        )
 
+    assert verify("").valid  # nobody has bound it yet: a verify without a secret binds nothing
     assert verify("browser-a" * 3).valid
     assert verify("browser-a" * 3).valid
     assert verify("browser-b" * 3).reason == "bound_elsewhere"
-    assert verify("").valid  # without a secret: the token only (the site's own server-side check)
+    # Issue 50: once bound, a verify without the browser's secret is refused (a recipe that sent none let a
+    # shared link into a second browser), unless it is the site's own server-side check.
+    assert verify("").reason == "bound_elsewhere"
+    assert verify("", server=True).valid
     assert verify("browser-b" * 3, rebind=True).valid  # the site hands it over on purpose
     assert verify("browser-a" * 3).reason == "bound_elsewhere"
     assert store.snapshot(queue.slug).active == 1

@@ -188,7 +188,8 @@ def test_a_stateless_access_token_is_bound_to_the_first_browser_that_presents_it
     assert verify(browser="a" * 40)["valid"]
     assert verify(browser="a" * 40)["valid"]
     assert verify(browser="b" * 40) == {"valid": False, "reason": "bound_elsewhere"}
-    assert verify()["valid"]  # without a secret: the token only
+    assert verify() == {"valid": False, "reason": "bound_elsewhere"}  # bound: no secret, no entry (issue 50)
+    assert verify(server=True)["valid"]  # the site's own check: the token only
     assert verify(browser="b" * 40, rebind=True)["valid"]
     assert verify(browser="a" * 40) == {"valid": False, "reason": "bound_elsewhere"}
 

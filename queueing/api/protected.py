@@ -39,7 +39,12 @@ class VerifyView(_ProtectedSiteView):
                 "Verify the token a visitor arrived with",
                 value={"access_token": "<the visitor's access token>", "browser": "c2f1e0b7a4d94f0e8d3b"},
                 request_only=True,
-            )
+            ),
+            OpenApiExample(
+                "Check a token from the site's own server, with no browser behind it",
+                value={"access_token": "<an access token>", "server": True},
+                request_only=True,
+            ),
         ],
         responses={200: r.VerifyResponseSerializer, **error_responses(*JSON_BODY, 401, 403, 406, 429, 503)},
         auth=API_KEY_AUTH,
@@ -47,7 +52,11 @@ class VerifyView(_ProtectedSiteView):
     def post(self, request: Request, slug: str) -> Response:
         data = _validated(s.VerifyRequestSerializer, request.data)
         result = services.session_verify(
-            slug=slug, raw_token=data["access_token"], browser=data.get("browser", ""), rebind=data["rebind"]
+            slug=slug,
+            raw_token=data["access_token"],
+            browser=data.get("browser", ""),
+            rebind=data["rebind"],
+            server=data["server"],
         )
         if result.valid:
             return Response({"valid": True, "ticket_id": result.ticket_id, "expires_at": result.expires_at})

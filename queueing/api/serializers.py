@@ -221,7 +221,17 @@ class VerifyRequestSerializer(AccessTokenSerializer):
         help_text=(
             "A secret of the browser presenting the token (e.g. a random value the site keeps in an HttpOnly "
             "cookie). The first verify that sends one binds the session to that browser; afterwards the "
-            "token is valid only with it (reason `bound_elsewhere`), so one admission lets in one browser."
+            "token is valid only with it (reason `bound_elsewhere`, also for a verify without it that is not "
+            "`server`), so one admission lets in one browser."
+        ),
+    )
+    server = StrictBooleanField(
+        required=False,
+        default=False,
+        help_text=(
+            "A check the site makes on its own, with no visitor's browser behind it (a back-office job): the "
+            "token alone is checked, bound or not. Without `browser` and without this, a bound session's token "
+            "is refused (`bound_elsewhere`)."
         ),
     )
     rebind = StrictBooleanField(

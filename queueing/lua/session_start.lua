@@ -4,7 +4,8 @@
 -- ARGV[1] visitor key    ARGV[2] sequence number    ARGV[3] fencing token    ARGV[4] now (ms)
 -- ARGV[5] the access token's epoch    ARGV[6] its expiry (ms)
 -- (all from the access token, whose signature and expiry Python has already checked)
--- ARGV[7] the digest of the browser's secret that presents the token ('' when the site sends none)
+-- ARGV[7] the digest of the browser's secret that presents the token ('' for the site's own server-side
+-- check; '?' for a verify without a secret that is not one)
 -- ARGV[8] '1' to hand the session over to that browser on purpose
 --
 -- Returns {result, expires_ms, freed}: result 'valid' | 'expired' | 'superseded' | 'revoked' | 'full' |
@@ -12,9 +13,10 @@
 --
 -- Binding: the first verify that brings a browser's secret binds the session to it (its digest kept until
 -- the session ends); from then on only that browser's requests verify, so one admission's link opened in
--- other browsers is refused ('bound_elsewhere'). A verify without a secret checks the token only (the
--- site's own server-side calls). The protected site may hand a session over (ARGV[8]). A completed session no longer admits: it reads as 'expired'. freed = 1 when an overdue
--- session found here released a slot.
+-- other browsers is refused ('bound_elsewhere'), and so is a verify without a secret once the session is
+-- bound, unless it is the site's own server-side check (issue 50: a recipe that sent none let a shared
+-- link in). The protected site may hand a session over (ARGV[8]). A completed session no longer admits:
+-- it reads as 'expired'. freed = 1 when an overdue session found here released a slot.
 --
 -- After lost state (SPEC 3.6), a token of an earlier epoch whose record went with the state starts its
 -- session again, until the token's own expiry: a visitor already at the site is not thrown out. While
@@ -41,6 +43,7 @@ if not p then return {'no_config', 0, 0} end
 local function bound_here(expires)
   local bound = redis.call('GET', K_BIND)
   if binding == '' then return true end  -- the site checks the token only (a server-side call)
+  if binding == '?' then return not bound end  -- no browser's secret: only while nobody is bound
   if bound and bound ~= binding and not rebind then return false end
   if bound ~= binding then redis.call('SET', K_BIND, binding, 'PXAT', math.max(expires, now + 1)) end
   return true

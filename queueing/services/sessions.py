@@ -28,27 +28,42 @@ class VerifyResult:
 BROWSER_SECRET_MAX = 200
 
 
-def browser_digest(secret: str) -> str:
-    """What Redis keeps of a browser's secret: a digest (the secret itself stays in the browser's cookie)."""
-    return hashlib.sha256(secret.encode()).hexdigest()[:32] if secret else ""
+# What the binding scripts are given for a verify without a browser's secret that is not the site's own
+# server-side check: valid only while nobody has bound the session (session_start.lua, window/bind.lua).
+NO_BROWSER = "?"
+
+
+def browser_digest(secret: str, *, server: bool = False) -> str:
+    """What Redis keeps of a browser's secret: a digest (the secret itself stays in the browser's cookie).
+    Without one: '' for the site's own server-side check, NO_BROWSER otherwise."""
+    if not secret:
+        return "" if server else NO_BROWSER
+    return hashlib.sha256(secret.encode()).hexdigest()[:32]
 
 
 def session_verify(
-    *, slug: str, raw_token: str, browser: str = "", rebind: bool = False, now: float | None = None
+    *,
+    slug: str,
+    raw_token: str,
+    browser: str = "",
+    rebind: bool = False,
+    server: bool = False,
+    now: float | None = None,
 ) -> VerifyResult:
     """Check an access token; its first successful check turns ADMITTED into ACTIVE.
 
     `browser`: a secret of the browser presenting the token (the site keeps it in an HttpOnly cookie). The
     first verify that brings one binds the session to that browser; afterwards the token verifies with a
-    secret only if it is that one ('bound_elsewhere' otherwise), so one admission cannot let several
-    browsers in. Without a secret the token alone is checked (the site's server-side calls). `rebind` hands
+    secret only if it is that one ('bound_elsewhere' otherwise, and without a secret too, issue 50), so one
+    admission cannot let several browsers in. `server`: the site's own check with no browser behind it:
+    the token alone is checked, bound or not. `rebind` hands
     the session over to this browser on purpose (the protected site's decision, e.g. after the visitor
     proved who they are)."""
     try:
         claims = tokens.access_token_decode(raw_token, slug=slug)
     except tokens.InvalidAccessToken as exc:
         return VerifyResult(False, "expired" if exc.expired else "invalid", "", 0)
-    binding = browser_digest(browser)
+    binding = browser_digest(browser, server=server)
     if claims.stateless and (store.mode(slug) or selectors.queue_mode_get(slug)) != Queue.Mode.STATELESS:
         return VerifyResult(False, "invalid", claims.ticket_id, 0)  # signed before a switch to tracked mode
     if claims.stateless:
