@@ -90,6 +90,21 @@ def test_only_prometheus_may_read_it(client, settings):
     assert client.get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 403
 
 
+@pytest.mark.parametrize(
+    "header", [("HTTP_X_FORWARDED_FOR", "203.0.113.7"), ("HTTP_FORWARDED", "for=203.0.113.7"), ("HTTP_X_REAL_IP", "x")]
+)
+def test_a_request_through_a_proxy_needs_the_token_whatever_its_peer(client, settings, header):
+    """Issue 50, item 5. Seen: from 127.0.0.1 with X-Forwarded-For: 203.0.113.7, /metrics answered 200 (84 KB):
+    behind a proxy on the same host, or in compose, the peer is the proxy's, so only nginx's exact-path rule
+    kept the internet out (and WR_METRICS_PATH moves the view, not that rule)."""
+    name, value = header
+    refused = client.get("/metrics", REMOTE_ADDR="127.0.0.1", **{name: value})
+    assert refused.status_code == 403 and b"waitingroom_" not in refused.content
+    settings.WR_METRICS_TOKEN = "s3cret-token"
+    given = client.get("/metrics", REMOTE_ADDR="127.0.0.1", HTTP_AUTHORIZATION="Bearer s3cret-token", **{name: value})
+    assert given.status_code == 200
+
+
 def test_with_redis_away_a_scrape_still_answers_and_says_so_and_the_errors_are_counted(
     client, api, make_queue, redis_away
 ):
@@ -159,6 +174,8 @@ def test_the_supervisor_empties_the_directory_and_serves_what_its_processes_coun
 
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     assert re.search(r'^waitingroom_rate_limited_total\{scope="join"\} 6\.0$', text, re.M), text
+    proxied = httpx.get(f"http://127.0.0.1:{port}/metrics", headers={"X-Forwarded-For": "203.0.113.7"}, timeout=5)
+    assert proxied.status_code == 403 and "waitingroom_" not in proxied.text  # as the web's /metrics (issue 50)
     assert re.search(
         r'^waitingroom_celery_task_duration_seconds_count\{task="queueing.tasks.cleanup"\} 2\.0$', text, re.M
     )
@@ -195,6 +212,21 @@ def test_the_event_loops_batch_adds_up_as_observing_each_would_and_flushes_withi
         assert sample(f"{name}_batched_bucket", le=le) == sample(f"{name}_direct_bucket", le=le), le
     assert sample(f"{name}_batched_sum") == pytest.approx(sum(values))
     assert sample(f"{name}_batched_count") == len(values)
+
+
+def test_the_supervisor_s_port_admits_only_its_networks_or_the_token(tmp_path):
+    """Issue 50, item 5: in compose the supervisor's port listens on 0.0.0.0; it was open to anyone there."""
+    import httpx
+
+    directory = tmp_path / "metrics"
+    directory.mkdir()
+    port = free_port()
+    env = {"WR_METRICS_PORT": str(port), "WR_METRICS_NETWORKS": "192.0.2.0/24", "WR_METRICS_TOKEN": "t0ken-t0ken"}
+    runstack.metrics_serve(env, directory)
+    url = f"http://127.0.0.1:{port}/metrics"
+    assert httpx.get(url, timeout=5).status_code == 403  # loopback is not one of its networks here
+    assert httpx.get(url, headers={"Authorization": "Bearer t0ken-t0ken"}, timeout=5).status_code == 200
+    assert httpx.get(url, headers={"Authorization": "Bearer t0ken"}, timeout=5).status_code == 403
 
 
 def test_a_taken_metrics_port_is_said_in_one_line_and_the_run_goes_on(tmp_path, capsys):

@@ -10,13 +10,11 @@ What a scrape returns:
 
 Only Prometheus may read it: a request from an address in WR_METRICS_NETWORKS (loopback by default), or
 with `Authorization: Bearer <WR_METRICS_TOKEN>`; anyone else gets 403. The address is the connection's
-peer, never X-Forwarded-For: a proxy in front would otherwise open it to the whole internet.
+peer, never X-Forwarded-For, and a request that came through a proxy needs the token (metrics_access.py).
 """
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -32,7 +30,7 @@ from prometheus_client.registry import Collector
 
 from queueing import instruments, selectors
 
-from . import version
+from . import metrics_access, version
 
 
 class MetricsMiddleware:
@@ -59,26 +57,17 @@ def _route(request: HttpRequest) -> str:
     return str(getattr(request, "route_name", "unmatched"))  # FastPathMiddleware's, answered before resolving
 
 
-def _networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    return [ipaddress.ip_network(net.strip(), strict=False) for net in settings.WR_METRICS_NETWORKS if net.strip()]
-
-
 def allowed(request: HttpRequest) -> bool:
-    token = settings.WR_METRICS_TOKEN
-    given = request.headers.get("Authorization", "")
-    if token and hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-        return True
-    try:
-        peer = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
-    except ValueError:
-        return False
-    return any(peer in network for network in _networks())
+    return metrics_access.permitted(
+        request.META, allowed=metrics_access.networks(settings.WR_METRICS_NETWORKS), token=settings.WR_METRICS_TOKEN
+    )
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
     if not allowed(request):
         return HttpResponse(
-            "Metrics are for Prometheus: from WR_METRICS_NETWORKS, or with the bearer WR_METRICS_TOKEN.\n",
+            "Metrics are for Prometheus: from WR_METRICS_NETWORKS (not through a proxy), or with the bearer "
+            "WR_METRICS_TOKEN.\n",
             status=403,
             content_type="text/plain",
         )
