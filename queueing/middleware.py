@@ -160,15 +160,17 @@ health_reporter = HealthReporter()  # remote mode: this process's batches
 class _Sources:
     """When each admitted visitor's request last counted towards its queue's health (this process): one
     visitor reloading a page as fast as they can counts at most once per WR_HEALTH_SOURCE_SECONDS, so the
-    figures the adaptive outflow follows are the site's, not one visitor's. Errors always count."""
+    figures the adaptive outflow follows are the site's, not one visitor's. Its server errors are judged
+    apart, the same way (issue 50: one visitor's 20 errors an interval cut the outflow to its minimum): an
+    error after its success, or a success after its error, still counts."""
 
     def __init__(self, size: int = 50_000) -> None:
         self._lock = threading.Lock()
-        self._last: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._last: OrderedDict[tuple[str, str, bool], float] = OrderedDict()
         self._size = size
 
-    def counts(self, slug: str, source: str, now: float) -> bool:
-        key = (slug, source)
+    def counts(self, slug: str, source: str, now: float, error: bool = False) -> bool:
+        key = (slug, source, error)
         with self._lock:
             last = self._last.get(key)
             if last is not None and now - last < settings.WR_HEALTH_SOURCE_SECONDS:
@@ -184,7 +186,7 @@ health_sources = _Sources()
 
 
 def _health_record(slug: str, seconds: float, error: bool, source: str = "") -> None:
-    if not error and source and not health_sources.counts(slug, source, time.monotonic()):
+    if source and not health_sources.counts(slug, source, time.monotonic(), error):
         return
     mode = health_report_mode()
     latency_ms = seconds * 1000

@@ -434,6 +434,22 @@ def test_the_decorator_reports_latency_and_server_errors(demo):
     assert site.p95_ms is not None and site.p95_ms >= 150 / 1.19
 
 
+def test_one_visitor_s_server_errors_count_once_per_interval_as_its_successes_do(demo, settings):
+    """Issue 50, item 6. Seen: one admitted visitor's server errors always counted (successes were counted
+    once per WR_HEALTH_SOURCE_SECONDS), so 20 errors an interval from one visitor cut the outflow down to
+    its minimum."""
+    settings.WR_HEALTH_SOURCE_SECONDS = 5
+    token, other = admitted_token(), admitted_token()
+    for _ in range(20):
+        assert failing_view(with_access("/down", token)).status_code == 503
+    site = selectors.site_health_get(slug="demo")
+    assert (site.requests, site.errors) == (1, 1)  # was (20, 20)
+    assert failing_view(with_access("/down", other)).status_code == 503  # another visitor's error counts
+    assert slow_view(with_access("/slow", token)).status_code == 200  # and this one's success after its errors
+    site = selectors.site_health_get(slug="demo")
+    assert (site.requests, site.errors) == (3, 2)
+
+
 def test_the_middleware_reports_the_paths_it_protects(demo, settings):
     settings.WR_PROTECTED_PATHS = {"/shop/": "demo"}
     token = admitted_token()

@@ -1,6 +1,6 @@
 """The adaptive outflow follows the protected site's health, not one visitor's (issue 13, item 2): the
 demo pages are not mounted in production, and one visitor's requests count at most once per
-WR_HEALTH_SOURCE_SECONDS (errors always)."""
+WR_HEALTH_SOURCE_SECONDS (its errors apart from its successes, the same way: test_adaptive.py)."""
 
 from __future__ import annotations
 
