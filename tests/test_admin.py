@@ -160,7 +160,7 @@ def test_admin_pages_render(admin_client, make_queue):
         assert admin_client.get(path).status_code == 200, path
 
 
-# --- Staff password logins are limited (django-axes): a username from one address, 10 failures, 15 minutes. ---
+# --- Staff password logins are limited (django-axes): a username from an address, or an address: 10 failures ---
 
 
 def admin_login(password: str, address: str = "203.0.113.7") -> Any:
@@ -179,6 +179,21 @@ def test_the_admin_login_locks_a_username_out_from_an_address_after_ten_wrong_pa
     AccessAttempt.objects.update(attempt_time=timezone.now() - timedelta(minutes=16))
     assert admin_login("pw-root-123").status_code == 302
     assert not AccessAttempt.objects.exists()  # a success clears the count
+
+
+def test_password_spraying_from_one_address_is_locked_out_too(db):
+    """Issue 50, item 7. Seen: 15 usernames x 1 password from one address all answered 200 (the lockout was
+    per username and address; the address-wide `auth` limit guards only the token endpoint)."""
+    get_user_model().objects.create_superuser("root", "root@example.com", "pw-root-123")
+
+    def sprayed(username: str, address: str = "203.0.113.7") -> int:
+        body = {"username": username, "password": "Summer2026!", "next": "/admin/"}
+        return int(Client(REMOTE_ADDR=address).post("/admin/login/", body).status_code)
+
+    answers = [sprayed(f"user{i}") for i in range(15)]
+    assert answers == [200] * 9 + [429] * 6
+    assert admin_login("pw-root-123").status_code == 429  # the address, whatever the username
+    assert admin_login("pw-root-123", address="203.0.113.8").status_code == 302  # another address is not
 
 
 def test_the_api_token_endpoint_counts_towards_the_same_lockout_and_keeps_its_error_shape(staff_user):

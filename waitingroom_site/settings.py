@@ -456,10 +456,12 @@ SIMPLE_JWT = {
 
 # --- Staff password logins (django-axes): /admin/login/ and POST /api/v1/auth/token. ---
 # A username tried from one address is locked out after this many failures in a row, for the cool-off
-# (every failure meanwhile starts it again); a success clears the count. Records live in the database.
+# (every failure meanwhile starts it again); a success clears the count. So is an address, after this many
+# failures over any usernames (issue 50: 15 usernames with one password each, from one address, all got
+# the login form again). Records live in the database.
 AXES_FAILURE_LIMIT = envint("WR_LOGIN_FAILURE_LIMIT", 10)
 AXES_COOLOFF_TIME = timedelta(minutes=envint("WR_LOGIN_COOLOFF_MINUTES", 15))
-AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "ip_address"]
 AXES_RESET_ON_SUCCESS = True
 AXES_HTTP_RESPONSE_CODE = 429
 
