@@ -80,9 +80,15 @@ def solution_check(slug: str, challenge: str, nonce: str) -> Solved:
 
 
 def solve(challenge: str, difficulty: int) -> str:
-    """A nonce solving the challenge (for tests, benchmarks and API clients written in Python)."""
+    """A nonce solving the challenge (for tests, benchmarks and API clients written in Python): the plain loop
+    a bot would write, its test on the digest's first bytes (counting bits one by one, as the check does,
+    took 35 times as long: the hoarder's cost was overstated from it, issue 50)."""
+    whole, rest = divmod(difficulty, 8)
+    zeros, limit = bytes(whole), 1 << (8 - rest)
+    prefix = f"{challenge}:".encode()
     for counter in range(1 << 40):
         nonce = format(counter, "x")
-        if leading_zero_bits(hashlib.sha256(f"{challenge}:{nonce}".encode()).digest()) >= difficulty:
+        digest = hashlib.sha256(prefix + nonce.encode()).digest()
+        if digest[:whole] == zeros and (rest == 0 or digest[whole] < limit):
             return nonce
     raise AssertionError("unreachable")
