@@ -47,7 +47,7 @@ def test_two_real_beats_send_each_tick_once_and_the_standby_takes_over(tmp_path:
     env = product_env(tmp_path, prefix)
     subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], env=env, cwd=ROOT, check=True)
     client = redis.Redis.from_url(settings.REDIS_URL)
-    key = f"{prefix}:celery:{prefix}-tasks"
+    key = f"{prefix}:celery:{prefix}-tasks-ticks"  # the ticks' own queue (issue 50)
     command = [sys.executable, "-m", "celery", "-A", "waitingroom_site", "beat", "--loglevel", "INFO", "--pidfile="]
     logs = [tmp_path / "beat1.log", tmp_path / "beat2.log"]
     beats = []

@@ -119,10 +119,16 @@ def test_compose_runs_redis_with_aof_postgres_web_worker_and_beat():
     supervised = ["python", "-m", "waitingroom_site.runstack", "--only"]
     assert services["worker"]["command"][:5] == [*supervised, "worker"]
     assert services["beat"]["command"][:5] == [*supervised, "beat"]
-    for name in ("worker", "beat"):  # what the supervisor would run from those arguments
+    for name, children in (("worker", ["worker", "jobs"]), ("beat", ["beat"])):  # what the supervisor runs
         args = runstack._parse(services[name]["command"][3:])
         assert args.only == [name]
-        assert list(runstack.commands(args, "w@%h")) == [name]
+        assert list(runstack.commands(args, "w@%h")) == children
+    # The worker container: the admission ticks' own Celery worker and queue, and one for every other task
+    # (issue 50: periodic jobs filled the one worker's slots and the ticks stopped).
+    ran = runstack.commands(runstack._parse(services["worker"]["command"][3:]), "w@%h", "tasks")
+    assert ran["worker"][ran["worker"].index("-Q") + 1] == "tasks-ticks" and "w@%h" in ran["worker"]
+    assert ran["worker"][ran["worker"].index("--concurrency") + 1] == "4"
+    assert ran["jobs"][ran["jobs"].index("-Q") + 1] == "tasks" and "jobs-w@%h" in ran["jobs"]
     assert "replicas" not in services["beat"].get("deploy", {})  # exactly one beat
 
 

@@ -24,6 +24,23 @@ def test_beat_schedules_are_written_after_migrate(db):
     assert rows["Admission tick"].interval.every == 1
 
 
+def test_the_admission_tick_has_a_celery_queue_of_its_own_and_a_plain_worker_takes_both(settings):
+    """Issue 50, item 3: the tick shared one queue with every periodic job (runstack runs a worker for each
+    queue: tests/e2e/test_supervisor.py keeps ticks on time under a flood of jobs)."""
+    from waitingroom_site.celery import app
+
+    def queue_of(task: str) -> str:
+        return str(app.amqp.router.route({}, task)["queue"].name)
+
+    assert queue_of("queueing.tasks.admission_tick") == f"{settings.CELERY_TASK_DEFAULT_QUEUE}-ticks"
+    for name in ("cleanup", "turn_notices", "realtime_snapshots"):
+        assert queue_of(f"queueing.tasks.{name}") == settings.CELERY_TASK_DEFAULT_QUEUE
+    assert {q.name for q in app.conf.task_queues} == {  # what `celery worker` without -Q consumes
+        settings.CELERY_TASK_DEFAULT_QUEUE,
+        f"{settings.CELERY_TASK_DEFAULT_QUEUE}-ticks",
+    }
+
+
 def test_the_tick_task_admits_and_running_it_twice_does_no_harm(make_queue, api):
     queue = make_queue(state="paused", capacity=3, burst=3)
     for _ in range(5):

@@ -170,3 +170,9 @@ def installation_write(var_dir: Path, env: dict[str, str]) -> Path:
         out.write("\n".join(lines) + "\n")
     partial.replace(path)
     return path
+
+
+def tick_queue_name(default_queue: str) -> str:
+    """The admission tick's own Celery queue, beside the default one (settings.celery_queues; runstack runs a
+    worker for each)."""
+    return f"{default_queue}-ticks"

@@ -44,6 +44,7 @@ from . import devredis, environment, liveness, metrics_access, orphans
 BASE_DIR = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 ROLES = ("web", "ws", "worker", "beat")
+ROLE_CHILDREN = {"worker": ("worker", "jobs")}  # the worker role: the ticks' worker and the jobs' worker
 WS_PROTOCOL = "queueing.wsprotocol:LeanSansIOProtocol"  # uvicorn's sans-I/O protocol, lighter per socket
 
 QUICK_SECONDS = 10.0  # a death this soon after a start counts as a failure to start
@@ -113,8 +114,8 @@ def web_command(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def commands(args: argparse.Namespace, worker_name: str) -> dict[str, list[str]]:
-    """What runs, by name."""
+def commands(args: argparse.Namespace, worker_name: str, default_queue: str = "waitingroom") -> dict[str, list[str]]:
+    """What runs, by name (`default_queue`: Celery's, CELERY_TASK_DEFAULT_QUEUE)."""
     procs = {
         "web": web_command(args),
         # Websockets only: the pages learn its address from WR_WS_BASE_URL (the API's ws_url).
@@ -137,15 +138,25 @@ def commands(args: argparse.Namespace, worker_name: str) -> dict[str, list[str]]
             *("--log-level", "warning"),
             "--no-access-log",
         ],
+        # The admission ticks, on their own queue (issue 50: periodic jobs that took every slot of one worker
+        # stopped them), and every other task: two workers, so no job can take the ticks' slots.
         "worker": [
-            _bin("celery"),
-            *("-A", "waitingroom_site", "worker", "--loglevel", "INFO"),
-            *("--concurrency", str(args.worker_concurrency), "--without-gossip", "--without-mingle"),
-            *("-n", worker_name),
+            *_worker(worker_name, args.worker_concurrency),
+            *("-Q", environment.tick_queue_name(default_queue)),
         ],
+        "jobs": [*_worker(f"jobs-{worker_name}", args.jobs_concurrency), *("-Q", default_queue)],
         "beat": [_bin("celery"), "-A", "waitingroom_site", "beat", "--loglevel", "INFO", "--pidfile="],
     }
-    return {name: procs[name] for name in args.only}
+    return {name: procs[name] for role in args.only for name in ROLE_CHILDREN.get(role, (role,))}
+
+
+def _worker(name: str, concurrency: int) -> list[str]:
+    return [
+        _bin("celery"),
+        *("-A", "waitingroom_site", "worker", "--loglevel", "INFO"),
+        *("--concurrency", str(concurrency), "--without-gossip", "--without-mingle"),
+        *("-n", name),
+    ]
 
 
 @dataclass
@@ -357,6 +368,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     # One worker process per core (granian); gunicorn's sync workers did best with one more than the cores.
     parser.add_argument("--web-workers", type=int, default=int(os.environ.get("WEB_WORKERS", "0")) or None)
     parser.add_argument("--worker-concurrency", type=int, default=int(os.environ.get("WORKER_CONCURRENCY", "2")))
+    # Every task but the ticks (cleanup, snapshots, alerts, turn notices, ...): a worker of its own.
+    parser.add_argument("--jobs-concurrency", type=int, default=int(os.environ.get("JOBS_CONCURRENCY", "2")))
     parser.add_argument("--ws-port", type=int, default=int(os.environ.get("WS_PORT", "0")) or None)
     parser.add_argument("--access-log", action="store_true")
     parser.add_argument(
@@ -448,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
             _manage("collectstatic", "--noinput", "-v", "0", env=env)
             _manage("setup_demo", env=env)
         node = liveness.worker_node(worker_name)
-        for name, command in commands(args, worker_name).items():
+        for name, command in commands(args, worker_name, env.get("CELERY_TASK_DEFAULT_QUEUE", "waitingroom")).items():
             judged = name if name in ("worker", "beat") else ""
             supervisor.children.append(Child(name, command, liveness=judged, node=node if name == "worker" else ""))
         _banner(args, env, redis_url, embedded=embedded)

@@ -28,6 +28,7 @@ from waitingroom_site.environment import (
     generated_secret,
     installation_environment,
     private_file,
+    tick_queue_name,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -416,6 +417,19 @@ EMAIL_TIMEOUT = 10
 # --- Celery ---
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "waitingroom")
+
+
+def celery_queues(default: str) -> tuple[str, tuple[Any, ...], dict[str, dict[str, str]]]:
+    """The admission tick's own Celery queue (issue 50: periodic jobs that filled every worker slot, ~37,000
+    turn notices, stopped the ticks): its name, the queues a worker started without -Q consumes (both), and
+    the route. runstack runs a worker for each, so no other job can take the tick's slots."""
+    from kombu import Queue as TaskQueue
+
+    ticks = tick_queue_name(default)
+    return ticks, (TaskQueue(default), TaskQueue(ticks)), {"queueing.tasks.admission_tick": {"queue": ticks}}
+
+
+WR_TICK_QUEUE, CELERY_TASK_QUEUES, CELERY_TASK_ROUTES = celery_queues(CELERY_TASK_DEFAULT_QUEUE)
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_SERIALIZER = "json"

@@ -5,6 +5,7 @@ supervisor, however it ends."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -68,6 +70,7 @@ class Run:
         )
         command = [sys.executable, "-m", "waitingroom_site.runstack", "--setup", "--embedded-redis"]
         command += ["--port", str(self.port), "--ws-port", str(free_port()), "--var-dir", str(var)]
+        self.env = environment
         with self.log.open("wb") as out:
             self.process = subprocess.Popen(command, env=environment, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         _wait_for(lambda: "ready." in self.log.read_text(), 120, "the worker", self.log)
@@ -87,6 +90,20 @@ class Run:
         top = proctree.named(proctree.children(self.process.pid), word)
         assert len(top) <= 1, (word, top)
         return top[0] if top else None
+
+    def python(self, code: str, timeout: float = 180) -> Any:
+        """Run `code` (Python, Django set up first) as a command of this installation would (the run's own
+        settings and what it kept in var/installation.env); the JSON value it prints last."""
+        kept = dict(
+            line.split("=", 1) for line in (self.var / "installation.env").read_text().splitlines() if "=" in line
+        )
+        env = {**kept, **self.env}
+        script = f"import django, json\ndjango.setup()\n{code}"
+        done = subprocess.run(
+            [sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
 
     def end(self) -> None:
         if self.process.poll() is None:
@@ -112,32 +129,33 @@ def run(tmp_path):
 
 def test_a_killed_or_stalled_worker_is_replaced_while_the_web_keeps_serving_and_nothing_outlives_a_kill(run):
     one = run(WR_LIVENESS_STALE_SECONDS="4", WR_LIVENESS_GRACE_SECONDS="8")
-    web, beat, worker = one.role("granian"), one.role("beat"), one.role(" worker ")
-    assert web and beat and worker
+    web, beat, worker, jobs = one.role("granian"), one.role("beat"), one.role("-ticks"), one.role("-n jobs-")
+    assert web and beat and worker and jobs
 
     os.kill(worker, signal.SIGKILL)
     _wait_for(lambda: one.said("worker was killed by SIGKILL"), 10, "the supervisor to notice", one.log)
-    _wait_for(lambda: one.role(" worker ") not in (None, worker), 15, "a new worker", one.log)
+    _wait_for(lambda: one.role("-ticks") not in (None, worker), 15, "a new worker", one.log)
     assert one.answers() and one.role("granian") == web and one.role("beat") == beat
     assert one.process.poll() is None
 
     # Frozen, not dead: the ticks it no longer runs give it away.
-    stalled = one.role(" worker ")
+    stalled = one.role("-ticks")
     assert stalled
     assert one.said("(restart 1)")
     time.sleep(10)  # past the grace of the new worker, and a first tick run
     os.kill(stalled, signal.SIGSTOP)
     _wait_for(lambda: one.said("worker is stalled"), 40, "the stall to be seen", one.log)
-    _wait_for(lambda: one.role(" worker ") not in (None, stalled), 20, "its replacement", one.log)
+    _wait_for(lambda: one.role("-ticks") not in (None, stalled), 20, "its replacement", one.log)
     assert not proctree.alive(stalled)
     assert one.answers() and one.role("granian") == web
 
-    _wait_for(lambda: len(proctree.children(one.role(" worker ") or 0)) >= 2, 30, "the new worker's pool", one.log)
+    _wait_for(lambda: len(proctree.children(one.role("-ticks") or 0)) >= 2, 30, "the new worker's pool", one.log)
     everything = proctree.descendants(one.process.pid)
-    assert len(everything) >= 9  # redis, granian and its 2 workers, uvicorn, worker and its pool of 2, beat
+    # redis, granian and its 2 workers, uvicorn, the ticks' worker and its pool of 2, the jobs' worker, beat
+    assert len(everything) >= 10
     # A pool process that never finishes: the worker's warm shutdown waits for its pool (seen twice in whole
     # runs, the worker killed a second after it started: it and its pool were alive 30 s after the kill).
-    os.kill(proctree.children(one.role(" worker ") or 0)[0], signal.SIGSTOP)
+    os.kill(proctree.children(one.role("-ticks") or 0)[0], signal.SIGSTOP)
     one.process.kill()  # SIGKILL: the supervisor cannot stop anything itself
     one.process.wait()
     # Each child has its SIGTERM from the kernel; nobody is left to kill one that takes its time. A worker
@@ -155,3 +173,49 @@ def test_closing_the_terminal_stops_every_process_of_the_run(run):
     assert one.process.wait(timeout=60) == 0
     assert _still_running(everything, 5) == []
     assert one.said("SIGHUP: stopping everything.") and one.said("stopped.")
+
+
+# A flood of periodic work: turn notices for thousands of waiting visitors (each run reads every notice's
+# state), and a hundred runs queued at once, as a beat that fell behind or a worker slot hog would leave them.
+FLOOD = """
+from queueing import services, tokens
+from queueing.models import TurnNotice
+from waitingroom_site.celery import app
+changes = {"name": "Flood", "target_url": "https://shop.example/", "state": "open", "capacity": 100000,
+           "outflow_per_minute": 120, "burst": 1, "claim_ttl": 600}
+queue, _ = services.queue_configure(slug="flood", changes=changes)
+notices = []
+for i in range(NOTICES):
+    ticket = services.queue_join(slug="flood", visitor_key=tokens.visitor_key(f"cookie:flood-{i}")).ticket
+    notices.append(TurnNotice(queue=queue, ticket_id=ticket.ticket_id, epoch=queue.epoch,
+                              email=f"v{i}@example.com", link="http://x/q/flood/"))
+TurnNotice.objects.bulk_create(notices)
+for _ in range(RUNS):
+    app.send_task("queueing.tasks.turn_notices")
+print(json.dumps(len(notices)))
+"""
+
+ADMITTED = """
+from queueing import store
+from waitingroom_site.celery import app
+from django.conf import settings
+with app.connection_for_write() as connection:  # (the broker's list of the jobs' queue, its keys prefixed)
+    backlog = connection.default_channel.client.llen(settings.CELERY_TASK_DEFAULT_QUEUE)
+print(json.dumps([store.snapshot("flood").admitted, backlog]))  # (admitted, none claimed: claim_ttl 600)
+"""
+
+
+def test_the_admission_ticks_keep_their_pace_while_periodic_jobs_fill_every_other_slot(run):
+    """Issue 50, item 3. Seen: every 5 s one task read every turn notice's state on the Celery queue the 1-s
+    admission tick used: ~37,000 notices filled bin/run's worker slots and the ticks stopped. The ticks have
+    a queue and a worker of their own: with a hundred runs over 3,000 notices queued ahead (a minute of the
+    jobs' worker's time), admissions go on at the queue's pace (2 a second)."""
+    one = run(WR_NOTIFY_BY_EMAIL="1", EMAIL_HOST="127.0.0.1", EMAIL_PORT=str(free_port()))
+    flood = FLOOD.replace("NOTICES", "3000").replace("RUNS", "100")
+    assert one.python(flood) == 3000
+    first, backlog = one.python(ADMITTED)
+    assert backlog > 50, backlog  # the jobs are queued up
+    time.sleep(15)
+    then, backlog = one.python(ADMITTED)
+    assert backlog > 0, backlog  # and still are, the whole time
+    assert then - first >= 15, (first, then)  # 2 a second would be 30; before, the ticks waited behind them
