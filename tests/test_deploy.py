@@ -458,8 +458,19 @@ def test_the_proxy_config_forwards_to_the_web_service():
     assert "proxy_pass http://ws" in websockets and "Upgrade $http_upgrade" in websockets
     # The proxy adds the client's address, and the app believes it from the compose network only.
     assert config.count("X-Forwarded-For $proxy_add_x_forwarded_for") >= 2
-    trusted = services["web"]["environment"]["WR_TRUSTED_PROXIES"]
-    assert "172.16.0.0/12" in trusted and "0.0.0.0/0" not in trusted
+    # Issue 50, item 10: every private range was trusted, so a client reaching the app from one (another
+    # container, a host on the same private network) wrote its own X-Forwarded-For. Only nginx's address is.
+    network = compose()["networks"]["default"]["ipam"]["config"][0]
+    proxy_address = services["proxy"]["networks"]["default"]["ipv4_address"]
+    subnet, dynamic = ipaddress.ip_network(network["subnet"]), ipaddress.ip_network(network["ip_range"])
+    assert ipaddress.ip_address(proxy_address) in subnet and ipaddress.ip_address(proxy_address) not in dynamic
+    for name in ("web", "ws", "worker", "beat"):
+        trusted = services[name]["environment"]["WR_TRUSTED_PROXIES"]
+        assert trusted == f"${{WR_TRUSTED_PROXIES:-{proxy_address}}}", (name, trusted)
+    ws = services["ws"]["command"]
+    assert ws[ws.index("--forwarded-allow-ips") + 1] == f"${{WR_TRUSTED_PROXIES:-{proxy_address}}}"
+    metrics = services["web"]["environment"]["WR_METRICS_NETWORKS"]
+    assert metrics == f"${{WR_METRICS_NETWORKS:-{subnet},127.0.0.0/8}}"
 
 
 def test_the_dockerfile_installs_the_locked_requirements_and_runs_as_a_user():
