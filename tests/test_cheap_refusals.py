@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -168,7 +169,15 @@ def test_a_priority_code_is_generated_with_at_least_80_random_bits_unless_the_op
     generated = PriorityCode(queue=queue, level=2)
     generated.full_clean()
     generated.save()
-    PriorityCode(queue=queue, code="VIP-2026", level=2).full_clean()  # a chosen code is still allowed
+    PriorityCode(queue=queue, code="Spring-VIP-2026", level=2).full_clean()  # a chosen code is still allowed
+    # ... if it is strong (issue 50, item 9: a 4-character code could be typed in admin)
+    for weak in ("VIP1", "VIP-2026", "aaaaaaaaaaaaaaa", "abcabcabcabcabc", "111122221111"):
+        with pytest.raises(ValidationError) as refused:
+            PriorityCode(queue=queue, code=weak, level=2).full_clean()
+        assert "code" in refused.value.message_dict, weak
+    kept = PriorityCode.objects.create(queue=queue, code="OLD1", level=2)  # one from before the rule
+    kept.max_uses = 5
+    kept.full_clean()  # may still be edited, while its code stays
 
 
 @pytest.fixture
@@ -201,6 +210,30 @@ def test_guessing_priority_codes_is_refused_after_a_few_tries_while_plain_joins_
     assert join_with(api, slug, address).status_code == 201  # a join without a code is not counted here
     assert join_with(api, slug, an_address(), priority_code=good).status_code == 201
     assert PriorityCode.objects.get(code=good).uses == 1
+
+
+def test_wrong_codes_from_many_addresses_lock_the_queue_s_codes_a_while(vip_queue, make_queue, api, settings):
+    """Issue 50, item 9. Seen: code guesses were limited per address only, so guesses spread over many
+    addresses went on without end. Wrong codes count per queue too; past the limit every code tried for the
+    queue is refused (429, no SQL), a right one too, until the limiter lets one through again."""
+    settings.WR_RATE_LIMITS = {"priority_code_failed": THREE_A_MINUTE}
+    good = PriorityCode.objects.create(queue=vip_queue, level=2).code
+    slug = vip_queue.slug
+    for guess in ("GUESS-1", "GUESS-2", "GUESS-3", "GUESS-4"):  # each from an address of its own
+        assert join_with(api, slug, an_address(), priority_code=guess).json()["error"]["code"] == (
+            "invalid_priority_code"
+        )
+    with CaptureQueriesContext(connection) as queries:
+        refused = join_with(api, slug, an_address(), priority_code=good)
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limited"
+    assert int(refused["Retry-After"]) > 0
+    assert not [q for q in queries.captured_queries if "queueing_prioritycode" in q["sql"]]
+    assert join_with(api, slug, an_address()).status_code == 201  # joins without a code go on
+    assert PriorityCode.objects.get(code=good).uses == 0
+    elsewhere = make_queue(state="paused")  # another queue's codes are its own
+    PriorityLevel.objects.get_or_create(queue=elsewhere, level=2, defaults={"name": "VIP"})
+    code = PriorityCode.objects.create(queue=elsewhere, level=2).code
+    assert join_with(api, elsewhere.slug, an_address(), priority_code=code).status_code == 201
 
 
 # --- 11d. Stateless tokens after a switch to tracked mode ----------------------------------------------------

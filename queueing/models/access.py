@@ -65,6 +65,22 @@ def priority_code_new() -> str:
     return secrets.token_urlsafe(PRIORITY_CODE_BYTES)
 
 
+PRIORITY_CODE_MIN_LENGTH = 12
+
+
+def priority_code_strength_check(code: str) -> None:
+    """A code an operator types (issue 50: 4-character codes could be typed in admin): at least
+    PRIORITY_CODE_MIN_LENGTH characters, of at least 5 different ones, and not a shorter part repeated
+    ("abcabcabcabc"). ValidationError saying so."""
+    if len(code) < PRIORITY_CODE_MIN_LENGTH:
+        raise ValidationError(
+            f"At least {PRIORITY_CODE_MIN_LENGTH} characters: a short code will be guessed (the generated ones "
+            "have 16, 96 random bits)."
+        )
+    if len(set(code)) < 5 or code in (code + code)[1:-1]:
+        raise ValidationError("Too easy to guess: a few characters, or a part repeated. Leave the generated one.")
+
+
 class PriorityCode(models.Model):
     queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="priority_codes")
     code = models.CharField(
@@ -98,6 +114,13 @@ class PriorityCode(models.Model):
     def clean(self) -> None:
         if self.max_uses == 0:
             raise ValidationError({"max_uses": "Leave empty for unlimited; 0 would never be usable."})
+        # A new code, or one changed, must be strong; one kept from before the rule may still be edited.
+        before = None if self._state.adding else PriorityCode.objects.filter(pk=self.pk).values_list("code").first()
+        if before is None or before[0] != self.code:
+            try:
+                priority_code_strength_check(self.code)
+            except ValidationError as exc:
+                raise ValidationError({"code": exc.messages}) from exc
 
 
 class QueueAPIKey(AbstractAPIKey):

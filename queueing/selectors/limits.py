@@ -24,6 +24,12 @@ DEFAULT_LIMITS: dict[str, dict[str, Any]] = {
     "window_miss": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 60, "max_requests": 60},
     "shuffle": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 60, "max_requests": 60},
     "priority_code": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 600, "max_requests": 20},
+    # Wrong codes per queue, from any addresses (issue 50): past it, the queue's codes are locked a while.
+    "priority_code_failed": {
+        "algorithm": "sliding_window_counter",
+        "fixed_window_seconds": 600,
+        "max_requests": 200,
+    },
     "notify": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 600, "max_requests": 10},
 }
 

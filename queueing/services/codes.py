@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from .. import clock, realtime, selectors, store
+from .. import clock, ratelimit, realtime, selectors, store
 from ..models import PriorityCode, PriorityLevel, Queue, priority_code_new
 from .admission import queue_admit
 from .audit import queue_change_record
@@ -27,9 +27,15 @@ def priority_code_reserve(*, slug: str, code: str, address: str = "") -> int:
 
     Joins that carry a code are counted per client `address` in their own scope (`priority_code`),
     before the code is looked up: past the limit even a right code is refused (ratelimit.Limited), or a
-    guesser would learn from the answers; joins without a code are not counted there."""
+    guesser would learn from the answers; joins without a code are not counted there. Wrong codes are
+    counted per queue too, from any address (`priority_code_failed`, 200 in 10 minutes by default): past
+    that, every code tried for the queue is refused until the limiter lets one through again (issue 50:
+    guesses from many addresses were limited per address only)."""
     if address:
         selectors.limit_check("priority_code", address)
+    locked = store.codes_locked(slug)
+    if locked > 0:
+        raise ratelimit.Limited(ratelimit.Decision(False, locked, 0))
     try:
         # Checked as admin checks codes before any SQL: a NUL or a lone surrogate would fail in the database.
         PriorityCode._meta.get_field("code").run_validators(code)
@@ -42,8 +48,18 @@ def priority_code_reserve(*, slug: str, code: str, address: str = "") -> int:
     # One conditional UPDATE, so parallel joins cannot use a code more often than its limit.
     taken = usable.filter(Q(max_uses__isnull=True) | Q(uses__lt=F("max_uses"))).update(uses=F("uses") + 1)
     if not taken:
+        _wrong_code(slug)
         raise InvalidPriorityCode(code)
     return PriorityCode.objects.values_list("level", flat=True).get(queue__slug=slug, code=code)
+
+
+def _wrong_code(slug: str) -> None:
+    """Count a wrong code for the queue; past its limit, lock the queue's codes for as long as the limiter
+    says (this attempt is answered as the wrong code it was)."""
+    try:
+        selectors.limit_check("priority_code_failed", slug)
+    except ratelimit.Limited as exc:
+        store.codes_lock(slug, seconds=max(1.0, exc.decision.retry_after))
 
 
 PRIORITY_CODES_MAX = 10_000  # generated in one go

@@ -67,7 +67,7 @@ from .inspect import (
     wait_samples_read,
 )
 from .keys import SEQ_DIGITS, QueueKeys, key_pattern, limit_key, parse_ticket_id, queue_keys, ticket_id
-from .limits import LimitCall, LimitReply, limit_hit, limit_plan
+from .limits import LimitCall, LimitReply, codes_lock, codes_locked, limit_hit, limit_plan
 from .liveness import alive_key, alive_mark, alive_mark_read, beat_lease, cluster_epoch, ping
 from .state import (
     Held,
@@ -188,6 +188,8 @@ __all__ = [
     "client",
     "cluster_epoch",
     "clustered",
+    "codes_lock",
+    "codes_locked",
     "complete",
     "config_held",
     "config_read",

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .connection import Plan, ScriptCall, run
-from .keys import limit_key
+from .connection import Plan, ScriptCall, client, run
+from .keys import limit_key, queue_keys
 from .replies import Reply
 
 __all__ = ["LimitCall", "LimitReply", "limit_hit", "limit_key", "limit_plan"]
@@ -52,3 +52,17 @@ def limit_hit(algorithm: str, key: str, *args: str | int | float) -> LimitReply:
 def limit_plan(call: LimitCall) -> Plan[LimitReply]:
     """One limiter script as a round trip's plan (a limiter that must count before other work)."""
     return Plan((call.call,), lambda replies: LimitReply.parse(replies[0]))
+
+
+# --- A queue's priority codes locked after too many wrong ones (services.priority_code_reserve) ---------------
+
+
+def codes_lock(slug: str, *, seconds: float) -> None:
+    """Refuse every code tried for `slug` for `seconds` (too many wrong ones were tried there)."""
+    client().set(queue_keys(slug).tagged("codes_locked"), "1", px=max(1, int(seconds * 1000)))
+
+
+def codes_locked(slug: str) -> float:
+    """Seconds the queue's codes stay locked (0: not locked)."""
+    left = int(client().pttl(queue_keys(slug).tagged("codes_locked")))
+    return left / 1000 if left > 0 else 0.0
