@@ -74,10 +74,10 @@ def test_priority_fraction_stays_within_0_and_1(db):
 def test_priority_codes_cannot_have_zero_uses_or_a_bad_shape(db):
     queue, _ = configure()
     with pytest.raises(ValidationError):
-        PriorityCode(queue=queue, code="VIP-2026", level=2, max_uses=0).full_clean()
+        PriorityCode(queue=queue, code="Spring-VIP-2026", level=2, max_uses=0).full_clean()
     with pytest.raises(ValidationError):
         PriorityCode(queue=queue, code="x y", level=2).full_clean()
-    PriorityCode(queue=queue, code="VIP-2026", level=2, max_uses=10).full_clean()
+    PriorityCode(queue=queue, code="Spring-VIP-2026", level=2, max_uses=10).full_clean()
 
 
 def test_the_policy_mirrored_to_redis_includes_placement_fractions(db):
