@@ -6,6 +6,7 @@ not required."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -65,3 +66,26 @@ def test_not_ready_at_once_while_redis_is_stopped_and_ready_again_when_it_return
 
     servers.append(redis_server(port))
     assert client.get("/readyz").status_code == 200
+
+
+def test_the_public_reads_only_the_status_and_the_database_is_asked_once_a_second(client, monkeypatch):
+    """Issue 50, item 11. Seen: /readyz is public, ran SQL at every call and returned exception text. Its
+    checks and version are for whoever may read the metrics; and the database's answer is kept a second."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    readiness = sys.modules["queueing.selectors.readiness"]  # (the package's name `readiness` is its function)
+    public = client.get("/readyz", REMOTE_ADDR="203.0.113.9")
+    assert public.status_code == 200 and public.json() == {"status": "ready"}
+    proxied = client.get("/readyz", REMOTE_ADDR="127.0.0.1", HTTP_X_FORWARDED_FOR="203.0.113.9")
+    assert proxied.json() == {"status": "ready"}
+    assert set(client.get("/readyz").json()) == {"status", "version", "checks"}  # from loopback: all of it
+    clock = [1000.0]
+    monkeypatch.setattr(readiness, "_database_seen", None)
+    monkeypatch.setattr(readiness.time, "monotonic", lambda: clock[0])
+    with CaptureQueriesContext(connection) as queries:
+        for _ in range(5):
+            client.get("/readyz", REMOTE_ADDR="203.0.113.9")
+        clock[0] += 1.5
+        client.get("/readyz", REMOTE_ADDR="203.0.113.9")
+    assert [q["sql"] for q in queries.captured_queries].count("SELECT 1") == 2

@@ -24,15 +24,16 @@ def healthz(request: HttpRequest) -> HttpResponse:
 
 
 def readyz(request: HttpRequest) -> HttpResponse:
-    """Ready to serve: Redis and the database answer (200), else 503 with Retry-After; each check said, and
-    the version this process runs (so a rolling upgrade can be watched)."""
+    """Ready to serve: Redis and the database answer (200), else 503 with Retry-After. To whoever may read
+    the metrics (metrics_access: their networks, not through a proxy, or the token) each check is said, and
+    the version this process runs (so a rolling upgrade can be watched); to anyone else only the status
+    (issue 50: it returned exception text to the public)."""
     checks = selectors.readiness()
     ready = all(checks[name].ok for name in selectors.READINESS_REQUIRED)
-    body = {
-        "status": "ready" if ready else "unavailable",
-        "version": VERSION,
-        "checks": {name: {"ok": check.ok, "detail": check.detail} for name, check in checks.items()},
-    }
+    body: dict[str, Any] = {"status": "ready" if ready else "unavailable"}
+    if metrics.allowed(request):
+        body["version"] = VERSION
+        body["checks"] = {name: {"ok": check.ok, "detail": check.detail} for name, check in checks.items()}
     response = JsonResponse(body, status=200 if ready else 503)
     response["Cache-Control"] = "no-store"
     if not ready:

@@ -20,6 +20,27 @@ class Check:
     detail: str
 
 
+# The database's answer, kept DATABASE_CHECK_SECONDS by this process: /readyz is public, and each call ran
+# SQL (issue 50). Redis, which decides most outages and costs a PING, is asked every time.
+DATABASE_CHECK_SECONDS = 1.0
+_database_seen: tuple[float, Check] | None = None
+
+
+def _database_check(at: float) -> Check:
+    global _database_seen
+    seen = _database_seen
+    if seen is not None and 0 <= at - seen[0] < DATABASE_CHECK_SECONDS:
+        return seen[1]
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        check = Check(True, connection.vendor)
+    except DatabaseError as exc:
+        check = Check(False, f"{exc.__class__.__name__}: {exc}"[:200])
+    _database_seen = (at, check)
+    return check
+
+
 def readiness(*, now: float | None = None) -> dict[str, Check]:
     """`redis` and `database` decide readiness. `beat` is reported only: a web process with no beat still
     serves joins, polls and the protected site's verifies (admissions wait), and a beat that stops should
@@ -31,12 +52,7 @@ def readiness(*, now: float | None = None) -> dict[str, Check]:
         checks["redis"] = Check(True, store.ping())
     except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
         checks["redis"] = Check(False, f"{exc.__class__.__name__}: {exc}"[:200])
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-        checks["database"] = Check(True, connection.vendor)
-    except DatabaseError as exc:
-        checks["database"] = Check(False, f"{exc.__class__.__name__}: {exc}"[:200])
+    checks["database"] = _database_check(time.monotonic())
     if checks["redis"].ok:
         try:
             marked = store.alive_mark_read("beat")
