@@ -6,6 +6,7 @@ import uuid
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from rest_framework.test import APIClient
 
 from queueing import services, store
@@ -25,7 +26,7 @@ def queue(make_queue):
 
 @pytest.fixture
 def plain_staff(db):
-    """Staff without the change permission: may look, may not steer."""
+    """Staff without any permission on queues."""
     client = APIClient()
     client.force_authenticate(get_user_model().objects.create_user("looker", password="pw", is_staff=True))
     return client
@@ -102,11 +103,18 @@ def test_non_staff_get_403(member, queue, method, op):
     assert (response.status_code, response.json()["error"]["code"]) == (403, "permission_denied")
 
 
-def test_staff_without_the_change_permission_may_look_but_not_steer(plain_staff, queue):
-    assert plain_staff.get(url(queue.slug, "stats")).status_code == 200
-    assert plain_staff.get(url(queue.slug)).status_code == 200
-    assert plain_staff.post(url(queue.slug, "pause")).status_code == 403
-    assert plain_staff.patch(url(queue.slug), {"capacity": 3}, format="json").status_code == 403
+def test_staff_with_the_view_permission_may_look_but_not_steer(plain_staff, queue):
+    # Issue 50, item 11: staff status alone let any staff account read every queue's settings and figures.
+    assert plain_staff.get(url(queue.slug, "stats")).status_code == 403
+    assert plain_staff.get(url(queue.slug)).status_code == 403
+    looker = get_user_model().objects.get(username="looker")
+    looker.user_permissions.add(Permission.objects.get(codename="view_queue"))
+    viewer = APIClient()
+    viewer.force_authenticate(get_user_model().objects.get(pk=looker.pk))  # (its permissions read afresh)
+    assert viewer.get(url(queue.slug, "stats")).status_code == 200
+    assert viewer.get(url(queue.slug)).status_code == 200
+    assert viewer.post(url(queue.slug, "pause")).status_code == 403
+    assert viewer.patch(url(queue.slug), {"capacity": 3}, format="json").status_code == 403
 
 
 def test_staff_can_use_a_jwt_from_the_token_endpoint(api, staff_user, queue):

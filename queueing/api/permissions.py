@@ -70,7 +70,15 @@ class HasModelPermission(IsStaff):
 
 
 class CanViewQueue(HasModelPermission):
+    """To look at a queue (its settings, its figures): view_queue, or change_queue, which includes it (as in
+    Django's admin). Staff status alone is not enough (issue 50)."""
+
     permission = "queueing.view_queue"
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return super().has_permission(request, view) or (
+            IsStaff.has_permission(self, request, view) and request.user.has_perm("queueing.change_queue")
+        )
 
 
 class CanAddQueue(HasModelPermission):

@@ -27,7 +27,7 @@ from . import serializers as s
 from .answers import authorization, join_answer, status_answer, ticket_claims, window_answer
 from .authentication import ManagementKeyAuthentication
 from .errors import ApiError
-from .permissions import CanAddCodes, CanAddQueue, CanChangeQueue, CanDeleteQueue, CanViewQueue, IsStaff
+from .permissions import CanAddCodes, CanAddQueue, CanChangeQueue, CanDeleteQueue, CanViewQueue
 from .schema import JSON_BODY, error_responses
 from .throttling import (
     ClientAddressThrottle,
@@ -254,7 +254,7 @@ class _StaffView(APIView):
 
 
 class StatsView(_StaffView):
-    permission_classes = [IsStaff]
+    permission_classes = [CanViewQueue]  # (issue 50: staff status alone was enough)
 
     @extend_schema(
         operation_id="queue_stats",
@@ -295,7 +295,7 @@ class ResumeView(_StaffView):
 
 class QueueView(_StaffView):
     def get_permissions(self) -> list[Any]:
-        return [IsStaff()] if self.request.method == "GET" else [CanChangeQueue()]
+        return [CanViewQueue()] if self.request.method == "GET" else [CanChangeQueue()]
 
     @extend_schema(
         operation_id="queue_get",
