@@ -170,6 +170,24 @@ def test_the_first_browser_to_verify_holds_the_session_and_the_site_may_hand_it_
     assert store.snapshot(queue.slug).active == 1
 
 
+def test_a_completed_session_s_binding_goes_with_it_and_binds_no_later_visit(make_queue, clock):
+    """Issue 50, item 11: the binding key outlived a completed session (until its token's expiry), and was
+    the visitor's, not the ticket's: the same visitor's next visit was bound to the first one's browser."""
+    queue, ticket = admitted(make_queue, clock, capacity=2)
+    token = access_token(queue.slug, ticket)
+    assert services.session_verify(slug=queue.slug, raw_token=token, browser="browser-a" * 3, now=clock()).valid
+    bindings = list(store.client().scan_iter(match=store.queue_keys(queue.slug).tagged("bind:*")))
+    assert len(bindings) == 1
+    assert services.session_complete(slug=queue.slug, claims=access_claims(queue.slug, ticket), now=clock()) == (
+        "completed"
+    )
+    assert store.client().exists(*bindings) == 0  # gone with its session
+    again = join(queue.slug, "shopper", now=clock.advance(1))  # the same visitor, a new visit
+    assert again.seq != ticket.seq and again.status == TicketStatus.ADMITTED
+    later = access_token(queue.slug, again)
+    assert services.session_verify(slug=queue.slug, raw_token=later, browser="browser-b" * 3, now=clock()).valid
+
+
 def commands_of(client: Any) -> dict[str, int]:
     """The commands a server has run since its counts were reset (scripts' own included), by name."""
     found = {name.removeprefix("cmdstat_"): int(row["calls"]) for name, row in client.info("commandstats").items()}
@@ -187,5 +205,6 @@ def test_a_completion_runs_its_budget_of_redis_commands(redis_of_its_own, make_q
     assert services.session_complete(slug=queue.slug, claims=claims, now=clock.advance(1)) == "completed"
     ran = commands_of(client)
     # Two round trips (the completion, then the admission its freed slot allows, with nobody waiting) and
-    # 25 commands in all: 27 when the record was read twice (two HGETs more).
-    assert ran["fcall"] == 2 and sum(ran.values()) <= 25, ran
+    # 26 commands in all: 25, and since issue 50 the DEL of the session's binding to a browser (it outlived
+    # the session). With the record read twice (two HGETs more) there were 27 before the DEL.
+    assert ran["fcall"] == 2 and sum(ran.values()) <= 26 and ran["del"] == 1, ran

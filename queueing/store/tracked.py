@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Self, cast
 
 from .connection import Plan, ScriptCall, execute, run
-from .keys import queue_keys
+from .keys import QueueKeys, queue_keys
 from .limits import LimitCall, LimitReply
 from .replies import Reply, converters_of, maybe, optional, whole
 
@@ -356,9 +356,16 @@ def session_start(
     digest of the presenting browser's secret (session_start.lua binds the session to the first one)."""
     keys = queue_keys(slug)
     args = (visitor_key, seq, fence, now_ms, epoch, expires_ms, binding, "1" if rebind else "0")
-    return SessionReply.parse(run("session_start", [*keys.script_keys(), keys.tagged(f"bind:{visitor_key}")], args))
+    return SessionReply.parse(run("session_start", [*keys.script_keys(), binding_key(keys, visitor_key, seq)], args))
+
+
+def binding_key(keys: QueueKeys, visitor_key: str, seq: int) -> str:
+    """Which browser a session is bound to (session_start.lua), one key per ticket: a later visit of the same
+    visitor is not bound by an earlier one's (complete.lua deletes it with its session)."""
+    return keys.tagged(f"bind:{visitor_key}:{seq}")
 
 
 def complete(slug: str, *, visitor_key: str, seq: int, fence: int, now_ms: int, epoch: int) -> ChangeReply:
     args = (visitor_key, seq, fence, now_ms, epoch)
-    return ChangeReply.parse(run("complete", queue_keys(slug).script_keys(), args))
+    keys = queue_keys(slug)
+    return ChangeReply.parse(run("complete", [*keys.script_keys(), binding_key(keys, visitor_key, seq)], args))
