@@ -44,3 +44,26 @@ def test_the_api_docs_load_their_start_up_script_as_a_file(client):
     assert not INLINE_SCRIPT.search(page)
     script = re.search(r'<script src="([^"]*\?script[^"]*)"', page)
     assert script and client.get(script.group(1).replace("&amp;", "&")).status_code == 200
+
+
+def test_pages_connect_only_to_this_site_and_its_websocket_server(client, make_queue):
+    """Issue 50, item 11: connect-src allowed websockets to any host (ws: wss:). 'self' covers the page's own
+    host (ws and wss too); the websocket server's own origin, where WR_WS_BASE_URL names one, is added."""
+    import os
+    import subprocess
+    import sys
+
+    queue = make_queue()
+    connect = _policy(client.get(f"/q/{queue.slug}/"))["connect-src"]
+    assert "ws:" not in connect and "wss:" not in connect and "'self'" in connect
+    code = (
+        "import django; django.setup(); from django.conf import settings; "
+        "print(' '.join(settings.CONTENT_SECURITY_POLICY['DIRECTIVES']['connect-src']))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST_"))}
+    env.update(DJANGO_SETTINGS_MODULE="waitingroom_site.settings", SECRET_KEY="x" * 50, HTTPS="0")
+    for base, expected in (("wss://ws.example.com:8443/", "'self' wss://ws.example.com:8443"), ("", "'self'")):
+        answer = subprocess.run(
+            [sys.executable, "-c", code], env={**env, "WR_WS_BASE_URL": base}, cwd=ROOT, capture_output=True, text=True
+        )
+        assert answer.stdout.strip().splitlines()[-1] == expected, answer.stderr[-2000:]

@@ -110,7 +110,7 @@ CONTENT_SECURITY_POLICY = {
         "style-src": ["'self'", "'unsafe-inline'"],
         "img-src": ["'self'", "data:"],
         "font-src": ["'self'", "data:"],
-        "connect-src": ["'self'", "ws:", "wss:"],
+        "connect-src": ["'self'"],  # and the websocket server's origin, below (WR_WS_BASE_URL)
         "worker-src": ["'self'", "blob:"],
         "object-src": ["'none'"],
         "base-uri": ["'self'"],
@@ -311,6 +311,18 @@ WR_KEY_CACHE_SECONDS = envint("WR_KEY_CACHE_SECONDS", 30)
 WR_TERMINAL_RETENTION_SECONDS = envint("WR_TERMINAL_RETENTION_SECONDS", 900)
 # Public base for websocket URLs handed to clients; empty means "same host as the request".
 WR_WS_BASE_URL = os.environ.get("WR_WS_BASE_URL", "")
+
+
+def _ws_origin(base: str) -> list[str]:
+    """The websocket server's origin for the pages' connect-src: that origin alone, where ws: and wss: let
+    a page connect anywhere (issue 50). On the page's own host, 'self' covers ws and wss (CSP Level 3)."""
+    parts = urlsplit(base)
+    if parts.scheme not in ("ws", "wss") or not parts.netloc:
+        return []
+    return [f"{parts.scheme}://{parts.netloc}"]
+
+
+CONTENT_SECURITY_POLICY["DIRECTIVES"]["connect-src"] += _ws_origin(WR_WS_BASE_URL)
 WR_VISITOR_COOKIE = "wr_visitor"
 WR_ACCESS_COOKIE_PREFIX = "wr_access_"
 WR_ACCESS_QUERY_PARAM = "wr_access"
