@@ -11,8 +11,11 @@ one twice (an answer lost on the way back) and can tell by its X-WaitingRoom-Del
 
 from __future__ import annotations
 
+import http.client
+import ipaddress
 import json
 import logging
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -36,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 CLAIM_SECONDS = 60  # an attempt that has not finished by then (a worker that died) is due again
 WEBHOOK_TIMEOUT_SECONDS = 5
-ANSWER_KEEP_CHARS = 500
+ANSWER_KEEP_CHARS = 300  # of our own words about a failure (a status, a refused connection)
 
 
 def _at(now: float) -> datetime:
@@ -278,7 +281,43 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None  # a redirect is an answer other than 2xx: tried again later, never followed
 
 
-_opener = urllib.request.build_opener(_NoRedirects)
+class PrivateTarget(OSError):
+    """A webhook whose host is a private, loopback, link-local or otherwise non-public address."""
+
+
+def _peer_checked(sock: socket.socket) -> None:
+    """Refuse a connection to an address that is not public (issue 50: a hook could reach the servers
+    around this one), unless WR_ALERT_PRIVATE_TARGETS allows it. The address connected to is judged, not a
+    name looked up before: a name that resolves otherwise the second time changes nothing."""
+    address = ipaddress.ip_address(sock.getpeername()[0].split("%")[0])
+    if not address.is_global and not settings.WR_ALERT_PRIVATE_TARGETS:
+        sock.close()
+        raise PrivateTarget(f"{address} is not a public address (WR_ALERT_PRIVATE_TARGETS allows such hooks)")
+
+
+class _PublicHTTPConnection(http.client.HTTPConnection):
+    def connect(self) -> None:
+        super().connect()
+        _peer_checked(self.sock)
+
+
+class _PublicHTTPSConnection(http.client.HTTPSConnection):
+    def connect(self) -> None:  # (the check is made before any of the request is sent)
+        super().connect()
+        _peer_checked(self.sock)
+
+
+class _PublicHTTP(urllib.request.HTTPHandler):
+    def http_open(self, req: Any) -> Any:
+        return self.do_open(_PublicHTTPConnection, req)
+
+
+class _PublicHTTPS(urllib.request.HTTPSHandler):
+    def https_open(self, req: Any) -> Any:
+        return self.do_open(_PublicHTTPSConnection, req, context=self._context)  # type: ignore[attr-defined]
+
+
+_opener = urllib.request.build_opener(_NoRedirects, _PublicHTTP, _PublicHTTPS)
 
 
 def _send(delivery: AlertDelivery, *, now: float) -> int | None:
@@ -303,9 +342,8 @@ def _send(delivery: AlertDelivery, *, now: float) -> int | None:
     try:
         with _opener.open(request, timeout=WEBHOOK_TIMEOUT_SECONDS) as answer:
             return int(answer.status)
-    except urllib.error.HTTPError as exc:
-        text = exc.read(ANSWER_KEEP_CHARS).decode(errors="replace")
-        raise DeliveryFailed(f"HTTP {exc.code}: {text}".strip(), exc.code) from None
+    except urllib.error.HTTPError as exc:  # its status only: what the receiver wrote is not kept (issue 50)
+        raise DeliveryFailed(f"HTTP {exc.code} {exc.reason}".strip(), exc.code) from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise DeliveryFailed(f"{exc.__class__.__name__}: {reason}") from None

@@ -29,6 +29,7 @@ CHANNEL_LAYERS = channel_layers(REDIS_URL, WR_REDIS_PREFIX)
 CACHE_URL = REDIS_URL
 CACHES = caches(CACHE_URL, WR_REDIS_PREFIX)  # under the run's prefix: cleaned up with its keys
 CELERY_TASK_DEFAULT_QUEUE = f"wrt{_RUN_ID}"
+WR_ALERT_PRIVATE_TARGETS = True  # the tests' receivers listen on 127.0.0.1 (test_alerts checks it off)
 WR_TICK_QUEUE, CELERY_TASK_QUEUES, CELERY_TASK_ROUTES = celery_queues(CELERY_TASK_DEFAULT_QUEUE)  # noqa: F405
 
 STATIC_ROOT = Path(tempfile.gettempdir()) / "waitingroom-test-static"

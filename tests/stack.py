@@ -238,6 +238,7 @@ def product_env(var: Path, prefix: str) -> dict[str, str]:
         CELERY_KEY_PREFIX=f"{prefix}:celery:",
         CELERY_TASK_DEFAULT_QUEUE=f"{prefix}-tasks",
         WR_VAR_DIR=str(var),
+        WR_ALERT_PRIVATE_TARGETS="1",  # the tests' webhook receivers listen on 127.0.0.1
     )
     return env
 

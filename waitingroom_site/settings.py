@@ -311,6 +311,9 @@ WR_KEY_CACHE_SECONDS = envint("WR_KEY_CACHE_SECONDS", 30)
 WR_TERMINAL_RETENTION_SECONDS = envint("WR_TERMINAL_RETENTION_SECONDS", 900)
 # Public base for websocket URLs handed to clients; empty means "same host as the request".
 WR_WS_BASE_URL = os.environ.get("WR_WS_BASE_URL", "")
+# Alert webhooks to private, loopback or link-local addresses (a receiver on this host or its network): off,
+# so that a hook cannot reach the servers around this one (issue 50).
+WR_ALERT_PRIVATE_TARGETS = envbool("WR_ALERT_PRIVATE_TARGETS", False)
 
 
 def _ws_origin(base: str) -> list[str]:
