@@ -35,7 +35,7 @@ from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from . import flows, instruments, modes, ratelimit, selectors, services, tokens
-from .api.notices import NOT_WAITING, place_of
+from .api.notices import NOT_WAITING, NOTICES_FULL, place_of
 from .api.serializers import PRIORITY_CODE_MAX
 from .middleware import QueueAccess, access_cookie_name, queue_access_serve, waiting_page_url
 from .models import Queue
@@ -420,6 +420,7 @@ NOTIFY_SAID = {
     "bad": _("That does not look like an e-mail address. Please check it and try again."),
     "limited": _("Too many addresses were left from here. Please wait a few minutes and try again."),
     "late": _(NOT_WAITING),  # the API's words for it too
+    "full": _(NOTICES_FULL),
 }
 
 
@@ -451,6 +452,8 @@ def _notify_from_form(request: HttpRequest, slug: str, identity: VisitorIdentity
         outcome = "limited"
     except (services.NotInLine, selectors.TicketGone, services.QueueNotFound):
         outcome = "late"
+    except services.NoticesFull:
+        outcome = "full"
     return HttpResponseRedirect(f"{request.path}?notify={outcome}", status=303)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from typing import Any
 
 import pytest
 from django.test import Client
@@ -302,3 +303,52 @@ def test_runs_racing_in_separate_processes_send_each_e_mail_once(database_url, m
     }
     assert sum(race(env, SETUP, RACER)) == 3
     assert sorted(to[0] for to, _ in mailbox.messages) == ["v0@example.com", "v1@example.com", "v2@example.com"]
+
+
+def test_a_queue_keeps_at_most_its_cap_of_notices_and_one_ipv6_48_its_own_limit(make_queue, api, clock, settings):
+    """Issue 50, item 3: notices were limited per /64 only, so one /48 made as many as it has /64s (65,536),
+    and every run of the task reads every notice. A queue keeps at most WR_NOTIFY_MAX_PER_QUEUE (asking again
+    for the same ticket replaces its address), and an IPv6 client's /48 has a limit of its own."""
+    from queueing import ratelimit
+
+    settings.WR_NOTIFY_MAX_PER_QUEUE = 2
+    queue = make_queue(state="paused")
+
+    def ask(i: int, address: str = "", email: str = "") -> Any:
+        ticket = join(queue.slug, f"n{i}", now=clock())
+        claims = decode_ticket(_token(queue.slug, ticket), slug=queue.slug)
+        return services.turn_notice_request(
+            claims=claims, email=email or f"v{i}@example.com", language="en", link="http://x/", address=address
+        )
+
+    ask(0), ask(1)
+    with pytest.raises(services.NoticesFull):
+        ask(2)
+    ask(0, email="again@example.com")  # the same ticket: replaced, not refused
+    assert TurnNotice.objects.count() == 2 and TurnNotice.objects.filter(email="again@example.com").exists()
+
+    page = page_visitor(queue.slug)
+    assert said(leave_address(page, queue.slug, "ada@example.com")) == (
+        "No more e-mail addresses can be kept for this line. Keep this page open: it takes you through at your turn."
+    )
+    settings.WR_NOTIFY_MAX_PER_QUEUE = 1000
+    settings.WR_RATE_LIMITS = {"notify_wide": {"algorithm": "sliding_log", "window_seconds": 60, "max_requests": 3}}
+    for i in range(3):  # three /64s of one /48
+        ask(10 + i, address=f"2001:db8:7:{i}::/64")
+    with pytest.raises(ratelimit.Limited):
+        ask(20, address="2001:db8:7:99::/64")
+    ask(21, address="2001:db8:8:1::/64")  # another /48
+    ask(22, address="198.51.100.7")  # IPv4: its own address's limit only
+
+
+def test_the_api_refuses_an_address_past_the_queue_s_cap_in_the_error_shape(make_queue, api, settings):
+    settings.WR_NOTIFY_MAX_PER_QUEUE = 1
+    queue = make_queue(state="paused")
+    url = f"/api/v1/queues/{queue.slug}/notify"
+    answers = []
+    for i in range(2):
+        joined = api.post(f"/api/v1/queues/{queue.slug}/join", format="json", HTTP_X_VISITOR_ID=str(uuid.uuid4()))
+        bearer = {"HTTP_AUTHORIZATION": f"Bearer {joined.json()['ticket']}"}
+        answers.append(api.post(url, {"email": f"v{i}@example.com"}, format="json", **bearer))
+    assert answers[0].status_code == 201
+    assert answers[1].status_code == 409 and answers[1].json()["error"]["code"] == "notices_full"

@@ -417,6 +417,9 @@ WR_ALERT_FROM_EMAIL = os.environ.get("WR_ALERT_FROM_EMAIL", "waiting-room@localh
 # few are ahead or the estimate is this short, and again when it comes; from this address.
 # The waiting page offers it where e-mail is set up: EMAIL_HOST given (or WR_NOTIFY_BY_EMAIL=1).
 WR_NOTIFY_BY_EMAIL = envbool("WR_NOTIFY_BY_EMAIL", bool(os.environ.get("EMAIL_HOST")))
+# The turn notices a queue keeps at most (a new address past it is refused, 409 notices_full): each is read
+# by every run of the "Turn notices" task (issue 50).
+WR_NOTIFY_MAX_PER_QUEUE = envint("WR_NOTIFY_MAX_PER_QUEUE", 10000)
 WR_NOTIFY_NEAR_PLACES = envint("WR_NOTIFY_NEAR_PLACES", 10)
 WR_NOTIFY_NEAR_SECONDS = envint("WR_NOTIFY_NEAR_SECONDS", 180)
 WR_NOTIFY_FROM_EMAIL = os.environ.get("WR_NOTIFY_FROM_EMAIL", WR_ALERT_FROM_EMAIL)

@@ -45,6 +45,7 @@ ERROR_CODES: dict[str, int] = {
     "queue_not_open": 409,
     "session_not_active": 409,
     "not_in_line": 409,
+    "notices_full": 409,
     "not_in_stateless_mode": 409,
     "queue_exists": 409,
     "unsupported_media_type": 415,

@@ -32,6 +32,10 @@ from .views import TICKET_AUTH
 
 # A visitor no longer waiting, in the API's answer and on the page without JavaScript (views.NOTIFY_SAID).
 NOT_WAITING = gettext_noop("Only people waiting in line can be e-mailed, and you are no longer waiting.")
+# The queue keeps as many addresses as it may (WR_NOTIFY_MAX_PER_QUEUE), in the answer and on the page.
+NOTICES_FULL = gettext_noop(
+    "No more e-mail addresses can be kept for this line. Keep this page open: it takes you through at your turn."
+)
 
 
 def place_of(request: HttpRequest, claims: tokens.TicketClaims) -> tuple[str, str]:
@@ -76,6 +80,8 @@ def notify_answer(request: HttpRequest, claims: tokens.VisitorClaims, data: Any)
             raise rate_limited(exc.decision, "notify") from exc
         except services.NotInLine as exc:
             raise ApiError("not_in_line", NOT_WAITING) from exc
+        except services.NoticesFull as exc:
+            raise ApiError("notices_full", NOTICES_FULL) from exc
         except (selectors.TicketGone, services.QueueNotFound) as exc:
             raise ApiError("ticket_not_found", TICKET_UNKNOWN) from exc
     except ApiError as exc:

@@ -31,6 +31,8 @@ DEFAULT_LIMITS: dict[str, dict[str, Any]] = {
         "max_requests": 200,
     },
     "notify": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 600, "max_requests": 10},
+    # ... and per IPv6 /48 (issue 50: one /48 made as many notices as it has /64s)
+    "notify_wide": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 600, "max_requests": 100},
 }
 
 

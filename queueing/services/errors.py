@@ -45,6 +45,10 @@ class NotInLine(Exception):
     """The ticket is admitted, in a session or finished: what was asked moves only visitors in line."""
 
 
+class NoticesFull(Exception):
+    """The queue keeps as many turn notices as it may (WR_NOTIFY_MAX_PER_QUEUE): no new address is kept."""
+
+
 class NotInStatelessMode(Exception):
     """What was asked needs per-visitor state, which a stateless queue does not keep."""
 

@@ -12,6 +12,7 @@ the SMTP server refused is given back and tried on the next run.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import secrets
 import time
@@ -32,12 +33,13 @@ from ..models import PlaceLink, Queue, QueueText, TurnNotice
 from ..selectors import TicketGone, TicketView
 from ..templatetags.waiting import epoch_clock, wait_text
 from ..visitors import identity_unseal, link_token_hash
-from .errors import NotInLine, QueueNotFound
+from .errors import NoticesFull, NotInLine, QueueNotFound
 from .recovery import with_policy
 
 logger = logging.getLogger(__name__)
 
 EMAIL_MAX = 254
+WIDE_PREFIX = 48
 PLACE_TOKEN_BYTES = 32
 SMTP_TIMEOUT_SECONDS = 10
 
@@ -51,9 +53,13 @@ def turn_notice_request(
     to carry a place link that takes another browser there, else ''.
 
     ValidationError for an address that is not one; NotInLine when the ticket is no longer waiting
-    (TicketGone when its queue does not know it); ratelimit.Limited past the address's `notify` limit."""
+    (TicketGone when its queue does not know it); ratelimit.Limited past the address's `notify` limit (or
+    its /48's, `notify_wide`, for IPv6); NoticesFull when the queue keeps WR_NOTIFY_MAX_PER_QUEUE already."""
     if address:
         selectors.limit_check("notify", address)
+        wide = _wide_group(address)
+        if wide:  # an IPv6 client's /48 too: one /48 holds 65,536 /64s (issue 50)
+            selectors.limit_check("notify_wide", wide)
     email = email.strip()
     if len(email) > EMAIL_MAX:
         raise ValidationError("Enter a valid email address.", code="invalid")
@@ -64,6 +70,9 @@ def turn_notice_request(
     queue = Queue.objects.filter(slug=claims.slug).only("pk").first()
     if queue is None:
         raise QueueNotFound(claims.slug)
+    kept = TurnNotice.objects.filter(queue=queue)
+    if kept.count() >= settings.WR_NOTIFY_MAX_PER_QUEUE and not kept.filter(ticket_id=claims.ticket_id).exists():
+        raise NoticesFull(claims.slug)  # (asking again for the same ticket replaces its address)
     notice, _created = TurnNotice.objects.update_or_create(
         queue=queue,
         ticket_id=claims.ticket_id,
@@ -77,6 +86,17 @@ def turn_notice_request(
         },
     )
     return notice
+
+
+def _wide_group(address: str) -> str:
+    """The /48 an IPv6 client's group (visitors.address_group: its /64) is in; '' for IPv4."""
+    try:
+        network = ipaddress.ip_network(address, strict=False)
+    except ValueError:
+        return ""
+    if network.version != 6 or network.prefixlen < WIDE_PREFIX:
+        return ""
+    return str(network.supernet(new_prefix=WIDE_PREFIX))
 
 
 def _read(claims: tokens.TicketClaims, now: float | None = None) -> TicketView:
