@@ -237,3 +237,29 @@ def test_a_stray_proof_is_ignored_by_a_queue_without_a_gate_and_an_unknown_queue
     missing = join(Client(), "no-such-queue", stray)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "queue_not_found"
     assert join(Client(), gated.slug, stray).status_code == 400  # where the gate is on, still refused
+
+
+def test_an_address_holding_tickets_is_asked_a_bit_more_for_each_doubling_of_them(make_queue):
+    """Issue 50, item 8: at a flat 16 bits a hoarder's script paid about 26 ms a ticket. With the per-address
+    cap on (its index knows what an address holds), the gate asks an address one bit more at its 2nd live
+    ticket, two at its 4th, three at its 8th; another address pays the queue's difficulty."""
+    queue = make_queue(state="paused", pow_difficulty=6, max_tickets_per_address=20)
+    client = Client()
+    asked = []
+    for _ in range(8):
+        base = challenge(client, queue.slug)  # the endpoint knows no address: the queue's difficulty
+        body = {"pow_challenge": base["challenge"], "pow_nonce": pow.solve(base["challenge"], base["difficulty"])}
+        answer = join(client, queue.slug, body)
+        if answer.status_code == 428:  # the challenge in the refusal is at what this address is asked
+            error = answer.json()["error"]
+            nonce = pow.solve(error["challenge"], error["difficulty"])
+            body = {"pow_challenge": error["challenge"], "pow_nonce": nonce}
+            answer = join(client, queue.slug, body)
+            asked.append(error["difficulty"])
+        else:
+            asked.append(base["difficulty"])
+        assert answer.status_code == 201, answer.content
+    assert asked == [6, 7, 7, 8, 8, 8, 8, 9]  # holding 0, 1, 2, 3, ... 7 live tickets
+    other = challenge(client, queue.slug)
+    body = {"pow_challenge": other["challenge"], "pow_nonce": pow.solve(other["challenge"], 6)}
+    assert join(client, queue.slug, body, address="198.51.100.2").status_code == 201

@@ -319,7 +319,7 @@ def _join_refused(slug: str, exc: Exception) -> ApiError:
         return _come_back("queue_not_open", gettext_noop("This queue has not opened yet."), wait, opens_at=opens_at)
     if isinstance(exc, services.ProofOfWorkRequired):
         message = gettext_noop("Solve this challenge and join again with pow_challenge and pow_nonce.")
-        return ApiError("proof_of_work_required", message, **services.pow_challenge_issue(slug=slug))
+        return ApiError("proof_of_work_required", message, **services.pow_challenge_issue(slug=slug, bits=exc.bits))
     if isinstance(exc, services.TicketCapReached):
         message = gettext_noop("This network already holds as many tickets for this queue as it may.")
         return _come_back("ticket_cap_reached", message, 60)

@@ -20,6 +20,7 @@
 --   'capped'                 ticket = {}: the address already holds max_tickets_per_address live tickets
 --   'not_open'               ticket = {}: the pre-queue has not opened yet (prequeue_opens_at)
 --   'pow_required'           ticket = {}: the queue's gate wants more proof of work than was shown
+--   'pow_required:<bits>'    the same, the gate asking <bits> of this address (it holds live tickets already)
 --   'pow_reused'             ticket = {}: that challenge was already spent on a join
 --   'no_config'              the queue's policy is not in Redis: sync it and retry
 --   'no_seq'                 the sequence numbers the database reserved are used up: reserve, retry
@@ -83,8 +84,8 @@ local pow_bits, pow_ttl = tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or 0
 if p.pow_difficulty > 0 and pow_bits < p.pow_difficulty then
   return {'pow_required', {}, figures(p, st), moves_reply()}
 end
+local live = 0
 if K_ADDRESS and p.max_per_address > 0 then
-  local live = 0
   for _, held in ipairs(redis.call('ZRANGE', K_ADDRESS, 0, -1)) do
     local r = load(vk_of(held))
     if r and r[R_STATUS] <= ACTIVE and ticket_id(r[R_SEQ], vk_of(held)) == held then
@@ -94,6 +95,13 @@ if K_ADDRESS and p.max_per_address > 0 then
     end
   end
   if live >= p.max_per_address then return {'capped', {}, figures(p, st), moves_reply()} end
+end
+-- The gate asks a bit more of an address for each doubling of the live tickets it holds (issue 50: at a flat
+-- 16 bits a hoarder's script paid 26 ms a ticket): its 2nd ticket 1 bit more, its 4th 2, its 8th 3, its 16th
+-- 4. Known only while the per-address cap is on (its index). 'pow_required:<bits>' names the difficulty.
+if p.pow_difficulty > 0 and live > 0 then
+  local required = p.pow_difficulty + math.floor(math.log(live + 1) / math.log(2) + 1e-9)
+  if pow_bits < required then return {'pow_required:' .. required, {}, figures(p, st), moves_reply()} end
 end
 if p.pow_difficulty > 0 and not redis.call('SET', KEYS[13], '1', 'NX', 'PX', pow_ttl) then
   return {'pow_reused', {}, figures(p, st), moves_reply()}  -- spent: one challenge, one join

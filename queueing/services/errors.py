@@ -8,7 +8,12 @@ class QueueNotOpen(Exception):
 
 
 class ProofOfWorkRequired(Exception):
-    """The queue's gate is on and the join showed no (or too little) proof of work."""
+    """The queue's gate is on and the join showed no (or too little) proof of work. `bits`: what the gate asks
+    of this client (more than the queue's difficulty for an address holding live tickets); 0: the queue's."""
+
+    def __init__(self, slug: str, bits: int = 0) -> None:
+        super().__init__(slug)
+        self.bits = bits
 
 
 class ProofOfWorkReused(Exception):

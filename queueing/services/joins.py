@@ -152,8 +152,11 @@ REFUSED_BY: dict[str, type[Exception]] = {
 
 def _refusal(slug: str, reply: store.TicketReply) -> Exception | None:
     """Why the join script refused a join (None: it did not)."""
-    if reply.outcome in REFUSED_BY:
-        return REFUSED_BY[reply.outcome](slug)
+    outcome, _, bits = reply.outcome.partition(":")
+    if outcome == "pow_required" and bits:
+        return ProofOfWorkRequired(slug, int(bits))  # the gate asks more of this address
+    if outcome in REFUSED_BY:
+        return REFUSED_BY[outcome](slug)
     if reply.outcome == "full":
         figures = reply.figures
         retry = 30
@@ -224,9 +227,10 @@ def pow_difficulty_get(*, slug: str) -> int:
     return int(config.get("pow_difficulty") or 0)
 
 
-def pow_challenge_issue(*, slug: str) -> dict[str, Any]:
-    """A proof-of-work challenge at the queue's difficulty now (no SQL: the policy is in Redis)."""
-    return pow.challenge_issue(slug, pow_difficulty_get(slug=slug))
+def pow_challenge_issue(*, slug: str, bits: int = 0) -> dict[str, Any]:
+    """A proof-of-work challenge at the queue's difficulty now (no SQL: the policy is in Redis), or at `bits`
+    where the gate asks more of a client (ProofOfWorkRequired.bits)."""
+    return pow.challenge_issue(slug, max(bits, pow_difficulty_get(slug=slug)))
 
 
 def ticket_leave(*, slug: str, claims: tokens.TicketClaims, now: float | None = None) -> bool:
