@@ -9,6 +9,7 @@ from urllib.parse import urlsplit, urlunsplit
 os.environ.setdefault("SECRET_KEY", "tests-only-" + "x" * 50)
 os.environ.setdefault("HTTPS", "0")
 
+from waitingroom_site.environment import celery_queues
 from waitingroom_site.settings import *  # noqa: F403
 from waitingroom_site.settings import REDIS_URL as _BASE_REDIS_URL
 from waitingroom_site.settings import caches, channel_layers
@@ -30,7 +31,7 @@ CACHE_URL = REDIS_URL
 CACHES = caches(CACHE_URL, WR_REDIS_PREFIX)  # under the run's prefix: cleaned up with its keys
 CELERY_TASK_DEFAULT_QUEUE = f"wrt{_RUN_ID}"
 WR_ALERT_PRIVATE_TARGETS = True  # the tests' receivers listen on 127.0.0.1 (test_alerts checks it off)
-WR_TICK_QUEUE, CELERY_TASK_QUEUES, CELERY_TASK_ROUTES = celery_queues(CELERY_TASK_DEFAULT_QUEUE)  # noqa: F405
+WR_TICK_QUEUE, CELERY_TASK_QUEUES, CELERY_TASK_ROUTES = celery_queues(CELERY_TASK_DEFAULT_QUEUE)
 
 STATIC_ROOT = Path(tempfile.gettempdir()) / "waitingroom-test-static"
 STATIC_ROOT.mkdir(exist_ok=True)

@@ -19,16 +19,7 @@ SPECTACULAR_SETTINGS: dict[str, Any] = {
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_NAME_OVERRIDES": {
-        "FinishReasonEnum": [
-            "completed",
-            "left",
-            "abandoned",
-            "expired_claim",
-            "expired_session",
-            "revoked",
-            "expired_window",
-            "expired_epoch",
-        ],
+        "FinishReasonEnum": "queueing.api.responses.FINISH_REASONS",
         "QueueStateEnum": ["open", "paused", "closed"],
         "QueueModeEnum": "queueing.policy_table.Mode",
         "StatelessModeEnum": ["stateless"],

@@ -12,6 +12,7 @@ import secrets
 import warnings
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -176,3 +177,22 @@ def tick_queue_name(default_queue: str) -> str:
     """The admission tick's own Celery queue, beside the default one (settings.celery_queues; runstack runs a
     worker for each)."""
     return f"{default_queue}-ticks"
+
+
+def celery_queues(default: str) -> tuple[str, tuple[Any, ...], dict[str, dict[str, str]]]:
+    """The admission tick's own Celery queue (issue 50: periodic jobs that filled every worker slot, ~37,000
+    turn notices, stopped the ticks): its name, the queues a worker started without -Q consumes (both), and
+    the route. runstack runs a worker for each, so no other job can take the tick's slots."""
+    from kombu import Queue as TaskQueue
+
+    ticks = tick_queue_name(default)
+    return ticks, (TaskQueue(default), TaskQueue(ticks)), {"queueing.tasks.admission_tick": {"queue": ticks}}
+
+
+def ws_origin(base: str) -> list[str]:
+    """The websocket server's origin for the pages' connect-src: that origin alone, where ws: and wss: let
+    a page connect anywhere (issue 50). On the page's own host, 'self' covers ws and wss (CSP Level 3)."""
+    parts = urlsplit(base)
+    if parts.scheme not in ("ws", "wss") or not parts.netloc:
+        return []
+    return [f"{parts.scheme}://{parts.netloc}"]

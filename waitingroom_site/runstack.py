@@ -28,16 +28,12 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app, multiprocess
-from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client import CollectorRegistry, multiprocess
 
 from . import devredis, environment, liveness, metrics_access, orphans
 
@@ -325,28 +321,13 @@ def metrics_serve(env: dict[str, str], directory: Path) -> None:
     registry = CollectorRegistry(auto_describe=False)
     multiprocess.MultiProcessCollector(registry, path=str(directory))  # type: ignore[no-untyped-call]
     address = env.get("WR_METRICS_ADDRESS", "127.0.0.1")
-    app = make_wsgi_app(registry)
     allowed = metrics_access.networks(env.get("WR_METRICS_NETWORKS", "127.0.0.0/8,::1/128").split(","))
-    token = env.get("WR_METRICS_TOKEN", "")
-
-    def guarded(environ: dict[str, Any], start_response: Any) -> Any:  # as the web's /metrics: metrics_access
-        if metrics_access.permitted(environ, allowed=allowed, token=token):
-            return app(environ, start_response)
-        start_response("403 Forbidden", [("Content-Type", "text/plain")])
-        return [b"Metrics are for Prometheus: from WR_METRICS_NETWORKS, or with the bearer WR_METRICS_TOKEN.\n"]
-
     try:
-        server = make_server(address, int(port), guarded, ThreadingWSGIServer, handler_class=_QuietHandler)
+        metrics_access.serve(registry, address, int(port), allowed=allowed, token=env.get("WR_METRICS_TOKEN", ""))
     except OSError as exc:  # the product runs without its metrics rather than not at all
         say(f"cannot serve metrics on {address}:{port} ({exc.strerror}): running without them (WR_METRICS_PORT).")
         return
-    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     say(f"metrics of the processes it runs on http://{address}:{port}/metrics")
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        """A scrape every few seconds is not news."""
 
 
 def _metrics_forget(env: dict[str, str], pid: int) -> None:

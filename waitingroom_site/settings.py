@@ -20,6 +20,7 @@ from django.utils.crypto import salted_hmac
 
 from waitingroom_site import apischema
 from waitingroom_site.environment import (
+    celery_queues,
     envbool,
     envfloat,
     envint,
@@ -28,7 +29,7 @@ from waitingroom_site.environment import (
     generated_secret,
     installation_environment,
     private_file,
-    tick_queue_name,
+    ws_origin,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -316,16 +317,8 @@ WR_WS_BASE_URL = os.environ.get("WR_WS_BASE_URL", "")
 WR_ALERT_PRIVATE_TARGETS = envbool("WR_ALERT_PRIVATE_TARGETS", False)
 
 
-def _ws_origin(base: str) -> list[str]:
-    """The websocket server's origin for the pages' connect-src: that origin alone, where ws: and wss: let
-    a page connect anywhere (issue 50). On the page's own host, 'self' covers ws and wss (CSP Level 3)."""
-    parts = urlsplit(base)
-    if parts.scheme not in ("ws", "wss") or not parts.netloc:
-        return []
-    return [f"{parts.scheme}://{parts.netloc}"]
-
-
-CONTENT_SECURITY_POLICY["DIRECTIVES"]["connect-src"] += _ws_origin(WR_WS_BASE_URL)
+# connect-src: the websocket server's origin alone, not ws: and wss: (issue 50; environment.ws_origin)
+CONTENT_SECURITY_POLICY["DIRECTIVES"]["connect-src"] += ws_origin(WR_WS_BASE_URL)
 WR_VISITOR_COOKIE = "wr_visitor"
 WR_ACCESS_COOKIE_PREFIX = "wr_access_"
 WR_ACCESS_QUERY_PARAM = "wr_access"
@@ -435,16 +428,6 @@ EMAIL_TIMEOUT = 10
 # --- Celery ---
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "waitingroom")
-
-
-def celery_queues(default: str) -> tuple[str, tuple[Any, ...], dict[str, dict[str, str]]]:
-    """The admission tick's own Celery queue (issue 50: periodic jobs that filled every worker slot, ~37,000
-    turn notices, stopped the ticks): its name, the queues a worker started without -Q consumes (both), and
-    the route. runstack runs a worker for each, so no other job can take the tick's slots."""
-    from kombu import Queue as TaskQueue
-
-    ticks = tick_queue_name(default)
-    return ticks, (TaskQueue(default), TaskQueue(ticks)), {"queueing.tasks.admission_tick": {"queue": ticks}}
 
 
 WR_TICK_QUEUE, CELERY_TASK_QUEUES, CELERY_TASK_ROUTES = celery_queues(CELERY_TASK_DEFAULT_QUEUE)

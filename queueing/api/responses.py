@@ -43,6 +43,19 @@ class WindowResponseSerializer(serializers.Serializer):
     event_seq = serializers.IntegerField()
 
 
+# Why a ticket finished (the API's `reason`; its schema's FinishReasonEnum, waitingroom_site/apischema.py).
+FINISH_REASONS = [
+    "completed",
+    "left",
+    "abandoned",
+    "expired_claim",
+    "expired_session",
+    "revoked",
+    "expired_window",
+    "expired_epoch",
+]
+
+
 class TicketResponseSerializer(serializers.Serializer):
     ticket_id = serializers.CharField()
     status = serializers.ChoiceField(choices=["waiting", "admitted", "active", "completed", "expired"])
@@ -64,16 +77,7 @@ class TicketResponseSerializer(serializers.Serializer):
     redirect_url = serializers.CharField(required=False, help_text="When admitted: go here.")
     expires_at = serializers.IntegerField(required=False, help_text="When admitted: session end (epoch s).")
     reason = serializers.ChoiceField(
-        choices=[
-            "completed",
-            "left",
-            "abandoned",
-            "expired_claim",
-            "expired_session",
-            "revoked",
-            "expired_window",
-            "expired_epoch",
-        ],
+        choices=FINISH_REASONS,
         required=False,
         help_text="When completed or expired: why.",
     )
