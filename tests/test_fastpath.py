@@ -19,6 +19,7 @@ from waitingroom_site.fastpath import HotPathASGI
 from waitingroom_site.web import application, django_application
 
 from .test_engine_join import library_loaded, lose_the_library
+from .windows import clear_of_a_configured_edge, clear_of_a_window_edge
 
 # A fixed window a day long: its edge, where a window lets more through, falls at midnight UTC only (a minute's
 # edge let a join through in CI).
@@ -82,6 +83,7 @@ async def test_a_status_poll_is_answered_on_the_event_loop_like_the_api_view(tic
 async def test_the_poll_and_its_rate_limiter_are_one_script_under_the_queues_hash_tag(ticket, settings, limit):
     slug, raw = ticket
     settings.WR_RATE_LIMITS = {**settings.WR_RATE_LIMITS, "status": limit}
+    clear_of_a_configured_edge(limit)
     codes = [
         (await call(f"/api/v1/queues/{slug}/status", headers={"Authorization": f"Bearer {raw}"})).status_code
         for _ in range(3)
@@ -206,10 +208,10 @@ async def call_json(method: str, path: str) -> dict[str, Any]:
 
 
 @pytest.mark.asyncio
-async def test_a_server_that_lost_its_scripts_gets_them_loaded_again(ticket, settings):
+async def test_a_server_that_lost_its_scripts_gets_them_loaded_again(redis_of_its_own, ticket, settings):
     slug, raw = ticket
     settings.WR_RATE_LIMITS = {"status": {"algorithm": "token_bucket", "capacity": 10, "refill_per_second": 1}}
-    name = lose_the_library()
+    name = lose_the_library(redis_of_its_own)
     response = await call(f"/api/v1/queues/{slug}/status", headers={"Authorization": f"Bearer {raw}"})
     assert response.status_code == 200 and response.json()["position"] == 3
     assert library_loaded(name, on=store.queue_keys(slug).cfg)  # on a cluster: the queue's master
@@ -351,6 +353,7 @@ async def test_a_join_is_answered_on_the_event_loop_as_django_answers_it(paused,
 async def test_the_join_and_its_rate_limiter_are_one_script_and_a_refused_join_joins_nobody(paused, counted, settings):
     app, django = counted
     settings.WR_RATE_LIMITS = {"join": {"algorithm": "fixed_window", "window_seconds": DAY, "max_requests": 2}}
+    clear_of_a_window_edge(DAY)
     codes = [(await join(app, paused, headers={"X-Visitor-Id": str(uuid.uuid4())})).status_code for _ in range(3)]
     assert codes == [201, 201, 429] and django.paths == []
     assert store.line_count(paused) == 2  # the refused join took no place
@@ -416,6 +419,7 @@ async def test_the_join_limiter_counts_every_kind_of_join_once_on_either_path(ma
 
     settings.ALLOWED_HOSTS = ["testserver"]
     settings.WR_RATE_LIMITS = {"join": {"algorithm": "fixed_window", "window_seconds": DAY, "max_requests": 100}}
+    clear_of_a_window_edge(DAY)
     app, django = counted
     tracked = await asyncio.to_thread(make_queue, state="paused")
     stateless = await asyncio.to_thread(make_queue, state="open", mode="stateless")
@@ -499,6 +503,7 @@ def json_body(**fields: str) -> bytes:
 async def test_a_join_whose_policy_redis_lost_is_finished_in_a_thread_and_counted_once(paused, counted, settings):
     app, django = counted
     settings.WR_RATE_LIMITS = {"join": {"algorithm": "fixed_window", "window_seconds": DAY, "max_requests": 2}}
+    clear_of_a_window_edge(DAY)
     store.client().delete(store.queue_keys(paused).cfg)  # lost: the database has it, the loop cannot read it
     codes = [(await join(app, paused, headers={"X-Visitor-Id": str(uuid.uuid4())})).status_code for _ in range(3)]
     assert codes == [201, 201, 429] and django.paths == []
@@ -513,6 +518,7 @@ async def test_a_stateless_queue_is_joined_on_the_event_loop_whether_or_not_its_
 
     settings.ALLOWED_HOSTS = ["testserver"]
     settings.WR_RATE_LIMITS = {"join": {"algorithm": "fixed_window", "window_seconds": DAY, "max_requests": 3}}
+    clear_of_a_window_edge(DAY)
     app, django = counted
     queue = await asyncio.to_thread(make_queue, state="open", mode="stateless")
     selectors.queue_mode_forget(queue.slug)
@@ -557,6 +563,7 @@ async def test_the_join_limit_counts_an_address_across_queues_so_made_up_slugs_a
 ):
     settings.ALLOWED_HOSTS = ["testserver"]
     settings.WR_RATE_LIMITS = {"join": {"algorithm": "fixed_window", "window_seconds": DAY, "max_requests": 3}}
+    clear_of_a_window_edge(DAY)
     app, django = counted
     first, second = [await asyncio.to_thread(make_queue, state="paused") for _ in range(2)]
     assert (await join(app, first.slug)).status_code == 201

@@ -17,6 +17,7 @@ from queueing.ratelimit import FixedWindow, LeakingBucket, SlidingLog, SlidingWi
 from queueing.visitors import client_address
 
 from .test_engine_join import library_loaded, lose_the_library
+from .windows import clear_of_a_configured_edge, clear_of_a_window_edge
 
 pytestmark = pytest.mark.usefixtures("live_state")  # on a single Redis and on a Redis Cluster (conftest.live_state)
 
@@ -170,6 +171,7 @@ LIMITERS = [
 
 @pytest.mark.parametrize("limiter", LIMITERS, ids=lambda limiter: limiter.algorithm)
 def test_fifty_parallel_requests_never_pass_more_than_the_limit(limiter):
+    clear_of_a_window_edge(3600)
     k = key()
     with ThreadPoolExecutor(50) as pool:
         results = list(pool.map(lambda _: limiter.hit(k).allowed, range(50)))
@@ -307,7 +309,7 @@ def test_the_status_limiter_rides_in_the_polls_round_trip_and_survives_a_server_
     assert limiter is not None
     in_record = limiter.algorithm == "token_bucket"
     monkeypatch.setattr(store.client(), "fcall", counting_fcall)
-    name = lose_the_library()  # as after a Redis restart without persistence
+    name = lose_the_library(redis_of_its_own)  # as after a Redis restart without persistence
     answer = client.get(f"/api/v1/queues/{queue.slug}/status", HTTP_AUTHORIZATION=f"Bearer {ticket}")
     assert answer.status_code == 200 and answer.json()["position"] == 1
     # One call: the poll with its bucket, or the limiter and then the poll (the queue's keys and the
@@ -359,6 +361,7 @@ def _refused(answer: Any) -> None:
 @pytest.mark.parametrize("config", TWO_AN_HOUR, ids=lambda c: c["algorithm"])
 def test_the_ticket_throttle_limits_each_ticket_holder_with_any_algorithm(make_queue, settings, config):
     settings.WR_RATE_LIMITS = {"neighbours": config}  # TicketThrottle on /neighbours
+    clear_of_a_configured_edge(config)
     queue = make_queue(state="paused")
     client = Client()
     mine, theirs = (join(client, queue.slug).json()["ticket"] for _ in range(2))
@@ -375,6 +378,7 @@ def test_the_ticket_throttle_limits_each_ticket_holder_with_any_algorithm(make_q
 @pytest.mark.parametrize("config", TWO_AN_HOUR, ids=lambda c: c["algorithm"])
 def test_the_client_address_throttle_limits_each_address_with_any_algorithm(make_queue, settings, config):
     settings.WR_RATE_LIMITS = {"challenge": config}  # ClientAddressThrottle on /challenge
+    clear_of_a_configured_edge(config)
     queue = make_queue(state="paused", pow_difficulty=4)
 
     def challenge(address: str) -> Any:
