@@ -1,10 +1,12 @@
 """Admission ticks on time under a flood of turn notices (issue 50, item 3): bin/run's whole stack (its own
 embedded Redis and SQLite file under a temporary directory), with --notices turn notices spread over queues
-of at most WR_NOTIFY_MAX_PER_QUEUE each, every one of them read by each run of the "Turn notices" task (every
-5 s), and one more queue admitting 2 a second. Over --seconds it counts that queue's admissions (on time:
-2 a second) and the jobs waiting on the Celery queue the notices' task shares with every other job.
+of at most WR_NOTIFY_MAX_PER_QUEUE each (made as the product keeps them: a row and its ticket noticed in
+Redis, store.notice_keep), the "Turn notices" task running every 5 s, and one more queue admitting 2 a second.
+Over --seconds it counts that queue's admissions (on time: 2 a second), the jobs waiting on the Celery queue
+the notices' task shares with every other job, and how long one run of the notices takes (timed apart, in
+the sampling process: its work should not grow with the notices, services/notices.py).
 
-    .venv/bin/python bench/notices_flood.py [--notices 100000] [--seconds 60]
+    .venv/bin/python bench/notices_flood.py [--notices 100000] [--seconds 60] [--per-queue 10000]
 
 Before the admission tick had a queue and a worker of its own, ~37,000 notices filled bin/run's worker slots
 and the ticks stopped (the issue's figure); tests/e2e/test_supervisor.py keeps a small version as a test.
@@ -28,10 +30,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 SETUP = """
-from queueing import services, tokens
+import time
+from queueing import services, store, tokens
 from queueing.models import TurnNotice
 from django.conf import settings
-per_queue = settings.WR_NOTIFY_MAX_PER_QUEUE
+per_queue = QUEUE_SIZE or settings.WR_NOTIFY_MAX_PER_QUEUE
 changes = {"name": "Flood", "target_url": "https://shop.example/", "state": "open", "capacity": 1000000,
            "outflow_per_minute": 120, "burst": 1, "claim_ttl": 600, "presence_timeout": 3600,
            "abandon_timeout": 7200}  # (its visitors do not poll: present all along)
@@ -47,6 +50,10 @@ while made < NOTICES:
         notices.append(TurnNotice(queue=queue, ticket_id=ticket.ticket_id, epoch=queue.epoch,
                                   email=f"v{i}@example.com", link=f"http://x/q/{slug}/"))
     TurnNotice.objects.bulk_create(notices, batch_size=2000)
+    until_ms = int((time.time() + settings.WR_TICKET_LIFETIME.total_seconds()) * 1000)
+    for notice in notices:
+        store.notice_keep(slug, ticket_id=notice.ticket_id, until_ms=until_ms, now_ms=int(time.time() * 1000))
+    store.notices_seeded(slug)
     made, q = made + len(notices), q + 1
 for i in range(200):  # people waiting in the admitting queue
     services.queue_join(slug="flood", visitor_key=tokens.visitor_key(f"cookie:flood-{i}"))
@@ -54,12 +61,16 @@ print(json.dumps({"notices": TurnNotice.objects.count(), "queues": q}))
 """
 
 LOOK = """
-from queueing import store
+import time
+from queueing import services, store
 from waitingroom_site.celery import app
 from django.conf import settings
 with app.connection_for_write() as connection:
     jobs = connection.default_channel.client.llen(settings.CELERY_TASK_DEFAULT_QUEUE)
-print(json.dumps({"admitted": store.snapshot("flood").admitted, "jobs_waiting": jobs}))
+started = time.perf_counter()
+services.turn_notices_send()
+run_ms = round((time.perf_counter() - started) * 1000, 1)
+print(json.dumps({"admitted": store.snapshot("flood").admitted, "jobs_waiting": jobs, "notices_run_ms": run_ms}))
 """
 
 
@@ -73,6 +84,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--notices", type=int, default=100_000)
     parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument("--per-queue", type=int, default=0, help="notices a queue (0: WR_NOTIFY_MAX_PER_QUEUE)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="wr-notices-") as tmp:
         var = Path(tmp) / "var"
@@ -112,7 +124,7 @@ def main() -> None:
                 return json.loads(done.stdout.strip().splitlines()[-1])
 
             started = time.monotonic()
-            made = python(SETUP.replace("NOTICES", str(args.notices)))
+            made = python(SETUP.replace("NOTICES", str(args.notices)).replace("QUEUE_SIZE", str(args.per_queue)))
             setup_s = time.monotonic() - started
             samples = []
             began = time.monotonic()

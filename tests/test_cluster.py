@@ -209,6 +209,30 @@ def test_a_master_without_the_library_gets_it_loaded_on_the_first_call(on_cluste
     assert status(queue.slug, ticket, now=clock()).rank == 0
 
 
+def test_turn_notices_on_every_master_are_told_from_their_queue_s_own_slot(
+    on_cluster, make_queue, mailbox, clock, settings
+):
+    """The noticed set and the due list are the queue's keys (its hash tag): the scripts that fill them (a
+    ticket admitted or ended names them from the queue's keys, lua/_transitions.lua) run on its master."""
+    from queueing.models import TurnNotice
+
+    from .factories import decode_ticket, ticket_token
+
+    settings.WR_NOTIFY_NEAR_PLACES, settings.WR_NOTIFY_NEAR_SECONDS = 1, 0
+    for slug in slugs_on_every_master(on_cluster, per_master=1):
+        queue = make_queue(slug=slug, state="paused", capacity=1)
+        first, second = join(slug, "first", now=clock()), join(slug, "second", now=clock())
+        for ticket in (first, second):
+            claims = decode_ticket(ticket_token(slug, ticket), slug=slug)
+            services.turn_notice_request(claims=claims, email=f"{slug}@example.com", language="en", link="http://x/")
+        services.queue_resume(queue)
+        services.queue_admit(slug=slug, now=clock())  # the first admitted: due, told its turn
+        store.revoke(slug, ticket_id=second.ticket_id, now_ms=int(clock() * 1000))  # the second ended: forgotten
+    assert services.turn_notices_send(now=clock()) == 3
+    assert sorted(message["Subject"].split(":")[1] for _, message in mailbox.messages) == [" it's your turn"] * 3
+    assert TurnNotice.objects.count() == 0
+
+
 def test_the_orphan_sweep_finds_queues_on_every_master(on_cluster, make_queue, clock):
     slugs = slugs_on_every_master(on_cluster, per_master=1)
     for slug in slugs:

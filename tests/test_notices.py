@@ -9,14 +9,17 @@ import re
 import uuid
 from typing import Any
 
+import msgpack
 import pytest
 from django.test import Client
 
-from queueing import services, store
+from queueing import modes, services, store
 from queueing.models import TurnNotice
+from queueing.store import connection
 
 from .factories import decode_ticket, join, status
 from .stack import product_env, race
+from .windows import clear_of_a_window_edge
 
 
 @pytest.fixture(autouse=True)
@@ -211,6 +214,7 @@ def test_leaving_addresses_is_limited_per_address(line, api, settings):
     settings.WR_RATE_LIMITS = {
         "notify": {"algorithm": "sliding_window_counter", "fixed_window_seconds": 600, "max_requests": 2}
     }
+    clear_of_a_window_edge(600)
     joined = api.post(f"/api/v1/queues/{queue.slug}/join", format="json", HTTP_X_VISITOR_ID=str(uuid.uuid4())).json()
     bearer = {"HTTP_AUTHORIZATION": f"Bearer {joined['ticket']}"}
     codes = [
@@ -352,3 +356,103 @@ def test_the_api_refuses_an_address_past_the_queue_s_cap_in_the_error_shape(make
         answers.append(api.post(url, {"email": f"v{i}@example.com"}, format="json", **bearer))
     assert answers[0].status_code == 201
     assert answers[1].status_code == 409 and answers[1].json()["error"]["code"] == "notices_full"
+
+
+def _notice(slug: str, ticket, clock, email: str = "") -> TurnNotice:
+    return services.turn_notice_request(
+        claims=decode_ticket(_token(slug, ticket), slug=slug),
+        email=email or f"{ticket.ticket_id[-8:]}@example.com",
+        language="en",
+        link="http://testserver/q/x/",
+    )
+
+
+def test_a_run_s_work_does_not_grow_with_the_notices_kept(redis_of_its_own, make_queue, mailbox, clock):
+    """Issue 50, item 3: every run read every noticed ticket (a status read each, 0.22-0.27 ms, on the worker
+    slots the admission tick needs), so ~37,000 notices filled them. Now one script a queue gives the tickets
+    that left the line and those near the head, and only those are read: a run with 220 notices far back runs
+    the Redis commands and SQL queries of a run with 20."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from .test_engine_sessions import commands_of
+
+    queue = make_queue(state="paused", capacity=1)
+    ahead = [join(queue.slug, f"a{i}", now=clock()) for i in range(5)]
+    behind = [join(queue.slug, f"b{i}", now=clock()) for i in range(220)]
+    for ticket in behind[:20]:
+        _notice(queue.slug, ticket, clock)
+    services.turn_notices_send(now=clock.advance(5))  # the first run keeps the database's notices again, once
+
+    def one_run() -> tuple[dict[str, int], int]:
+        client = store.client()
+        client.config_resetstat()
+        with CaptureQueriesContext(connection) as queries:
+            assert services.turn_notices_send(now=clock.advance(5)) == 0
+        return commands_of(client), len(queries)
+
+    few = one_run()
+    for ticket in behind[20:]:
+        _notice(queue.slug, ticket, clock)
+    many = one_run()
+    assert many == few and few[0]["fcall"] == 1, (few, many)  # one script for the queue, and no status read
+    assert mailbox.messages == []
+    for ticket in ahead:  # the first noticed ticket comes near: read, told, and nobody else is
+        store.revoke(queue.slug, ticket_id=ticket.ticket_id, now_ms=int(clock() * 1000))
+    assert services.turn_notices_send(now=clock.advance(5)) == 3  # places 1 to 3 (WR_NOTIFY_NEAR_PLACES)
+    assert sorted(to[0] for to, _ in mailbox.messages) == sorted(f"{t.ticket_id[-8:]}@example.com" for t in behind[:3])
+
+
+@pytest.mark.parametrize("noticed_every", [2, 9], ids=["many-noticed:the-head-walked", "few-noticed:each-one-s-place"])
+def test_near_by_its_wait_is_the_wait_the_visitor_is_told(make_queue, mailbox, clock, settings, noticed_every):
+    """Near by seconds: the script reaches as far down the line as the tick's table of waits is within
+    WR_NOTIFY_NEAR_SECONDS (lua/notices.lua), and the e-mail goes to exactly those whose own poll is told such
+    a wait; walking the head when many are noticed, reading each one's place when few are."""
+    settings.WR_NOTIFY_NEAR_SECONDS = 95
+    queue = make_queue(state="open", capacity=1, outflow_per_minute=6)
+    slug = queue.slug
+    line = [join(slug, f"w{i}", now=clock()) for i in range(30)]
+    noticed = line[1::noticed_every]
+    for ticket in noticed:
+        _notice(slug, ticket, clock)
+    services.turn_notices_send(now=clock())  # kept once (before any table: by places alone, places 1 to 3)
+    first = {to[0] for to, _ in mailbox.messages}
+    keys = store.queue_keys(slug)
+    table = [str(int(clock() * 1000))] + [f"{place} {10 * place}" for place in (0, 1, 2, 4, 8, 16, 32, 64)]
+    store.client().hset(keys.st, "wt", " ".join(table))  # a wait of ten seconds a place
+    told: dict[str, tuple[int, int | None]] = {}
+    for ticket in noticed:
+        view = modes.status(decode_ticket(_token(slug, ticket), slug=slug), now=clock())
+        assert view.position is not None
+        told[f"{ticket.ticket_id[-8:]}@example.com"] = (view.position, view.estimated_wait_seconds)
+    assert services.turn_notices_send(now=clock()) >= 1
+    near = {email for email, (position, wait) in told.items() if position <= 3 or (wait is not None and wait <= 95)}
+    assert {to[0] for to, _ in mailbox.messages} == near, told
+    assert first < near and any(position > 3 for email, (position, _) in told.items() if email in near - first)
+    assert all(wait is not None and wait > 95 for email, (_, wait) in told.items() if email not in near)
+
+
+def test_notices_are_kept_again_after_the_queue_s_live_state_lost_them(make_queue, mailbox, clock):
+    """The noticed set is the live state's: lost with it (or never made, by a version before it), the run
+    keeps every notice of the database again once, so the ticket is still present while away and told."""
+    queue = make_queue(state="paused", capacity=1, presence_timeout=10, abandon_timeout=30)
+    ahead = [join(queue.slug, f"a{i}", now=clock()) for i in range(3)]
+    away = join(queue.slug, "away", now=clock())
+    _notice(queue.slug, away, clock, email="ada@example.com")
+    keys = store.queue_keys(queue.slug)
+    store.client().delete(keys.noticed)
+    store.client().hdel(keys.st, "notices_seeded")
+    tk, field = keys.record(away.ticket_id.split(".", 1)[1])
+    raw = connection.raw_client()
+    record = msgpack.unpackb(raw.hget(tk, field))
+    record[4] = int(clock())  # seen now: no promise of presence (as a record of before the notice's was)
+    raw.hset(tk, field, msgpack.packb(record))
+    services.turn_notices_send(now=clock.advance(5))
+    assert store.client().zscore(keys.noticed, away.ticket_id) == 0
+    for _ in range(12):  # a minute without a poll: still present
+        services.turn_notices_send(now=clock.advance(5))
+    services.queue_cleanup(slug=queue.slug, now=clock())  # those ahead, silent, are abandoned; not this one
+    assert all(status(queue.slug, ticket, now=clock()).reason == "abandoned" for ticket in ahead)
+    assert services.turn_notices_send(now=clock()) == 1
+    ((to, near),) = mailbox.messages
+    assert to == ["ada@example.com"] and "You are number 1 in line" in near.get_content()

@@ -12,9 +12,22 @@ function moves_reply()
   return {redis.call('HINCRBY', K_ST, 'evseq', 1), MOVES}
 end
 
+-- Turn notices (services/notices.py, notice.lua): a noticed ticket is seen until its notice's end, far past
+-- any poll's now, so only such a ticket asks the `noticed` set (of services/notices.py's run) whether it is
+-- there; when it leaves the line (admitted, or finished while waiting) it goes to `notice_due`, for the run to
+-- tell or forget. Every other ticket pays one comparison. (Clocks of app servers may differ by a little:
+-- a sighting at most NOTICE_AHEAD_S ahead of now is a poll's.)
+local NOTICE_AHEAD_S = 5
+local function noticed_leaves(tid, rec, now)
+  if rec[R_SEEN] <= now / 1000 + NOTICE_AHEAD_S then return end
+  local base = string.sub(K_CFG, 1, -4)  -- store.QueueKeys: every key is its base and its name
+  if redis.call('ZREM', base .. 'noticed', tid) == 1 then redis.call('RPUSH', base .. 'notice_due', tid) end
+end
+
 -- WAITING -> ADMITTED. The caller has removed the ticket from the line and checked the policy.
 function admit(p, tid, rec, now)
   local vk = vk_of(tid)
+  noticed_leaves(tid, rec, now)
   local fence = redis.call('HINCRBY', K_ST, 'fence', 1)
   local deadline = now + p.claim_ttl * 1000
   local expires = now + p.session_ttl * 1000
@@ -61,6 +74,7 @@ function finish(tid, rec, status, reason, now)
   if rec[R_STATUS] == WAITING then
     line_remove(tid, line_score_of(rec))
     redis.call('ZREM', K_AWAY, tid)
+    noticed_leaves(tid, rec, now)
   elseif held then
     redis.call('ZREM', K_CLAIMS, tid)
     redis.call('ZREM', K_SESSIONS, tid)

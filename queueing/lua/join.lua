@@ -54,7 +54,7 @@ if rec and rec[R_STATUS] <= ACTIVE then
     freed = finish_overdue(tid, rec, reason, now)
     st = hash_table(K_ST)
   else
-    rec[R_SEEN] = math.floor(now / 1000)
+    rec[R_SEEN] = math.max(rec[R_SEEN], math.floor(now / 1000))  -- (a notice's: notice.lua)
     save(vk, rec)
     local rank, est = -1, rec[R_EST]
     if rec[R_STATUS] == WAITING then

@@ -30,7 +30,7 @@ local reason = overdue(p, rec, now)
 if reason then return {'gone', {}, moves_reply(), finish_overdue(tid, rec, reason, now)} end
 if rec[R_STATUS] ~= WAITING then return {'not_waiting', ticket_reply(tid, rec, -1, -1, 0), 0, -1} end
 
-rec[R_SEEN] = math.floor(now / 1000)
+rec[R_SEEN] = math.max(rec[R_SEEN], math.floor(now / 1000))  -- (a notice's: notice.lua)
 local st = hash_table(K_ST)
 local before = waiting_rank(tid, rec)  -- a parked visitor gets its place back first
 if before == nil then return {'gone', {}, moves_reply(), -1} end

@@ -44,7 +44,7 @@ for i = 1, (#ARGV - 2) / 4 do
       code = -1
     else
       code = false  -- waiting in line: seen, no news
-      if rec[R_SEEN] ~= second then
+      if rec[R_SEEN] < second then  -- (never back: a notice's promise is later, notice.lua)
         rec[R_SEEN] = second
         save(vk, rec)
       end

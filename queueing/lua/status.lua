@@ -55,7 +55,8 @@ if reason then
   rec[R_STATUS] = EXPIRED
   rec[R_REASON] = reason
 elseif rec[R_STATUS] <= ACTIVE then
-  rec[R_SEEN] = math.floor(now / 1000)
+  local second = math.floor(now / 1000)
+  if rec[R_SEEN] < second then rec[R_SEEN] = second end  -- (never back: a notice's promise is later, notice.lua)
   local refused = bucket and bucket_take(rec, tonumber(ARGV[11]), bucket, tonumber(ARGV[9]) / 1000, tonumber(ARGV[10]))
   save(vk, rec)
   if refused then return {'limited', {}, {}, moves_reply(), refused} end

@@ -3,11 +3,15 @@ language, when their turn is near (a link back to their place) and when it comes
 takes them through; each works once, models.PlaceLink); the address is deleted once the turn is told, the
 ticket ends, the sale ends (the queue is closed), or the ticket's lifetime is over.
 
-`turn_notices_send` runs every few seconds (the "Turn notices" periodic task). It reads each noticed ticket's
-state with a status read, which is also its heartbeat: a visitor who asked to be e-mailed keeps their place
-while away from the page (presence and parking, SPEC 3.4), as the page's own polls would. Each e-mail is
-claimed by one conditional UPDATE or DELETE before it is sent, so two runs at once send it once; an e-mail
-the SMTP server refused is given back and tried on the next run.
+A notice keeps its ticket present while the visitor is away from the page (presence and parking, SPEC 3.4),
+as the page's own polls would: its record is seen until the notice's end (store.notice_keep, lua/notice.lua).
+`turn_notices_send` runs every few seconds (the "Turn notices" periodic task); its work does not grow with the
+notices kept (issue 50): per queue with notices, one script (store.notices_read, lua/notices.lua) gives the
+noticed tickets that left the line since the last run and those near the head whose nearness is not told,
+and only those are read and written to. After the queue's live state was lost (or before the first run) the
+run keeps every notice of the database again, once. Each e-mail is claimed by one conditional UPDATE or
+DELETE before it is sent, so two runs at once send it once; an e-mail the SMTP server refused is given back
+and tried on the next run.
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ from django.core.exceptions import ValidationError
 from django.core.mail import EmailMessage, get_connection
 from django.core.validators import validate_email
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 
-from .. import selectors, tokens
+from .. import selectors, store, tokens
 from ..models import PlaceLink, Queue, QueueText, TurnNotice
 from ..selectors import TicketGone, TicketView
 from ..templatetags.waiting import epoch_clock, wait_text
@@ -42,6 +47,7 @@ EMAIL_MAX = 254
 WIDE_PREFIX = 48
 PLACE_TOKEN_BYTES = 32
 SMTP_TIMEOUT_SECONDS = 10
+DUE_READ_MAX = 500  # noticed tickets that left the line, read a run per queue (the rest on the next)
 
 
 def turn_notice_request(
@@ -85,7 +91,22 @@ def turn_notice_request(
             "near_sent_at": None,
         },
     )
+    if _keep(notice, claims.slug) != "ok":  # it left the line since it was read: nothing kept
+        notice.delete()
+        raise NotInLine(claims.slug)
     return notice
+
+
+def _keep(notice: TurnNotice, slug: str, *, told: bool = False) -> str:
+    """The notice's ticket noticed in the queue's live state, and present until the notice's end."""
+    until = notice.created_at + settings.WR_TICKET_LIFETIME
+    return with_policy(
+        slug,
+        lambda: store.notice_keep(
+            slug, ticket_id=notice.ticket_id, until_ms=int(until.timestamp() * 1000), now_ms=_ms(), told=told
+        ),
+        lambda kept: kept == "no_config",
+    )
 
 
 def _wide_group(address: str) -> str:
@@ -117,26 +138,107 @@ def turn_notices_send(*, now: float | None = None) -> int:
     """Tell every noticed visitor whose turn is near or has come; forget those whose ticket ended. Returns
     how many e-mails were sent."""
     moment = time.time() if now is None else now
-    lifetime = settings.WR_TICKET_LIFETIME.total_seconds()
-    TurnNotice.objects.filter(created_at__lt=datetime.fromtimestamp(moment - lifetime, tz=UTC)).delete()
+    _lapsed_forget(moment)
     PlaceLink.objects.filter(expires_at__lt=datetime.fromtimestamp(moment, tz=UTC)).delete()
     sent = 0
-    for notice in TurnNotice.objects.select_related("queue"):
-        claims = tokens.held_claims(notice.queue.slug, ticket_id=notice.ticket_id, priority=0, epoch=notice.epoch)
-        try:
-            if claims is None:
-                raise TicketGone(notice.queue.slug)
-            view = _read(claims, now)
-        except (TicketGone, QueueNotFound):
-            notice.delete()
-            continue
-        if view.status in ("admitted", "active"):
-            sent += _turn_tell(notice, view)
-        elif view.is_finished or view.queue_state == "closed":
-            notice.delete()  # it ended without a turn (left, expired, revoked), or the sale did: nothing kept
-        elif notice.near_sent_at is None and _near(view):
-            sent += _near_tell(notice, view)
+    for queue in Queue.objects.filter(Exists(TurnNotice.objects.filter(queue=OuterRef("pk")))):
+        sent += _queue_run(queue, moment)
     return sent
+
+
+def _lapsed_forget(moment: float) -> None:
+    """Notices past the ticket's lifetime go (their tickets' promise of presence ends with them)."""
+    lifetime = settings.WR_TICKET_LIFETIME.total_seconds()
+    lapsed = TurnNotice.objects.filter(created_at__lt=datetime.fromtimestamp(moment - lifetime, tz=UTC))
+    by_queue: dict[str, list[str]] = {}
+    for slug, ticket_id in lapsed.values_list("queue__slug", "ticket_id"):
+        by_queue.setdefault(slug, []).append(ticket_id)
+    lapsed.delete()
+    for slug, ticket_ids in by_queue.items():
+        store.notices_forget(slug, noticed=ticket_ids)
+
+
+def _queue_run(queue: Queue, moment: float) -> int:
+    slug = queue.slug
+
+    def read() -> store.NoticesReply | None:
+        return store.notices_read(
+            slug,
+            now_ms=int(moment * 1000),
+            places=settings.WR_NOTIFY_NEAR_PLACES,
+            seconds=settings.WR_NOTIFY_NEAR_SECONDS,
+            most_due=DUE_READ_MAX,
+        )
+
+    try:
+        reading = with_policy(slug, read, lambda reply: reply is None)
+    except QueueNotFound:
+        return 0
+    if reading is None:
+        return 0
+    notices = TurnNotice.objects.filter(queue=queue)
+    if reading.state == "closed" or reading.mode == Queue.Mode.STATELESS:
+        notices.delete()  # the sale is over, or its numbers are not followed one by one any more
+        store.notices_clear(slug)
+        return 0
+    sent = 0
+    if not reading.seeded:  # its live state began since (lost, or before the first run): kept again, once
+        sent += sum(_settle(_of(notice, queue), moment, seeding=True)[0] for notice in notices.iterator())
+        store.notices_seeded(slug)
+        reading = read() or reading
+    named = notices.filter(ticket_id__in=[*reading.due, *reading.near])
+    found = {notice.ticket_id: _of(notice, queue) for notice in named}
+    settled: list[str] = []
+    for ticket_id in reading.due:
+        notice = found.get(ticket_id)
+        told, done = _settle(notice, moment) if notice else (0, True)
+        sent += told
+        if done:
+            settled.append(ticket_id)
+    store.notices_forget(slug, due=settled)
+    sent += _near_run(slug, found, reading.near, moment)
+    return sent
+
+
+def _of(notice: TurnNotice, queue: Queue) -> TurnNotice:
+    notice.queue = queue  # (read once for the run, not once a notice)
+    return notice
+
+
+def _near_run(slug: str, found: dict[str, TurnNotice], ticket_ids: list[str], moment: float) -> int:
+    """Tell those near the head whose nearness is not told yet (notices.lua found them)."""
+    store.notices_forget(slug, noticed=[ticket_id for ticket_id in ticket_ids if ticket_id not in found])
+    near = [found[ticket_id] for ticket_id in ticket_ids if ticket_id in found]
+    # One told already, or claimed by a run sending it now, is left to the run that claimed it: that run marks
+    # it told once sent (_settle), or gives it back when the SMTP server refused it.
+    return sum(_settle(notice, moment)[0] for notice in near if notice.near_sent_at is None)
+
+
+def _settle(notice: TurnNotice, moment: float, *, seeding: bool = False) -> tuple[int, bool]:
+    """Read the notice's ticket and do what its state asks: tell the turn, tell its nearness, or forget the
+    notice. Returns (e-mails sent, whether the run is done with it: not when an e-mail was refused). While
+    seeding, a waiting ticket is kept noticed again (its record restored first, if it can be)."""
+    slug = notice.queue.slug
+    claims = tokens.held_claims(slug, ticket_id=notice.ticket_id, priority=0, epoch=notice.epoch)
+    try:
+        if claims is None:
+            raise TicketGone(slug)
+        view = _read(claims, moment)
+        if seeding and view.status == "waiting" and _keep(notice, slug, told=notice.near_sent_at is not None) != "ok":
+            view = _read(claims, moment)  # it left the line meanwhile: as it is now
+    except (TicketGone, QueueNotFound):
+        notice.delete()
+        return 0, True
+    if view.status in ("admitted", "active"):
+        sent = _turn_tell(notice, view)
+        return sent, sent == 1 or not TurnNotice.objects.filter(pk=notice.pk).exists()
+    if view.is_finished or view.queue_state == "closed":
+        notice.delete()  # it ended without a turn (left, expired, revoked), or the sale did: nothing kept
+        return 0, True
+    if notice.near_sent_at is None and _near(view) and _near_tell(notice, view):
+        store.notice_told(slug, notice.ticket_id)  # (notices.lua finds it near no more)
+        return 1, True
+    return 0, True
 
 
 def _near_tell(notice: TurnNotice, view: TicketView) -> int:
@@ -267,3 +369,7 @@ def _queue_name(notice: TurnNotice) -> str:
 
 def _now() -> datetime:
     return datetime.now(tz=UTC)
+
+
+def _ms() -> int:
+    return int(time.time() * 1000)

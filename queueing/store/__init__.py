@@ -10,6 +10,7 @@
 * `health`    the protected site's health counts, per second
 * `limits`    the rate limiters' scripts
 * `viewers`   websocket servers' socket counts
+* `notices`   turn notices: the noticed tickets, those that left the line, one run's reading
 * `liveness`  when the beat last sent a tick and each worker last ran one
 
 Each script's reply is parsed into named, typed fields next to the wrapper that runs it. Times cross
@@ -69,6 +70,15 @@ from .inspect import (
 from .keys import SEQ_DIGITS, QueueKeys, key_pattern, limit_key, parse_ticket_id, queue_keys, ticket_id
 from .limits import LimitCall, LimitReply, codes_lock, codes_locked, limit_hit, limit_plan
 from .liveness import alive_key, alive_mark, alive_mark_read, beat_lease, cluster_epoch, ping
+from .notices import (
+    NoticesReply,
+    notice_keep,
+    notice_told,
+    notices_clear,
+    notices_forget,
+    notices_read,
+    notices_seeded,
+)
 from .state import (
     Held,
     LiveState,
@@ -156,6 +166,7 @@ __all__ = [
     "LiveState",
     "Moves",
     "Neighbour",
+    "NoticesReply",
     "OutflowAdaptReply",
     "Plan",
     "PollFigures",
@@ -222,6 +233,12 @@ __all__ = [
     "mode",
     "mode_state_clear",
     "neighbours",
+    "notice_keep",
+    "notice_told",
+    "notices_clear",
+    "notices_forget",
+    "notices_read",
+    "notices_seeded",
     "outflow_adapt",
     "outflow_adapt_state",
     "outflow_reset",

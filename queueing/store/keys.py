@@ -34,6 +34,8 @@ class QueueKeys:
     viewers: str  # not a script key: websocket servers report their viewer counts here
     health: str  # not a script key: the prefix of the protected site's health slices (store.health)
     win: str  # stateless mode: the window and its counters, with the policy it needs (lua/window/)
+    noticed: str  # turn notices: the noticed waiting tickets (lua/notice.lua, store/notices.py)
+    notice_due: str  # turn notices: noticed tickets that left the line since the last run
 
     def script_keys(self) -> list[str]:
         """The KEYS every transition script receives, in the order `_lib.lua` expects."""

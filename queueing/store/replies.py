@@ -27,6 +27,11 @@ def whole(value: Any) -> int:
     return int(float(value))
 
 
+def texts(value: Any) -> list[str]:
+    """A list of ids (ticket ids) as texts."""
+    return [str(t) for t in value]
+
+
 def optional(value: Any) -> int | None:
     """A count or an estimate, -1 when there is none."""
     number = int(value)

@@ -221,7 +221,8 @@ def queue_delete(slug: str) -> None:
     keys = queue_keys(slug)
     slices = health_slice_keys(slug, newest=int(time.time()))
     records, line = _kept(slug)
-    client().delete(*keys.script_keys(), keys.viewers, keys.win, *slices, *records, *line)
+    notices = (keys.noticed, keys.notice_due)
+    client().delete(*keys.script_keys(), keys.viewers, keys.win, *notices, *slices, *records, *line)
 
 
 def mode_state_clear(slug: str, *, keep_window: bool) -> None:
@@ -230,7 +231,8 @@ def mode_state_clear(slug: str, *, keep_window: bool) -> None:
     if keep_window:  # now stateless: the tracked line, records and slots go
         tracked = (keys.line, keys.tk, keys.claims, keys.sessions, keys.done, keys.away, keys.waits, keys.restore)
         records, line = _kept(slug)
-        client().delete(*tracked, *records, *line)
+        client().delete(*tracked, keys.noticed, keys.notice_due, *records, *line)
+        client().hdel(keys.st, "notices_seeded")  # the run reads the database's notices again (services/notices.py)
     else:
         client().delete(keys.win)
 

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +18,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from waitingroom_site import liveness
 
 from .. import proctree
 from ..stack import ROOT, free_port
@@ -91,6 +94,18 @@ class Run:
         assert len(top) <= 1, (word, top)
         return top[0] if top else None
 
+    def ticking(self) -> bool:
+        """The ticks' worker has run an admission tick within the run's stale seconds, as the supervisor judges
+        it (its marks in the run's Redis): started, not only spawned."""
+        kept = dict(
+            line.split("=", 1) for line in (self.var / "installation.env").read_text().splitlines() if "=" in line
+        )
+        node = f"worker-{self.process.pid}@{socket.gethostname()}"
+        stale = float(self.env.get("WR_LIVENESS_STALE_SECONDS", liveness.DEFAULT_STALE_SECONDS))
+        return liveness.verdict(
+            "worker", name=node, url=kept["REDIS_URL"], prefix=kept.get("WR_REDIS_PREFIX"), stale=stale, nodes=""
+        ).alive is True
+
     def python(self, code: str, timeout: float = 180) -> Any:
         """Run `code` (Python, Django set up first) as a command of this installation would (the run's own
         settings and what it kept in var/installation.env); the JSON value it prints last."""
@@ -128,9 +143,13 @@ def run(tmp_path):
 
 
 def test_a_killed_or_stalled_worker_is_replaced_while_the_web_keeps_serving_and_nothing_outlives_a_kill(run):
-    one = run(WR_LIVENESS_STALE_SECONDS="4", WR_LIVENESS_GRACE_SECONDS="8")
+    # The grace is a slow start's: seen in CI, a worker that took 9 s to start was judged stalled at 8 and
+    # replaced before the test killed it, and the kill then hit a process already gone.
+    one = run(WR_LIVENESS_STALE_SECONDS="4", WR_LIVENESS_GRACE_SECONDS="20")
+    _wait_for(one.ticking, 60, "the worker's first tick", one.log)
     web, beat, worker, jobs = one.role("granian"), one.role("beat"), one.role("-ticks"), one.role("-n jobs-")
     assert web and beat and worker and jobs
+    assert not one.said("restart"), one.log.read_text()[-3000:]
 
     os.kill(worker, signal.SIGKILL)
     _wait_for(lambda: one.said("worker was killed by SIGKILL"), 10, "the supervisor to notice", one.log)
@@ -142,7 +161,7 @@ def test_a_killed_or_stalled_worker_is_replaced_while_the_web_keeps_serving_and_
     stalled = one.role("-ticks")
     assert stalled
     assert one.said("(restart 1)")
-    time.sleep(10)  # past the grace of the new worker, and a first tick run
+    _wait_for(one.ticking, 60, "the new worker's first tick", one.log)
     os.kill(stalled, signal.SIGSTOP)
     _wait_for(lambda: one.said("worker is stalled"), 40, "the stall to be seen", one.log)
     _wait_for(lambda: one.role("-ticks") not in (None, stalled), 20, "its replacement", one.log)
@@ -175,24 +194,28 @@ def test_closing_the_terminal_stops_every_process_of_the_run(run):
     assert one.said("SIGHUP: stopping everything.") and one.said("stopped.")
 
 
-# A flood of periodic work: turn notices for thousands of waiting visitors (each run reads every notice's
-# state), and a hundred runs queued at once, as a beat that fell behind or a worker slot hog would leave them.
+# A flood of periodic work that hogs the jobs' worker slots: a hundred runs of the turn notices queued at once,
+# as a beat that fell behind would leave them, while the mail server takes connections and never answers, so
+# each run waits out the SMTP timeout (10 s) on every near visitor's e-mail it tries (each claimed by one run
+# at a time, and given back after). Before issue 50, every run read every notice, and so it was slow however
+# the mail server did; now a run's work does not grow with the notices (test_notices), so a slow job is made
+# this way. The admitting queue's 200 visitors wait; the noticed ones wait in a paused queue of their own.
 FLOOD = """
 from queueing import services, tokens
-from queueing.models import TurnNotice
 from waitingroom_site.celery import app
 changes = {"name": "Flood", "target_url": "https://shop.example/", "state": "open", "capacity": 100000,
            "outflow_per_minute": 120, "burst": 1, "claim_ttl": 600}
-queue, _ = services.queue_configure(slug="flood", changes=changes)
-notices = []
+services.queue_configure(slug="flood", changes=changes)
+for i in range(200):
+    services.queue_join(slug="flood", visitor_key=tokens.visitor_key(f"cookie:flood-{i}"))
+queue, _ = services.queue_configure(slug="noticed", changes={**changes, "name": "Noticed", "state": "paused"})
 for i in range(NOTICES):
-    ticket = services.queue_join(slug="flood", visitor_key=tokens.visitor_key(f"cookie:flood-{i}")).ticket
-    notices.append(TurnNotice(queue=queue, ticket_id=ticket.ticket_id, epoch=queue.epoch,
-                              email=f"v{i}@example.com", link="http://x/q/flood/"))
-TurnNotice.objects.bulk_create(notices)
+    ticket = services.queue_join(slug="noticed", visitor_key=tokens.visitor_key(f"cookie:noticed-{i}")).ticket
+    claims = tokens.held_claims("noticed", ticket_id=ticket.ticket_id, priority=0, epoch=queue.epoch)
+    services.turn_notice_request(claims=claims, email=f"v{i}@example.com", language="en", link="http://x/q/noticed/")
 for _ in range(RUNS):
     app.send_task("queueing.tasks.turn_notices")
-print(json.dumps(len(notices)))
+print(json.dumps(NOTICES))
 """
 
 ADMITTED = """
@@ -208,11 +231,18 @@ print(json.dumps([store.snapshot("flood").admitted, backlog]))  # (admitted, non
 def test_the_admission_ticks_keep_their_pace_while_periodic_jobs_fill_every_other_slot(run):
     """Issue 50, item 3. Seen: every 5 s one task read every turn notice's state on the Celery queue the 1-s
     admission tick used: ~37,000 notices filled bin/run's worker slots and the ticks stopped. The ticks have
-    a queue and a worker of their own: with a hundred runs over 3,000 notices queued ahead (a minute of the
-    jobs' worker's time), admissions go on at the queue's pace (2 a second)."""
-    one = run(WR_NOTIFY_BY_EMAIL="1", EMAIL_HOST="127.0.0.1", EMAIL_PORT=str(free_port()))
-    flood = FLOOD.replace("NOTICES", "3000").replace("RUNS", "100")
-    assert one.python(flood) == 3000
+    a queue and a worker of their own: with a hundred slow runs queued ahead (each waiting on a mail server
+    that never answers), admissions go on at the queue's pace (2 a second)."""
+    with socket.socket() as silent:  # a mail server that takes connections and never says a word
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1024)
+        one = run(WR_NOTIFY_BY_EMAIL="1", EMAIL_HOST="127.0.0.1", EMAIL_PORT=str(silent.getsockname()[1]))
+        _flooded_ticks_keep_their_pace(one)
+
+
+def _flooded_ticks_keep_their_pace(one: Any) -> None:
+    flood = FLOOD.replace("NOTICES", "30").replace("RUNS", "100")
+    assert one.python(flood) == 30
     first, backlog = one.python(ADMITTED)
     assert backlog > 50, backlog  # the jobs are queued up
     time.sleep(15)
