@@ -748,7 +748,22 @@ def run_one(args: argparse.Namespace, n: int, env: dict[str, str], var: Path) ->
             f"the product's is {result['public_event_vs_reference']['p50']}x (p50) and "
             f"{result['public_event_vs_reference']['p99']}x (p99) the reference's"
         )
+        if "mass_close" in result["reference"]:
+            closing = result["reference"]["mass_close"]
+            log(
+                f"N={n}: reference: {closing['sockets']} sockets closing at once paused its loop at most "
+                f"{closing['worst_loop_pause_ms']} ms (before: {closing['pause_before_ms']} ms); the product's "
+                f"worst over its rounds with the same close: {result['rounds_pause']['worst_loop_pause_ms']} ms"
+            )
     return result
+
+
+def _reference_pause(server: subprocess.Popen[str]) -> float:
+    """The reference's worst event-loop pause since the last time it was asked (ms)."""
+    assert server.stdin is not None and server.stdout is not None
+    server.stdin.write("PAUSE\n")
+    server.stdin.flush()
+    return float(server.stdout.readline().split()[1])
 
 
 def reference(args: argparse.Namespace, tickets: list[dict[str, Any]], var: Path) -> dict[str, Any]:
@@ -769,13 +784,26 @@ def reference(args: argparse.Namespace, tickets: list[dict[str, Any]], var: Path
             window = CpuWindow([server.pid], clients.pids)
             sent: list[tuple[int, float]] = []
             writes: list[float] = []
-            for seq in range(1, args.reference_rounds + 1):
-                t0 = time.time()
-                server.stdin.write(f"MOVE {seq}\n")
-                server.stdin.flush()
-                writes.append(float(server.stdout.readline().split()[1]))
-                sent.append((seq, t0))
-                time.sleep(max(0.0, args.interval - (time.time() - t0)))
+            closing: dict[str, Any] = {}  # the mass close, as the product had it: mid-rounds, the back of the line
+            with ThreadPoolExecutor(1) as closer:
+                for seq in range(1, args.reference_rounds + 1):
+                    if args.mass_close and not closing and seq > args.reference_rounds // 2:
+                        closing["pause_before_ms"] = _reference_pause(server)
+                        closing["crowd"] = closer.submit(clients.close_crowd, args.mass_close)
+                    t0 = time.time()
+                    server.stdin.write(f"MOVE {seq}\n")
+                    server.stdin.flush()
+                    writes.append(float(server.stdout.readline().split()[1]))
+                    sent.append((seq, t0))
+                    time.sleep(max(0.0, args.interval - (time.time() - t0)))
+            if closing:
+                closed = closing.pop("crowd").result()
+                time.sleep(1)
+                closing.update(
+                    sockets=closed["closed"],
+                    all_closed_s=closed["all_closed_s"],
+                    worst_loop_pause_ms=_reference_pause(server),  # the close and the rounds after it
+                )
             cpu = window.result()
             time.sleep(1)
             heard = clients.stop()
@@ -786,6 +814,7 @@ def reference(args: argparse.Namespace, tickets: list[dict[str, Any]], var: Path
         server.wait()
     fanout = [heard["move_last"][seq] - t0 for seq, t0 in sent if seq in heard["move_last"]]
     return {
+        **({"mass_close": closing} if closing else {}),
         "connected": opened,
         "connect_failures": failures,
         "rounds": len(sent),

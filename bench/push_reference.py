@@ -7,7 +7,11 @@ loopback `send()` (on 127.0.0.1 the sender's call also does the receiver's TCP w
     .venv/bin/python bench/push_reference.py --port PORT
 
 It prints `LISTENING`; then, for each line `MOVE <seq>` on its stdin, it writes a `queue_move` event with
-that sequence number to every socket and prints `SENT <seconds the writes took>`. The clients are
+that sequence number to every socket and prints `SENT <seconds the writes took>`; for `PAUSE` it prints
+`PAUSE <ms>`, the worst pause of its event loop since the last `PAUSE` (watched as the product's is, by a
+task that wakes every 10 ms). A client's close frame is answered with one and the connection closed, as
+the product does, so that a crowd closing at once costs this server what the kernel and the loop make it
+cost and nothing more: the floor for bench/push_bench.py's `--mass-close`. The clients are
 bench/push_clients.py's, which time the event's arrival at the last socket as they do for the product.
 Every connection is on 127.0.0.1.
 """
@@ -37,7 +41,10 @@ class Socket(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.transport in self.sockets:
-            return  # the client's frames (its hello): not read
+            if data[:1] == b"\x88":  # a close (RFC 6455 5.5.1): answered, then the connection closed
+                self.transport.write(CLOSE)
+                self.transport.close()
+            return  # the client's other frames (its hello): not read
         self.buffer += data
         head, found, _ = self.buffer.partition(b"\r\n\r\n")
         if not found:
@@ -62,6 +69,19 @@ class Socket(asyncio.Protocol):
         self.sockets.discard(self.transport)
 
 
+CLOSE = bytes((0x88, 2)) + (1000).to_bytes(2, "big")  # unmasked, normal closure
+WATCH_TICK_S = 0.01  # as queueing/loopwatch.py's TICK_SECONDS
+
+
+async def watch(worst: list[float]) -> None:
+    """How late each 10-ms sleep wakes: the loop's pauses (worst[0], the worst since it was last read)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        before = loop.time()
+        await asyncio.sleep(WATCH_TICK_S)
+        worst[0] = max(worst[0], (loop.time() - before - WATCH_TICK_S) * 1000)
+
+
 def frame(seq: int) -> bytes:
     # About the size of the product's queue_move: the move of an admission round and the queue's figures.
     text = json.dumps({"type": "queue_move", "seq": seq, "ops": [["-", 0, 20]], "waiting": 17980, "eta_s": 450})
@@ -73,10 +93,16 @@ async def main(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     sockets: set[Any] = set()
     server = await loop.create_server(lambda: Socket(sockets), "127.0.0.1", args.port, backlog=4096)
+    worst = [0.0]
+    watching = asyncio.ensure_future(watch(worst))
     print("LISTENING", flush=True)
     try:
         while True:
             line = (await asyncio.to_thread(sys.stdin.readline)).split()
+            if line and line[0] == "PAUSE":
+                print(f"PAUSE {worst[0]:.1f}", flush=True)
+                worst[0] = 0.0
+                continue
             if not line or line[0] != "MOVE":
                 break
             data = frame(int(line[1]))
@@ -85,6 +111,7 @@ async def main(args: argparse.Namespace) -> None:
                 transport.write(data)
             print(f"SENT {time.perf_counter() - started:.6f}", flush=True)
     finally:
+        watching.cancel()
         server.close()
 
 

@@ -177,6 +177,12 @@ def queue_state(slug: str, state: str) -> Message:
     return queue_group(slug), {"type": "state", "state": state}
 
 
+def queue_schedule(slug: str, times: dict[str, float | None]) -> Message:
+    """The queue's schedule changed (an operator moved its pre-queue's opening, its start or its end): every
+    watcher hears the new times at once (epoch seconds, or null for none), and the page asks for its truth."""
+    return queue_group(slug), {"type": "schedule", **times}
+
+
 def window_moved(slug: str, window: dict[str, Any]) -> Message:
     """A stateless queue's window moved: every watcher can tell its own state from it (SPEC 4)."""
     return queue_group(slug), {"type": "window", "seq": window["event_seq"], **window}

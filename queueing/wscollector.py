@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from django.conf import settings
 
+from .wsprotocol import let_go_within
 from .wsserver import roll_call
 
 logger = logging.getLogger(__name__)
@@ -44,8 +45,9 @@ class Collector:
     anything, and every WR_WS_GC_FULL_SECONDS if an operator sets it (0: never on a timer). Each one is
     logged with what it found, so a leak would show.
 
-    When a crowd has left (TRIM_AFTER_LEAVING sockets fewer than the most held since the last time) the
-    memory the C allocator holds free is given back to the OS (glibc's malloc_trim: a few milliseconds).
+    When a crowd has left (TRIM_AFTER_LEAVING sockets fewer than the most held since the last time) and the
+    keepalive sweep has let go of its sockets, the memory the C allocator holds free is given back to the OS
+    (glibc's malloc_trim: a few milliseconds).
     A server that held 10,000 sockets kept its peak, 320 MB, after 9,000 of them closed (bench/RESULTS.md);
     what stays is Python's own: its small objects' arenas are given back only when wholly empty, and the
     sockets that stay hold objects in many of them.
@@ -55,7 +57,9 @@ class Collector:
         self._task: asyncio.Task[None] | None = None
         self.full_collections = 0
         self.trims = 0
-        self.most_held = 0  # sockets, since the last trim
+        self.most_held = 0  # sockets, since a crowd last left
+        self.left = 0  # sockets closed by the crowds whose memory is to be given back
+        self.trim_at: float | None = None  # when (time.monotonic) it is let go of
 
     def ensure(self) -> None:
         if settings.WR_WS_GC_FREEZE_SECONDS <= 0:
@@ -76,21 +80,25 @@ class Collector:
             )
         gc.freeze()
 
-    def trim_after_crowd(self, held: int) -> bool:
+    def trim_after_crowd(self, held: int, now: float) -> bool:
         """Give the OS back the memory freed by the sockets closed since the most held, when that is
-        TRIM_AFTER_LEAVING or more (`held`: the sockets held now). Whether it did."""
+        TRIM_AFTER_LEAVING or more (`held`: the sockets held now), once the keepalive sweep has let go of
+        them (wsprotocol.let_go_within): trimmed at once, it found their memory still in use. Whether it did."""
         self.most_held = max(self.most_held, held)
+        if self.most_held - held >= TRIM_AFTER_LEAVING:
+            self.left, self.trim_at = self.left + self.most_held - held, now + let_go_within()
+            self.most_held = held
         trim = _malloc_trim()
-        if self.most_held - held < TRIM_AFTER_LEAVING or trim is None:
+        if self.trim_at is None or now < self.trim_at or trim is None:
             return False
         started = time.perf_counter()
         trim(0)
         self.trims += 1
         logger.info(
-            "websocket server: %s sockets closed since %s were held; memory given back in %.1f ms",
-            *(self.most_held - held, self.most_held, (time.perf_counter() - started) * 1000),
+            "websocket server: %s sockets closed and let go of; memory given back in %.1f ms",
+            *(self.left, (time.perf_counter() - started) * 1000),
         )
-        self.most_held = held
+        self.left, self.trim_at = 0, None
         return True
 
     async def _run(self) -> None:
@@ -101,7 +109,7 @@ class Collector:
             timed = 0 < settings.WR_WS_GC_FULL_SECONDS <= time.monotonic() - last_full
             full = timed or (idle and not idle_collected)
             self.cycle(full=full)
-            self.trim_after_crowd(roll_call().held())
+            self.trim_after_crowd(roll_call().held(), time.monotonic())
             idle_collected = idle and (full or idle_collected)
             if full:
                 last_full = time.monotonic()

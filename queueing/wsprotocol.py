@@ -209,24 +209,40 @@ class Keepalive:
     async def _sweep(self) -> None:
         slices = max(1, round(self.interval / SWEEP_SECONDS))
         loop = asyncio.get_running_loop()
+        # The list an interval visited holds the last references to the sockets that closed since: it is let
+        # go of a slice at a time over the next interval, so that a crowd closing at once is freed a slice at a
+        # time rather than in one turn of the loop (16,500 freed at once held it 76-91 ms, bench/RESULTS.md).
+        visited: list[LeanSansIOProtocol] = []
         while True:
             held = list(self.sockets)
             started = loop.time()
             for index in range(slices):
                 await asyncio.sleep(max(0.0, started + self.interval * (index + 1) / slices - loop.time()))
+                del visited[: -(-len(visited) // (slices - index))]  # its share of what is left
                 now = loop.time()
                 # A visit may come up to a slice early after one held up by a fan-out: a timeout that
                 # just ran out is taken as run out, rather than waited on for a whole interval more.
-                for protocol in held[index * len(held) // slices : (index + 1) * len(held) // slices]:
-                    if protocol in self.sockets:
-                        try:
-                            protocol.keepalive(now, slack=self.interval / slices)
-                        except Exception:  # one socket's trouble stops nobody else's pings
-                            logger.exception("keepalive of one websocket failed")
-            del held  # closed sockets are not kept for an interval
+                self._visit(held[index * len(held) // slices : (index + 1) * len(held) // slices], now, slices)
+            visited = held  # (let go of over the next interval, above)
+
+    def _visit(self, protocols: list[LeanSansIOProtocol], now: float, slices: int) -> None:
+        # (a frame of its own: the sweep's, which waits between slices, keeps no closed socket in a variable)
+        for protocol in protocols:
+            if protocol in self.sockets:
+                try:
+                    protocol.keepalive(now, slack=self.interval / slices)
+                except Exception:  # one socket's trouble stops nobody else's pings
+                    logger.exception("keepalive of one websocket failed")
 
 
 _keepalive = PerLoop(Keepalive)  # one sweep per loop and interval
+
+
+def let_go_within() -> float:
+    """Seconds within which this loop's sweeps let go of a socket that closed: the rest of the interval it
+    closed in, and the next (0 without a sweep)."""
+    loop = asyncio.get_running_loop()
+    return 2 * max((sweep.interval for (owner, *_), sweep in _keepalive.made.items() if owner is loop), default=0.0)
 
 
 class LeanSansIOProtocol(WebSocketsSansIOProtocol):
@@ -255,6 +271,9 @@ class LeanSansIOProtocol(WebSocketsSansIOProtocol):
         self.writable = Flag(True)  # type: ignore[assignment]
         self.pinged_at: float | None = None  # when its unanswered ping was written
         self.sweep: Keepalive | None = None
+        # Its loop's Pacer, found once: asyncio.get_running_loop() asks the OS for the process id each time, a
+        # system call per frame received that a crowd's close paid 16,500 times in one turn of the loop.
+        self.pacer = _pacer()
 
     @property
     def close_sent(self) -> bool:
@@ -288,11 +307,11 @@ class LeanSansIOProtocol(WebSocketsSansIOProtocol):
     # What the client sent, and the connection's end, are handled in turns (Pacer); the transport's own
     # state (is_closing) is current meanwhile, which is all a writer reads.
     def data_received(self, data: bytes) -> None:
-        _pacer().put(self, data)
+        self.pacer.put(self, data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._direct(None)
-        _pacer().put(self, None, exc)
+        self.pacer.put(self, None, exc)
 
     def received_now(self, data: bytes) -> None:
         super().data_received(data)

@@ -217,6 +217,32 @@ async def test_a_change_of_the_queues_state_reaches_every_watcher_at_once_and_on
         await communicator.disconnect()
 
 
+async def test_a_change_of_the_queues_schedule_reaches_every_watcher_once_committed(queue):
+    """Issue 51: an operator moving a sale's start (or its pre-queue's opening, or its end) was heard by an
+    open page only at its next poll; the countdown kept the old time. Now every watcher hears the new times
+    when the change is committed (the page then asks for its status); a change of anything else, or a
+    schedule set to what it was, tells nothing."""
+    from datetime import UTC, datetime, timedelta
+
+    sockets = [(await open_socket(queue.slug, await waiting_visitor(queue.slug, f"v{i}")))[0] for i in range(2)]
+    starts = (datetime.now(tz=UTC) + timedelta(hours=2)).replace(microsecond=0)
+    changes = {"starts_at": starts, "prequeue_opens_at": starts - timedelta(hours=1)}
+    changed = time.monotonic()
+    await sync_to_async(services.queue_configure)(slug=queue.slug, changes=changes)
+    for communicator in sockets:
+        event = await next_event(communicator, "schedule", timeout=2)
+        assert (event["starts_at"], event["prequeue_opens_at"], event["ends_at"]) == (
+            starts.timestamp(),
+            (starts - timedelta(hours=1)).timestamp(),
+            None,
+        )
+    assert time.monotonic() - changed < 2
+    await sync_to_async(services.queue_configure)(slug=queue.slug, changes={"name": "Same times", **changes})
+    for communicator in sockets:
+        await no_event(communicator, "schedule", within=1)
+        await communicator.disconnect()
+
+
 async def test_viewers_are_counted_per_queue(queue):
     tickets = [await waiting_visitor(queue.slug, f"v{i}") for i in range(3)]
     sockets = [(await open_socket(queue.slug, t))[0] for t in tickets]
@@ -368,6 +394,23 @@ async def test_the_collector_collects_everything_only_when_the_server_holds_no_s
         if collector._task is not None:
             collector._task.cancel()
         gc.unfreeze()
+
+
+async def test_the_memory_a_crowd_left_is_given_back_once_the_keepalive_sweep_has_let_go_of_it():
+    """The sweep holds a closed socket until the interval after the one it closed in (wsprotocol.Keepalive):
+    given back at once, the crowd's memory was still in use (bench/RESULTS.md)."""
+    from queueing import wsprotocol
+
+    collector = wscollector.Collector()
+    assert not collector.trim_after_crowd(5000, now=0.0)
+    assert not collector.trim_after_crowd(4500, now=1.0)  # 500 left: no crowd
+    wsprotocol._keepalive(0.4)  # this loop's sweep, pings every 0.4 s
+    assert wsprotocol.let_go_within() == pytest.approx(0.8)
+    assert not collector.trim_after_crowd(3000, now=2.0)  # 2,000 left: given back once let go of, at 2.8
+    assert not collector.trim_after_crowd(3000, now=2.5) and collector.trims == 0
+    assert collector.trim_after_crowd(3000, now=2.8) and collector.trims == 1
+    assert not collector.trim_after_crowd(3000, now=9.0)  # once
+    assert collector.left == 0 and collector.trim_at is None
 
 
 async def test_the_collector_starts_with_the_first_socket_when_enabled(queue, settings):

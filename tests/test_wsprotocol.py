@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import json
 import time
 import tracemalloc
@@ -265,3 +266,46 @@ async def test_the_sweep_pings_every_socket_once_an_interval_over_its_slices(mak
                 client.close()
     for seen in heard:  # one ping an interval, from the first interval after it joined
         assert 2 <= seen.count(PING) <= 5 and CLOSE not in seen and -1 not in seen, seen  # 2.5 / 0.6 + 1
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_crowd_closing_at_once_is_let_go_of_a_slice_at_a_time(make_queue, monkeypatch):
+    """The sweep's list of the sockets it visits holds the last reference to those that closed since. Let go
+    of at once, a crowd of 16,500 was freed in one turn of the loop (76-91 ms, bench/RESULTS.md): the list is
+    let go of a slice at a time over the next interval instead."""
+    import weakref
+
+    monkeypatch.setattr(wsprotocol, "SWEEP_SECONDS", 0.1)  # an interval of 1.2 s in twelve slices
+    queue = await sync_to_async(make_queue)(state="paused")
+    tickets = [
+        await sync_to_async(ticket_token)(queue.slug, await sync_to_async(join)(queue.slug, f"v{i}")) for i in range(49)
+    ]
+    freed: list[float] = []
+    async with websocket_server(ws_ping_interval=1.2, ws_ping_timeout=1.2) as port:
+        clients = [await stalled_client(port, queue.slug, ticket, reading=True) for ticket in tickets]
+        deadline = time.monotonic() + 10
+        while wsserver.roll_call().count(queue.slug) < len(tickets):
+            assert time.monotonic() < deadline, "the sockets never said hello"
+            await asyncio.sleep(0.05)
+        sockets = wsserver.router().groups[realtime.queue_group(queue.slug)]
+        protocols = [socket.base_send.__self__ for socket in sockets]
+        stays, crowd = clients[0], clients[1:]  # one stays: the sweep goes on
+        staying = next(p for p in protocols if p.transport.get_extra_info("peername")[1] == stays.getsockname()[1])
+        for protocol in protocols:
+            if protocol is not staying:
+                weakref.finalize(protocol, lambda: freed.append(time.monotonic()))
+        del sockets, protocols, protocol
+        pinged = asyncio.ensure_future(asyncio.to_thread(_answer_pings, stays, 5.0))
+        try:
+            await asyncio.sleep(1.5)  # a whole interval visited every socket: each is in the sweep's list
+            for client in crowd:
+                client.close()
+            while len(freed) < len(crowd) and time.monotonic() < deadline + 10:
+                await asyncio.sleep(0.02)
+        finally:
+            await pinged
+            stays.close()
+    assert len(freed) == len(crowd), "closed sockets were kept"
+    spread = sorted(freed)
+    moments = 1 + sum(1 for a, b in itertools.pairwise(spread) if b - a > 0.05)
+    assert moments >= 6, (moments, [round(t - spread[0], 2) for t in spread])  # twelve slices, not one turn

@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import F
 
-from .. import caching, clock, store
+from .. import caching, clock, realtime, store
 from ..models import PriorityLevel, Queue, QueueAPIKey, QueueText
 from .audit import EDITABLE_FIELDS, audit_change, queue_change_record, queue_values
 from .recovery import queue_config_sync, queue_live_state_ensure
@@ -110,11 +110,21 @@ def queue_configure(
         queue_config_sync(Queue.objects.prefetch_related(*Queue.MIRROR_READS).get(pk=queue.pk))
         if not created and any(before[f] != getattr(queue, f) for f in OUTFLOW_POLICY_FIELDS):
             outflow_adaptation_reset(queue, actor=actor, actor_label=actor_label)
+        if not created and any(before[f] != getattr(queue, f) for f in SCHEDULE_FIELDS):
+            # Told once committed; a Redis that cannot take the event is logged, the change stands (polls tell).
+            times = {f: _epoch(getattr(queue, f)) for f in SCHEDULE_FIELDS}
+            transaction.on_commit(lambda: realtime.send([realtime.queue_schedule(slug, times)]), robust=True)
     caching.forget(caching.window_refused_key(slug))  # a new queue, or one that now runs stateless
     return queue, created
 
 
 OUTFLOW_POLICY_FIELDS = ("outflow_per_minute", "adaptive_outflow", "outflow_min_per_minute", "outflow_max_per_minute")
+SCHEDULE_FIELDS = ("prequeue_opens_at", "starts_at", "ends_at")  # pushed to every page when one changes
+
+
+def _epoch(moment: Any) -> float | None:
+    return None if moment is None else moment.timestamp()
+
 
 # A scheduled sale's pre-queue (everyone who joins before the start is shuffled) is where hoarding pays:
 # each ticket is its own draw. So a queue that gets a scheduled start also gets these guards, unless the

@@ -5,7 +5,8 @@
  * tab gets the same ticket back), then listens on the websocket: `admitted` sends the visitor through
  * at once, `queue_move` moves its place (ops applied in event-sequence order; a gap means an event was
  * missed, so it asks for the truth), `position` and `snapshot` refresh the figures, `state` says at once
- * that the line paused, resumed, closed or opened. Polling the status
+ * that the line paused, resumed, closed or opened, `schedule` that its times moved (it asks for its
+ * status then). Polling the status
  * API is the safety net: rarely while the socket is healthy, at the server's `poll_after_seconds` (which
  * carries jitter) whenever it is not. The estimated wait counts down smoothly between updates and only
  * moves up again when two updates in a row say so.
@@ -402,6 +403,7 @@
     if (event.type === "queue_move") { onMove(event); return; }
     if (event.type === "snapshot") { onSnapshot(event); return; }
     if (event.type === "state") { onState(event); return; }
+    if (event.type === "schedule") { if (S.status !== null) poll(); return; }  // its times moved: ask for the truth
     if (event.type === "window") { onWindow(event); return; }
   }
 

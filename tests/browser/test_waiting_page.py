@@ -3,6 +3,8 @@ Celery worker and beat): joining, moving up, being sent through, fallbacks, ever
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import time
 import uuid
@@ -240,6 +242,31 @@ def test_an_open_page_learns_that_the_draw_s_seed_was_revealed_at_the_start(stac
     expect(page.locator("#wr")).not_to_have_attribute("data-state", "prequeue", timeout=30_000)
     expect(page.locator("[data-shuffle=after]")).to_be_visible()
     expect(page.locator("[data-shuffle=before]")).to_be_hidden()
+
+
+def test_an_open_page_counts_down_to_a_start_the_operator_moved_at_once(stack, visitor):
+    """Issue 51: an operator moving a sale's start was seen by an open page only at its next poll, far apart
+    before a start (the countdown kept the old time). The change is pushed, and the page asks for its status."""
+    starts = datetime.now(UTC) + timedelta(hours=2)
+    slug = stack.new_queue(starts_at=starts.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    page = visitor()
+    seen: list[str] = []  # what the page heard and asked, in order: socket events by type, and its polls
+
+    def heard(payload: Any) -> None:
+        with contextlib.suppress(ValueError, AttributeError):  # (a frame that is not an event)
+            seen.append(str(json.loads(payload).get("type")))
+
+    page.on("websocket", lambda socket: socket.on("framereceived", heard))
+    page.on("request", lambda request: seen.append("poll") if "/status" in request.url else None)
+    page.goto(f"{stack.url}/q/{slug}/")
+    expect_state(page, "prequeue")
+    expect(page.locator("#wr-opens-in")).to_have_text(re.compile(r"^(1:59|2:00):\d{2}$"))
+    wait_until(page, "window.waitingRoom.socketOpen === true")
+    moved = datetime.now(UTC) + timedelta(minutes=10)
+    stack.configure(slug, starts_at=moved.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    expect(page.locator("#wr-opens-in")).to_have_text(re.compile(r"^(9|10):\d{2}$"), timeout=5_000)
+    after = seen[seen.index("schedule") :]
+    assert after[: after.index("poll")].count("snapshot") == 0, seen  # asked because told, not at a snapshot
 
 
 # The browser's notifications and vibration, recorded (headless Chromium has neither to show), and a tab
