@@ -59,8 +59,9 @@ def measure(tickets: int, calls: int, rounds: int = 3) -> dict[str, Any]:
         )
         claims.append(cast(tokens.TicketClaims, tokens.visitor_ticket_decode(raw, slug="bench")))
 
-    def per_call(name: str, call: Any) -> float:
-        """The lowest of `rounds` rounds of `calls` calls (the timer's noise only ever adds)."""
+    def per_call(name: str, call: Any, before: Any = None) -> float:
+        """The lowest of `rounds` rounds of `calls` calls (the timer's noise only ever adds); `before(pipe)`
+        adds commands of its own ahead of each call (not counted: only FCALL's time is)."""
         function = store.library().function(name)
         store.load_library(client)
         figures = []
@@ -69,6 +70,8 @@ def measure(tickets: int, calls: int, rounds: int = 3) -> dict[str, Any]:
             pipe = client.pipeline(transaction=False)
             for i in range(calls):
                 _, keys, argv = call(i)
+                if before is not None:
+                    before(pipe)
                 pipe.fcall(function, len(keys), *keys, *argv)
                 if i % 500 == 499:
                     pipe.execute()
@@ -188,8 +191,22 @@ def measure(tickets: int, calls: int, rounds: int = 3) -> dict[str, Any]:
     # held (from the queue's own tickets and slots now, not the figures written above), and the table of
     # waits that polls read (lua/_estimates.lua waits_tabulate); then the same polls without the table.
     client.set(keys.leader, "bench-leader")
-    results["the leader's tick (admit), open, every slot taken: its looks and its table of waits"] = per_call(
-        "admit", lambda i: ("admit", keys.script_keys(), (now_ms, "bench-leader", 100, 100))
+
+    def tick(i: int) -> Any:  # (a model every 4 s: WR_MODEL_SECONDS=4; by default every call makes it)
+        return ("admit", keys.script_keys(), (now_ms, "bench-leader", 100, 100, 4000))
+
+    def model_due(pipe: Any) -> None:  # the model's last look forgotten: every call makes it
+        pipe.hdel(keys.st, "lj")
+
+    # The model (the looks and the table) is made at every tick by default; with WR_MODEL_SECONDS=4 every 4 s
+    # (lua/_estimates.lua model_tick): the ticks between admit, and leave it (the same moment: each call finds
+    # the model just made).
+    model = per_call("admit", tick, before=model_due)
+    between = per_call("admit", tick)
+    results["the leader's tick (admit), open, every slot taken: its looks and its table of waits"] = model
+    results["the leader's tick (admit), open, every slot taken: between two models (WR_MODEL_SECONDS=4)"] = between
+    results["the leader's tick (admit), open, every slot taken: a second's share at WR_MODEL_SECONDS=4"] = (
+        round((model + 3 * between) / 4, 2)
     )
     results["status alone, after the tick: the wait read from its table"] = per_call("status", poll_now)
     client.hdel(keys.st, "wt")
@@ -210,8 +227,12 @@ def measure(tickets: int, calls: int, rounds: int = 3) -> dict[str, Any]:
             "cwj": "10 10",
         },
     )
-    results["the leader's tick (admit), paused, every slot taken: its look at the slots held"] = per_call(
-        "admit", lambda i: ("admit", keys.script_keys(), (now_ms, "bench-leader", 100, 100))
+    model = per_call("admit", tick, before=model_due)
+    between = per_call("admit", tick)
+    results["the leader's tick (admit), paused, every slot taken: its look at the slots held"] = model
+    results["the leader's tick (admit), paused, every slot taken: between two looks (WR_MODEL_SECONDS=4)"] = between
+    results["the leader's tick (admit), paused, every slot taken: a second's share at WR_MODEL_SECONDS=4"] = round(
+        (model + 3 * between) / 4, 2
     )
     return results
 

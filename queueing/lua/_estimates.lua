@@ -1,7 +1,7 @@
 -- _estimates.lua: the wait a visitor is told, from the line's drain (priority joiners, _priority.lua;
 -- walking away, _walkaways.lua; the slots that come back, _holds.lua), and the range from told-versus-had
 -- (part of the library: _lib.lua). Issue 18; bench/estimate_sim.py measures it.
---!exports: wait_learn opened_note estimate_told waits_tabulate waits_read
+--!exports: wait_learn opened_note estimate_told model_tick waits_read
 
 -- Estimated seconds until a visitor with `ahead` tickets in front (of priority `level`, waiting for
 -- own_s seconds so far) is admitted, or -1 when unknown (paused or closed). The line drains from its head,
@@ -136,10 +136,28 @@ local function estimate_wait(p, st, ahead, now, used, level, own_s, exact, e)
       if n < cap then return n end
       return cap
     end
+    -- f(t) = drained(n(t)) - t falls from >= 0 at 0 to <= 0 at hi: its root by false position, the end
+    -- that stays put weighed half each time (Illinois), into a bracket as narrow as 14 halvings made it
+    -- (the same answer, to hi / 32768 s: bisection took 14 turns a wait, this 6.4 and two ends on the full
+    -- house bench/script_cost.py ticks on; a tick's table works out ~25 waits, issue 49). A step that would
+    -- not fall inside the bracket halves it instead.
     local lo, hi = 0, drained(cap)
-    for _ = 1, 14 do  -- drained(n(t)) - t falls from >= 0 at 0 to <= 0 at hi
-      t = (lo + hi) / 2
-      if drained(admissions(t)) > t then lo = t else hi = t end
+    local width, flo, fhi = hi / 16384, drained(admissions(0)), drained(admissions(hi)) - hi
+    if flo <= 0 then hi = lo elseif fhi >= 0 then lo = hi end  -- the root at an end
+    local moved = 0  -- the end the last step moved: 1 lo, -1 hi
+    for step = 1, 40 do
+      if hi - lo <= width then break end
+      t = lo + flo * (hi - lo) / (flo - fhi)
+      -- (past 8 steps, halving: a jump in f, where slots come back at their deadlines, slows false position)
+      if step > 8 or not (t > lo and t < hi) then t = (lo + hi) / 2 end
+      local ft = drained(admissions(t)) - t
+      if ft > 0 then
+        if moved == 1 then fhi = fhi / 2 end  -- hi stayed put twice
+        lo, flo, moved = t, ft, 1
+      else
+        if moved == -1 then flo = flo / 2 end
+        hi, fhi, moved = t, ft, -1
+      end
     end
     t = (lo + hi) / 2
   end
@@ -225,9 +243,11 @@ end
 -- poll uses it only while it is fresh (WAITS_FRESH_MS), for a visitor of level 0 within the places it
 -- covers, on an open queue that is not waiting for a shuffled start's draw; any other poll works its wait
 -- out as before. A join always does (the wait told at the join is the one the range learns from).
-local WAITS_FRESH_MS, WAITS_MORE = 2500, 24
+-- The table runs past the line's end by half its length (at least WAITS_PAST places): those places are
+-- for visitors who join before the next table (waited nothing yet), whose polls read it too.
+local WAITS_MORE, WAITS_PAST = 24, 16
 
-function waits_tabulate(p, st, now)
+local function waits_tabulate(p, st, now)
   local n = line_count()
   if p.state ~= 'open' or n == 0 or (p.shuffle_pending and now < p.starts_at_ms) then
     if st.wt then redis.call('HDEL', K_ST, 'wt') end
@@ -240,11 +260,11 @@ function waits_tabulate(p, st, now)
     local rec = tids[1] and load(vk_of(tids[1]))
     return estimate_told(p, st, 0, place, now, used, rec and rec[R_JOINED] or now, true, e)
   end
-  local places, waits, place = {}, {}, 0
+  local places, waits, place, last = {}, {}, 0, n - 1 + math.max(WAITS_PAST, math.ceil(n / 2))
   while true do
     places[#places + 1], waits[#waits + 1] = place, wait_at(place)
-    if place >= n - 1 then break end
-    place = math.min(n - 1, math.max(1, place * 2))
+    if place >= last then break end
+    place = math.min(last, math.max(1, place * 2))
   end
   local i, more = 1, WAITS_MORE
   while i < #places and more > 0 do
@@ -264,15 +284,57 @@ function waits_tabulate(p, st, now)
   end
   local out = {string.format('%d', now)}
   for k = 1, #places do out[#out + 1] = string.format('%d %.1f', places[k], math.ceil(waits[k] * 10) / 10) end
-  redis.call('HSET', K_ST, 'wt', table.concat(out, ' '))
+  redis.call('HSET', K_ST, 'wt', table.concat(out, ' '))  -- ('wto' set to 0 by the look it follows)
+end
+
+-- The model is made by the leader's tick every `every` ms while people wait in line (WR_MODEL_SECONDS: 1 by
+-- default; issue 49: it is ~95 % of the tick's Redis time, ~2 ms for a full house, and at 4 s the tick costs
+-- about a quarter; bench/RESULTS.md has what that does to the estimates): the look at the line (silent_look), the
+-- look at the slots held (returns_look) and the table of waits. Between two, polls read the table made
+-- last (the visitor at a place now stood further back then: 'wto'; it has waited the seconds since), and
+-- the looks' sums hold, as they do between two ticks. Made every second while nobody is in line (no table
+-- to make, the look at the slots held is all). Made at the next tick instead when the table cannot
+-- answer the line as it is: none while polls need one (opened, a line formed, the policy changed since:
+-- config.lua drops it, a new capacity or outflow changes every wait), a wait in it unknown (no slot given
+-- back yet: a poll works it out), or the line grown past its last place. A join always works its own
+-- wait out on the model's inputs as the last tick left them.
+local WAITS_FRESH_MS = 5500  -- (a model every 4 s, and a tick a little late: polls stay on the table)
+
+local function model_due(p, st, now, waiting, made, every)
+  -- (nobody in line: the model is a look at the slots held, and cheap; a burst fills the free slots at its
+  -- joins, and a curve of slots back drawn 3 s before it had those holds begin then: its first second was
+  -- told 2-3 s short in the simulator's three-burst sale)
+  if waiting == 0 or not made or now < made or now - made >= every then return true end
+  if p.state ~= 'open' or (p.shuffle_pending and now < p.starts_at_ms) then return false end
+  local text = st.wt
+  if not text or string.find(text, ' %-') then return true end  -- none, or an unknown wait ('-1.0')
+  local last = tonumber(string.match(text, '(%d+) %S+$'))
+  return not last or waiting - 1 + (tonumber(st.wto) or 0) > last
+end
+
+-- The leader's tick: the model made when it is due (the head's sums h saved with the line's then); true
+-- when it was made, false when the tick left it as it was (the caller saves h if it learnt).
+function model_tick(p, st, now, h, waiting, every)
+  local made = st.lj and tonumber(string.match(st.lj, '^%[([^,%]]+)'))  -- the last look's time
+  if not model_due(p, st, now, waiting, made, every) then return false end
+  local dt = (made and now > made) and math.max(1, (now - made) / 1000) or 1
+  silent_look(p, st, now, h, dt, math.max(1, every / 1000))
+  returns_look(p, st, now)
+  -- the waits polls read, from what the looks saw (st as a poll reads it)
+  if waiting > 0 then waits_tabulate(p, figure_stats(), now) elseif st.wt then redis.call('HDEL', K_ST, 'wt') end
+  return true
 end
 
 -- Tables read, kept by their text (a poll of the same second finds it decoded; at most 256 kept).
 local TABLES, TABLES_KEPT = {}, 0
 
 -- The wait of a visitor of level 0 at `rank`, from the tick's table; nil when the table does not answer
--- (the poll works it out).
+-- (the poll works it out). Admissions since the table was made ('wto': everyone they took out of the line,
+-- from its head, admit.lua) moved every place up by as many: the visitor at `rank` now was at rank + wto
+-- then, and has waited the seconds since (the table stays: it was dropped at each admission between two
+-- ticks, and the polls until the next one worked their waits out, ~6 times the Redis time).
 function waits_read(p, st, rank, now)
+  rank = rank + (tonumber(st.wto) or 0)
   local text = st.wt
   if not text or p.state ~= 'open' or (p.shuffle_pending and now < p.starts_at_ms) then return nil end
   local v = TABLES[text]

@@ -7,7 +7,7 @@
 -- those it needs when the tick's table of waits answers it, or when it needs no estimate (the figures
 -- poll_figures() gives, the slots a site reports, the table), then the model's inputs (some of them long
 -- texts), read only by a poll that works its wait out (status.lua) and by joins and ticks.
-local POLL_FIELDS = {'evseq', 'w_lo', 'w_hi', 'svo', 'reported_in_use', 'wt'}
+local POLL_FIELDS = {'evseq', 'w_lo', 'w_hi', 'svo', 'reported_in_use', 'wt', 'wto'}
 local MODEL_FIELDS = {
   'admitted', 'ema_rate', 'ema_ts', 'ema_service_ms', 'b_tokens', 'b_ts', 'thetas', 'silent', 'pri', 'head_js',
   'lj', 'svr', 'svm', 'idle', 'restored_sessions',

@@ -87,9 +87,9 @@ local function waits_at_nodes(look, head_s, own_s, ahead)
     r0, a0 = r, a
   end
   if look then
-    local v, since = look.v, look.since
+    local v, since, moved = look.v, look.since, look.moved
     for i = 3, #v - 3, 4 do
-      local r = v[i]
+      local r = v[i] - moved  -- (its place now: those ahead of it that left the line since the look)
       if r >= ahead or k > 4 then break end
       if r > 0 then fill(r, v[i + 1] + since) end
     end
@@ -118,16 +118,21 @@ local function line_look(st, now, ahead, s)
   if type(v) ~= 'table' or #v < 2 or (#v - 2) % 4 ~= 0 or not (v[1] > 0 and v[1] < max and v[2] >= 0 and v[2] < max) then
     error('not a look')
   end
+  -- those taken out of the line at its head since the look (admitted, parked: 'wto', admit.lua): each place
+  -- looked at is that many nearer the head now, and those it counted before them are gone
+  local moved, gone_seen, gone_silent = math.max(0, tonumber(st.wto) or 0), 0, 0
   for i = 3, #v - 3, 4 do
     local n_seen, n_silent = v[i + 2], v[i + 3]
     if not (v[i] > before and v[i + 1] > 0 and v[i + 1] < max and n_seen >= seen and n_seen < max
       and n_silent >= silent and n_silent <= n_seen) then error('not a look') end
-    if v[i] >= ahead then break end
+    if v[i] - moved >= ahead then break end
     seen, silent, before = n_seen, n_silent, v[i]
+    if v[i] < moved then gone_seen, gone_silent = n_seen, n_silent end
   end
-  local covered = math.min(ahead, v[2])
+  seen, silent = seen - gone_seen, silent - gone_silent
+  local covered = math.max(0, math.min(ahead, v[2] - moved))
   local share = math.min(0.9, (silent + 4 * s) / (seen + 4))
-  return {v = v, since = math.max(0, now - v[1]) / 1000}, covered * (1 - share) + (ahead - covered)
+  return {v = v, since = math.max(0, now - v[1]) / 1000, moved = moved}, covered * (1 - share) + (ahead - covered)
 end
 
 function present_read(st, now, ahead, drawn)
@@ -281,23 +286,27 @@ function hazard_lapsed(h, ages)  -- walks only: their seconds were counted when 
 end
 
 -- Who has gone silent in the line already, before the head reaches them: the share of SILENT_SAMPLES
--- tickets, spread over the line, not seen within the presence timeout (the admission tick looks, once a
+-- tickets, spread over the line, not seen within the presence timeout (the leader's tick looks, every few
 -- second; st.silent, lightly smoothed). Walking away shows here a presence timeout after it happens, long
 -- before the head gets there: estimate_wait counts those as gone, and the others at the rate of their
 -- time waited. The look notes when the head joined too (head_js: hazard_stay's oldest wait ahead), and
 -- adds what each ticket it looks at says of walking away to the line's sums ('hzl'): a silent one walked
 -- away after its wait to its last sighting; any other stayed at least until a presence timeout ago (a walk
 -- since would not show yet), the tickets looked at weighing LINE_WEIGHT in all (the line's weight against
--- the head's as when a look was of 24), or one each in a shorter line. The sums fade by LINE_KEPT a look,
+-- the head's as when a look was of 24), or one each in a shorter line. The sums fade by LINE_KEPT a second,
 -- and are dropped once faded below LINE_FADED (the line has been empty a while): they speak for the line
 -- as it is now. What polls read of it: 'lj' (line_look).
 local SILENT_SAMPLES, LOOK_EVERY = 48, 4
-local LINE_KEPT, LINE_FADED, LINE_WEIGHT = 0.9, 0.01, 24
-function silent_look(p, st, now, h)  -- h: the head's sums as the tick left them; saved here
+local LINE_KEPT, LINE_FADED, LINE_WEIGHT, SILENT_KEPT = 0.9, 0.01, 24, 0.5
+function silent_look(p, st, now, h, dt, stands)  -- h: the head's sums as the tick left them; saved here
   local n = line_count()
   local seen, silent, head_js, waits = 0, 0, now, {}
   local hl, any = hazard_line(st.hzl), false
-  for i = 1, #hl do hl[i] = hl[i] * LINE_KEPT end
+  -- dt: the seconds since the last look (_estimates.lua model_tick, every few), the sums fading by LINE_KEPT
+  -- a second; a look weighs what the looks of those seconds would have, in all, up to `stands` seconds'
+  -- (after a longer gap it is one look at a line that has changed meanwhile, not the many it replaces)
+  local kept, weight = LINE_KEPT ^ dt, (1 - LINE_KEPT ^ math.min(dt, stands)) / (1 - LINE_KEPT)
+  for i = 1, #hl do hl[i] = hl[i] * kept end
   if #hl == 0 then for i = 1, 2 * HAZARD_NB do hl[i] = 0 end end
   if n > 0 then
     local head = line_range(0, 0)
@@ -306,7 +315,7 @@ function silent_look(p, st, now, h)  -- h: the head's sums as the tick left them
     local present_since = math.floor(now / 1000) - p.presence_timeout
     local shift = (now % 997) / 997
     local count = math.min(n, SILENT_SAMPLES)
-    local w = math.min(LINE_WEIGHT, count) / count
+    local w = math.min(LINE_WEIGHT, count) / count * weight
     for i = 0, count - 1 do
       local rank = math.floor((i + shift) * n / count)
       local batch = line_range(rank, rank)
@@ -329,8 +338,8 @@ function silent_look(p, st, now, h)  -- h: the head's sums as the tick left them
   end
   for i = 1, #hl do any = any or hl[i] > LINE_FADED end
   local share = seen > 0 and silent / seen or 0
-  local old = tonumber(st.silent) or share
-  redis.call('HSET', K_ST, 'silent', fmt(old * 0.5 + share * 0.5), 'head_js', head_js,
+  local old, stays = tonumber(st.silent) or share, SILENT_KEPT ^ dt  -- (lightly smoothed: halved a second)
+  redis.call('HSET', K_ST, 'silent', fmt(old * stays + share * (1 - stays)), 'head_js', head_js, 'wto', 0,
     'lj', '[' .. fmt(now) .. ',' .. n .. (#waits > 0 and ',' or '') .. table.concat(waits, ',') .. ']')
   if any then
     redis.call('HSET', K_ST, 'hzl', fmt_all(hl))

@@ -5,6 +5,7 @@
 -- ARGV[2] leader token, or '' when triggered by a freed slot (complete, revoke, expiry)
 -- ARGV[3] most tickets to admit in this call
 -- ARGV[4] most line entries to look at in this call
+-- ARGV[5] how often (ms) the leader's tick makes the estimate's model while people wait (WR_MODEL_SECONDS)
 --
 -- Returns {outcome, admitted, expired, figures, moves}:
 --   outcome 'ok' | 'not_leader' (a tick whose leader token is stale: admits nothing) | 'no_config'
@@ -21,7 +22,7 @@
 -- leader lease: a runner that lost it while paused is fenced off here, not just in Python.
 
 local now, token = tonumber(ARGV[1]), ARGV[2]
-local max_admit, scan_limit = tonumber(ARGV[3]), tonumber(ARGV[4])
+local max_admit, scan_limit, model_every = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]) or 1000
 
 if token ~= '' and redis.call('GET', K_LEADER) ~= token then
   return {'not_leader', {}, {}, {}, {0, {}}}
@@ -82,15 +83,21 @@ end
 if #LAPSED > 0 then hazard, learnt = hazard_lapsed(hazard, LAPSED), true end
 bucket_save(tokens, ts)
 rate_update(st, now, #admitted, admitting(p, now) and waiting > 0)
-if token ~= '' then  -- the leader's tick, once a second
-  silent_look(p, st, now, hazard)  -- saves the head's sums with the line's
-  returns_look(p, st, now)
-  -- the waits polls read, from what the looks saw (st as a poll reads it)
-  if waiting > 0 then waits_tabulate(p, figure_stats(), now) elseif st.wt then redis.call('HDEL', K_ST, 'wt') end
-else
+-- The leader's tick, once a second, makes the model when it is due (_estimates.lua model_tick; the looks
+-- save the head's sums with the line's). Otherwise: admissions since the model was made move everyone up
+-- by those they took out of the line (admitted, parked, strays: all from its head), so the table's places
+-- are read that many further back (waits_read), and the look's places that many nearer (line_look).
+-- The head's join (head_js, the oldest wait ahead of everyone) is noted again by a tick that moved the
+-- head, as the look notes it: a head a few seconds gone had those ahead taken to have waited that long more.
+if token == '' or not model_tick(p, st, now, hazard, waiting, model_every) then
   if learnt then hazard_save(hazard) end
-  -- Admissions between ticks move everyone up: the table's places are not theirs any more.
-  if #admitted > 0 then redis.call('HDEL', K_ST, 'wt') end
+  local moved_up = waiting - line_count()
+  if moved_up > 0 and (st.wt or st.lj) then redis.call('HINCRBY', K_ST, 'wto', moved_up) end
+  if moved_up > 0 and token ~= '' then
+    local head = line_range(0, 0)
+    local first = head[1] and load(vk_of(head[1]))
+    redis.call('HSET', K_ST, 'head_js', first and first[R_JOINED] or now)
+  end
 end
 
 local moves = moves_reply()

@@ -47,6 +47,9 @@ end
 if not older and rev ~= held_rev then
   fields[#fields + 1] = 'revised_at'
   fields[#fields + 1] = tostring(synced)
+  -- the table of waits was the old policy's: polls work theirs out until the next tick makes the model again
+  -- (_estimates.lua model_tick)
+  redis.call('HDEL', K_ST, 'wt')
 end
 if #fields > 0 then redis.call('HSET', K_CFG, unpack(fields)) end
 -- The policy's digest (services/recovery.py: the tick writes the policy only when Redis does not hold the

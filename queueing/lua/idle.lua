@@ -26,6 +26,6 @@ if redis.call('HEXISTS', K_ST, 'hzl') == 1 then return 0 end  -- (the rounds dro
 look_forgotten()
 local st = hash_table(K_ST)
 returns_look(p, st, now, true)
-redis.call('HDEL', K_ST, 'wt')
+redis.call('HDEL', K_ST, 'wt', 'wto')
 redis.call('HSET', K_ST, 'idle', st.idle or now, 'idle_of', ARGV[2])
 return 1

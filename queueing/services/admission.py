@@ -36,6 +36,7 @@ def queue_admit(*, slug: str, now: float | None = None, leader_token: str = "") 
             leader_token=leader_token,
             max_admit=settings.WR_ADMIT_MAX_PER_CALL,
             scan_limit=settings.WR_ADMIT_MAX_PER_CALL * 4,
+            model_every_ms=int(settings.WR_MODEL_SECONDS * 1000),
         ),
         needs_sync,
     )

@@ -13,7 +13,7 @@ from typing import Any
 
 from .connection import client, run
 from .keys import queue_keys
-from .replies import Reply, maybe, optional
+from .replies import Reply, maybe, optional, texts
 from .tracked import NO_MOVES, Moves, QueueFigures
 
 
@@ -40,10 +40,6 @@ class Admission(Reply):
     CONVERT = {"est_wait_at_join_s": optional}
 
 
-def _ids(raw: Sequence[Any]) -> list[str]:
-    return [str(t) for t in raw]
-
-
 @dataclass(frozen=True)
 class AdmitReply(Reply):
     """admit.lua: {outcome, admitted, expired, figures, moves}."""
@@ -56,14 +52,16 @@ class AdmitReply(Reply):
 
     CONVERT = {
         "admitted": lambda rows: [Admission.parse(row) for row in rows],
-        "expired": _ids,
+        "expired": texts,
         "figures": maybe(QueueFigures.parse),
         "moves": Moves.parse,
     }
 
 
-def admit(slug: str, *, now_ms: int, leader_token: str = "", max_admit: int, scan_limit: int) -> AdmitReply:
-    return AdmitReply.parse(_run("admit", slug, now_ms, leader_token, max_admit, scan_limit))
+def admit(
+    slug: str, *, now_ms: int, leader_token: str = "", max_admit: int, scan_limit: int, model_every_ms: int = 1000
+) -> AdmitReply:
+    return AdmitReply.parse(_run("admit", slug, now_ms, leader_token, max_admit, scan_limit, model_every_ms))
 
 
 def _moved(raw: Sequence[Any]) -> list[Moves]:
@@ -81,7 +79,7 @@ class CleanupReply(Reply):
     more: bool
     moves: list[Moves] = field(default_factory=list)  # one per round that moved anyone
 
-    CONVERT = {"expired_slots": _ids, "abandoned": _ids, "moves": _moved}
+    CONVERT = {"expired_slots": texts, "abandoned": texts, "moves": _moved}
 
 
 def cleanup(slug: str, *, now_ms: int, chunk: int, retention_ms: int) -> CleanupReply:
