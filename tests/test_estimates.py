@@ -1566,7 +1566,9 @@ def test_admissions_between_two_ticks_keep_the_table_read_at_each_one_s_place_th
         assert abs(told - worked) <= max(2, worked * 0.05), (read[tid], own)
 
 
-def test_the_model_is_made_every_four_seconds_and_at_once_when_its_table_cannot_answer(make_queue, clock, settings):
+def test_the_model_is_made_every_four_seconds_and_at_once_when_its_table_cannot_answer(
+    redis_of_its_own, make_queue, clock, settings
+):
     """Issue 49: the model (the looks at the line and at the slots held, the table of waits) is ~95 % of the
     leader's tick's Redis time, made every second. With WR_MODEL_SECONDS=4 it is made every 4 s
     (lua/_estimates.lua model_tick); the ticks between admit and leave it, and polls read the last table
