@@ -195,18 +195,26 @@ def measure(tickets: int, calls: int, rounds: int = 3) -> dict[str, Any]:
     def tick(i: int) -> Any:  # (a model every 4 s: WR_MODEL_SECONDS=4; by default every call makes it)
         return ("admit", keys.script_keys(), (now_ms, "bench-leader", 100, 100, 4000))
 
-    def model_due(pipe: Any) -> None:  # the model's last look forgotten: every call makes it
+    def model_due(pipe: Any) -> None:  # the model's last look and table forgotten: every call makes them
+        pipe.hdel(keys.st, "lj", "wtm")
+
+    def look_due(pipe: Any) -> None:  # the look forgotten, the table kept: every call carries it (nothing moved)
         pipe.hdel(keys.st, "lj")
 
     # The model (the looks and the table) is made at every tick by default; with WR_MODEL_SECONDS=4 every 4 s
     # (lua/_estimates.lua model_tick): the ticks between admit, and leave it (the same moment: each call finds
     # the model just made).
     model = per_call("admit", tick, before=model_due)
+    carried = per_call("admit", tick, before=look_due)
     between = per_call("admit", tick)
     results["the leader's tick (admit), open, every slot taken: its looks and its table of waits"] = model
+    results["the leader's tick (admit), open, every slot taken: its looks, the table carried"] = carried
     results["the leader's tick (admit), open, every slot taken: between two models (WR_MODEL_SECONDS=4)"] = between
     results["the leader's tick (admit), open, every slot taken: a second's share at WR_MODEL_SECONDS=4"] = (
         round((model + 3 * between) / 4, 2)
+    )
+    results["the leader's tick (admit), open, every slot taken: a second's share at 4 s, the table carried"] = (
+        round((carried + 3 * between) / 4, 2)
     )
     results["status alone, after the tick: the wait read from its table"] = per_call("status", poll_now)
     client.hdel(keys.st, "wt")

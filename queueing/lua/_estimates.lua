@@ -1,7 +1,8 @@
 -- _estimates.lua: the wait a visitor is told, from the line's drain (priority joiners, _priority.lua;
--- walking away, _walkaways.lua; the slots that come back, _holds.lua), and the range from told-versus-had
--- (part of the library: _lib.lua). Issue 18; bench/estimate_sim.py measures it.
---!exports: wait_learn opened_note estimate_told model_tick waits_read
+-- walking away, _walkaways.lua; the slots that come back, _holds.lua), and the table of waits the leader's
+-- tick makes for polls (part of the library: _lib.lua; the range around it: _range.lua). Issue 18;
+-- bench/estimate_sim.py measures it.
+--!exports: estimate_told model_tick waits_read
 
 -- Estimated seconds until a visitor with `ahead` tickets in front (of priority `level`, waiting for
 -- own_s seconds so far) is admitted, or -1 when unknown (paused or closed). The line drains from its head,
@@ -166,49 +167,6 @@ local function estimate_wait(p, st, ahead, now, used, level, own_s, exact, e)
   return math.ceil(t)
 end
 
--- How far waits fall from what was told: w_lo and w_hi follow the 10th and 90th percentiles of
--- ln(wait had / wait told at the join) over the queue's admissions (a stochastic quantile estimate: one
--- step per admission, bounded memory). A step is WAIT_STEP of the range's width, so a queue whose waits
--- come out close to what was told gets a range that close, not one a fixed step wide (at 0.08 a step, a
--- steady sale's range held 95 % of its waits, not 80 %). The API's estimated_wait_range is the estimate
--- times e^w_lo .. e^w_hi. Until a queue has a record, a wide range: 0.7 to 1.4 times.
--- Returns true when admission stopped while it waited (a pause, a close: off_ms, opened_note), which
--- lengthened its wait by a spell no estimate could foresee: its sample says so (the dashboard and the
--- simulator leave such waits out of the estimate's error).
-local WAIT_STEP, WAIT_STEP_MIN = 0.12, 0.01
-
-function wait_learn(rec, now)
-  local b = redis.call('HMGET', K_ST, 'w_lo', 'w_hi', 'opened_ms', 'off_ms')
-  local stopped = rec[R_JOINED] < (tonumber(b[4]) or 0)
-  local told = tonumber(rec[R_EST]) or -1
-  local had_s = (now - rec[R_JOINED]) / 1000
-  if told < 1 or had_s < 1 then return stopped end
-  if rec[R_JOINED] < (tonumber(b[3]) or 0) then return stopped end  -- it waited through a spell: no lesson
-  local x = math.log(had_s / told)
-  local lo, hi = tonumber(b[1]) or WAIT_LO_FIRST, tonumber(b[2]) or WAIT_HI_FIRST
-  local step = math.max(WAIT_STEP_MIN, WAIT_STEP * (hi - lo))
-  if x < lo then lo = lo - step * 0.9 else lo = lo + step * 0.1 end
-  if x > hi then hi = hi + step * 0.9 else hi = hi - step * 0.1 end
-  redis.call('HSET', K_ST, 'w_lo', fmt(math.max(-3, math.min(lo, 0))), 'w_hi', fmt(math.min(3, math.max(hi, 0))))
-  return stopped
-end
-
--- When admission last began again after a spell without it (paused, closed, before a start: opened_ms)
--- and when that spell began (off_ms; adm_off while it lasts): waits that began before opened_ms were not
--- the estimate's to learn from (wait_learn), and those that began before off_ms were lengthened by a
--- stop that came after their join. The wait for a scheduled start was foreseen: a spell that began before
--- the start is noted as having begun at 0 (lengthening nobody's). The admission script notes it.
-function opened_note(p, st, now)
-  if admitting(p, now) then
-    if st.adm_off then
-      redis.call('HSET', K_ST, 'opened_ms', now, 'off_ms', tonumber(st.adm_off) or 0)
-      redis.call('HDEL', K_ST, 'adm_off')
-    end
-  elseif not st.adm_off then  -- (before a scheduled start: foreseen, the estimate counts the time until it)
-    redis.call('HSET', K_ST, 'adm_off', now < p.starts_at_ms and 0 or now)
-  end
-end
-
 -- The estimate a waiting visitor is told: before a scheduled start's draw its place is not known yet, so
 -- the estimate is for the middle of the pre-queue as it will be at the start (the API gives the range over
 -- the draw): it grows until then at the pace it has grown since it opened (over at least PREQUEUE_PACE_S,
@@ -247,7 +205,54 @@ end
 -- for visitors who join before the next table (waited nothing yet), whose polls read it too.
 local WAITS_MORE, WAITS_PAST = 24, 16
 
-local function waits_tabulate(p, st, now)
+-- The table carried (issue 49: the table is ~60 % of the model's Redis time, ~1.3 ms for a full house): the
+-- last table, its places moved up by those taken out at the head since ('wto' as the look before this one
+-- left it) and its waits aged by the seconds since, is what polls have read meanwhile, and what the model
+-- would make again if it knows no more than it did. It is made again in full only when the waits worked out
+-- now at a few places (the head, a quarter, half and all of the line, the last place of the carried table)
+-- stray from it by more than the table's own straight-line test allows (a second, or 3 %), when it
+-- no longer reaches WAITS_PAST places past the line's end, or when it was made in full WAITS_CARRY_MS ago.
+local WAITS_CARRY_MS = 16000
+
+-- The old table as places and waits now (nil: none to carry): `moved` fewer places, `age_s` older.
+local function waits_carried(text, moved, age_s)
+  local v = numbers(text, select(2, string.gsub(text or '', '%S+', '')))
+  if not v or #v < 3 or string.find(text, ' %-') then return nil end
+  local places, waits = {}, {}
+  for i = 2, #v - 1, 2 do
+    local place, wait = v[i] - moved, math.max(0.1, v[i + 1] - age_s)  -- (never unknown by age: '-')
+    if place >= 0 then
+      if #places == 0 and place > 0 and i > 2 then  -- the old place that is the head now, on the straight line
+        local a, wa = v[i - 2] - moved, v[i - 1] - age_s
+        places[1], waits[1] = 0, wa + (wait - wa) * (0 - a) / (place - a)
+      end
+      places[#places + 1], waits[#waits + 1] = place, wait
+    end
+  end
+  if #places == 0 then return nil end
+  return places, waits
+end
+
+local function carried_at(places, waits, place)
+  local i = 1
+  while places[i] and places[i] < place do i = i + 1 end
+  if not places[i] then return nil end
+  if places[i] == place or i == 1 then return waits[i] end
+  local a, b = places[i - 1], places[i]
+  return waits[i - 1] + (waits[i] - waits[i - 1]) * (place - a) / (b - a)
+end
+
+local function waits_write(now, places, waits, up)
+  local out = {string.format('%d', now)}
+  for k = 1, #places do
+    local w = up and math.ceil(waits[k] * 10) or math.floor(waits[k] * 10 + 0.5)
+    out[#out + 1] = string.format('%d %.1f', places[k], w / 10)
+  end
+  redis.call('HSET', K_ST, 'wt', table.concat(out, ' '))
+end
+
+-- old: the queue's counters as the tick found them (the table then, and 'wto' before this tick's look).
+local function waits_tabulate(p, st, now, old)
   local n = line_count()
   if p.state ~= 'open' or n == 0 or (p.shuffle_pending and now < p.starts_at_ms) then
     if st.wt then redis.call('HDEL', K_ST, 'wt') end
@@ -255,12 +260,39 @@ local function waits_tabulate(p, st, now)
   end
   local used = used_slots(p, st)
   local e = estimate_inputs(p, st, now, used)  -- the same for every place
+  local worked = {}
   local function wait_at(place)
+    local w = worked[place]
+    if w then return w end
     local tids = line_range(place, place)
     local rec = tids[1] and load(vk_of(tids[1]))
-    return estimate_told(p, st, 0, place, now, used, rec and rec[R_JOINED] or now, true, e)
+    w = estimate_told(p, st, 0, place, now, used, rec and rec[R_JOINED] or now, true, e)
+    worked[place] = w
+    return w
   end
-  local places, waits, place, last = {}, {}, 0, n - 1 + math.max(WAITS_PAST, math.ceil(n / 2))
+  local last = n - 1 + math.max(WAITS_PAST, math.ceil(n / 2))
+  local made = tonumber(old.wtm)
+  local made_at = old.wt and tonumber(string.match(old.wt, '^(%d+)'))
+  if made and made_at and now >= made_at and now - made < WAITS_CARRY_MS then
+    local places, waits = waits_carried(old.wt, math.max(0, tonumber(old.wto) or 0), (now - made_at) / 1000)
+    if places and places[#places] >= n - 1 + math.min(WAITS_PAST, math.ceil(n / 2)) then
+      local holds = true
+      for k, place in ipairs({0, math.floor(n / 4), math.floor(n / 2), n - 1, places[#places]}) do
+        local w, c = wait_at(place), carried_at(places, waits, place)
+        -- (the head's wait moves by a slot's or a token's step, a second or two, and its visitor goes
+        -- through in a moment: a looser test there; a third of the three-burst sale's checks failed on it)
+        if w < 0 or not c or math.abs(w - c) > (k == 1 and 2 or math.max(1, 0.03 * w)) then
+          holds = false
+          break
+        end
+      end
+      if holds then
+        waits_write(now, places, waits, false)
+        return
+      end
+    end
+  end
+  local places, waits, place = {}, {}, 0
   while true do
     places[#places + 1], waits[#waits + 1] = place, wait_at(place)
     if place >= last then break end
@@ -282,9 +314,8 @@ local function waits_tabulate(p, st, now)
       i = i + 1
     end
   end
-  local out = {string.format('%d', now)}
-  for k = 1, #places do out[#out + 1] = string.format('%d %.1f', places[k], math.ceil(waits[k] * 10) / 10) end
-  redis.call('HSET', K_ST, 'wt', table.concat(out, ' '))  -- ('wto' set to 0 by the look it follows)
+  waits_write(now, places, waits, true)
+  redis.call('HSET', K_ST, 'wtm', now)
 end
 
 -- The model is made by the leader's tick every `every` ms while people wait in line (WR_MODEL_SECONDS: 1 by
@@ -304,7 +335,10 @@ local function model_due(p, st, now, waiting, made, every)
   -- (nobody in line: the model is a look at the slots held, and cheap; a burst fills the free slots at its
   -- joins, and a curve of slots back drawn 3 s before it had those holds begin then: its first second was
   -- told 2-3 s short in the simulator's three-burst sale)
-  if waiting == 0 or not made or now < made or now - made >= every then return true end
+  -- (every - half a tick: the beat's ticks come a second apart give or take the worker's delays, and one
+  -- 0.98 s after the last was not due: a quarter of the ticks of the simulator's three-burst sale made no
+  -- model with it made "every tick")
+  if waiting == 0 or not made or now < made or now - made > every - TICK_S * 500 then return true end
   if p.state ~= 'open' or (p.shuffle_pending and now < p.starts_at_ms) then return false end
   local text = st.wt
   if not text or string.find(text, ' %-') then return true end  -- none, or an unknown wait ('-1.0')
@@ -321,7 +355,7 @@ function model_tick(p, st, now, h, waiting, every)
   silent_look(p, st, now, h, dt, math.max(1, every / 1000))
   returns_look(p, st, now)
   -- the waits polls read, from what the looks saw (st as a poll reads it)
-  if waiting > 0 then waits_tabulate(p, figure_stats(), now) elseif st.wt then redis.call('HDEL', K_ST, 'wt') end
+  if waiting > 0 then waits_tabulate(p, figure_stats(), now, st) elseif st.wt then redis.call('HDEL', K_ST, 'wt') end
   return true
 end
 

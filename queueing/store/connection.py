@@ -58,6 +58,7 @@ LIB_PARTS = (
     "_walkaways.lua",
     "_holds.lua",
     "_estimates.lua",
+    "_range.lua",
     "_transitions.lua",
 )
 # What a part is given at its head, made from Python's own tables: the queue's settings the scripts read
