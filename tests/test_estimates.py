@@ -1570,7 +1570,7 @@ def test_the_model_is_made_every_four_seconds_and_at_once_when_its_table_cannot_
     redis_of_its_own, make_queue, clock, settings
 ):
     """Issue 49: the model (the looks at the line and at the slots held, the table of waits) is ~95 % of the
-    leader's tick's Redis time, made every second. With WR_MODEL_SECONDS=4 it is made every 4 s
+    leader's tick's Redis time, made every second. With WR_MODEL_SECONDS=4 (the default now) it is made every 4 s
     (lua/_estimates.lua model_tick); the ticks between admit and leave it, and polls read the last table
     (test above: admissions since are counted). At once instead when the table cannot answer: an
     operator's change drops it, and a line grown past its last place (the table runs past the line's end
@@ -1620,7 +1620,7 @@ def test_the_model_is_made_every_four_seconds_and_at_once_when_its_table_cannot_
     assert made()[0] == int((t1 + 7) * 1000) and made()[1] > last
     tick(slug, t1 + 8)
     assert made()[0] == int((t1 + 7) * 1000)
-    settings.WR_MODEL_SECONDS = 1  # the default: every tick
+    settings.WR_MODEL_SECONDS = 1  # every tick
     tick(slug, t1 + 9)
     assert made()[0] == look_made() == int((t1 + 9) * 1000)
     # Every tick, a little early too: the beat's ticks come a second apart give or take the worker's delays
@@ -1630,7 +1630,7 @@ def test_the_model_is_made_every_four_seconds_and_at_once_when_its_table_cannot_
 
 
 def test_the_tick_carries_its_table_while_the_waits_it_works_out_say_the_same_and_makes_it_again_when_not(
-    redis_of_its_own, make_queue, clock
+    redis_of_its_own, make_queue, clock, settings
 ):
     """Issue 49: the table of waits is ~60 % of the model's Redis time. The last table, its places moved up
     by those taken out at the head since and its waits aged, is what the model would make again if it knows
@@ -1640,6 +1640,7 @@ def test_the_tick_carries_its_table_while_the_waits_it_works_out_say_the_same_an
     the slots held come back at once), and at least every 16 s."""
     from .test_budgets import counted
 
+    settings.WR_MODEL_SECONDS = 1  # a model every tick: each one carries its table or makes it
     queue = make_queue(capacity=4, outflow_per_minute=600, burst=5, session_ttl=600)
     slug, t0 = queue.slug, clock.now
     held_for(slug, 20, capacity=4, now=t0)  # slots held for 20 s, given back

@@ -318,7 +318,7 @@ local function waits_tabulate(p, st, now, old)
   redis.call('HSET', K_ST, 'wtm', now)
 end
 
--- The model is made by the leader's tick every `every` ms while people wait in line (WR_MODEL_SECONDS: 1 by
+-- The model is made by the leader's tick every `every` ms while people wait in line (WR_MODEL_SECONDS: 4 by
 -- default; issue 49: it is ~95 % of the tick's Redis time, ~2 ms for a full house, and at 4 s the tick costs
 -- about a quarter; bench/RESULTS.md has what that does to the estimates): the look at the line (silent_look), the
 -- look at the slots held (returns_look) and the table of waits. Between two, polls read the table made
