@@ -224,7 +224,7 @@ local function waits_carried(text, moved, age_s)
     if place >= 0 then
       if #places == 0 and place > 0 and i > 2 then  -- the old place that is the head now, on the straight line
         local a, wa = v[i - 2] - moved, v[i - 1] - age_s
-        places[1], waits[1] = 0, wa + (wait - wa) * (0 - a) / (place - a)
+        places[1], waits[1] = 0, math.max(0.1, wa + (wait - wa) * (0 - a) / (place - a))
       end
       places[#places + 1], waits[#waits + 1] = place, wait
     end
