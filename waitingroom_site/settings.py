@@ -353,7 +353,7 @@ WR_LEADER_TTL_MS = envint("WR_LEADER_TTL_MS", 3000)
 WR_ADMIT_MAX_PER_CALL = envint("WR_ADMIT_MAX_PER_CALL", 1000)
 # How often the leader's tick makes a queue's estimate model (its looks and the table of waits polls read)
 # while people wait in line: every 4 s, a crowded queue's tick about a quarter of the Redis time of a model
-# every tick (1), for estimates as true in the simulator's sales (docs/estimates.md). Polls read a table
+# every tick (1), for estimates about as true in the simulator's sales (docs/estimates.md). Polls read a table
 # up to 5.5 s old: above 5, polls work their waits out between two.
 WR_MODEL_SECONDS = envint("WR_MODEL_SECONDS", 4)
 WR_CLEANUP_CHUNK = envint("WR_CLEANUP_CHUNK", 500)
