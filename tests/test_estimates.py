@@ -11,6 +11,7 @@ import itertools
 import json
 import math
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
@@ -1528,6 +1529,17 @@ def test_a_poll_reads_its_wait_from_the_tick_s_table_and_it_is_the_wait_worked_o
     assert vip_own is not None and 0 < vip_own < 999 and status(slug, vip, now=now).est_wait_s == vip_own
 
 
+def held_line(make_queue: Any, clock: Any) -> tuple[str, float, list[Any], list[Any]]:
+    """A queue of 4 slots, its record of holds saying 20 s, all 4 held at t1 (a minute on) and 60 in line
+    from t1 + 1: (its slug, t1, the sessions, the line's tickets)."""
+    queue = make_queue(capacity=4, outflow_per_minute=600, burst=5, session_ttl=600)
+    slug, t0 = queue.slug, clock.now
+    held_for(slug, 20, capacity=4, now=t0)  # slots held for 20 s, given back
+    t1 = t0 + 60
+    held = sessions(slug, [f"h{i}" for i in range(4)], now=t1)
+    return slug, t1, held, [join(slug, f"w{i}", now=t1 + 1) for i in range(60)]
+
+
 def test_admissions_between_two_ticks_keep_the_table_read_at_each_one_s_place_then(redis_of_its_own, make_queue, clock):
     """Issue 49: an admission between two ticks (a slot freed: a session completed, revoked or expired) moves
     everyone up, and dropped the tick's table, so every poll until the next tick worked its wait out (the
@@ -1537,12 +1549,7 @@ def test_admissions_between_two_ticks_keep_the_table_read_at_each_one_s_place_th
     says within a second or two."""
     from .test_budgets import counted
 
-    queue = make_queue(capacity=4, outflow_per_minute=600, burst=5, session_ttl=600)
-    slug, t0 = queue.slug, clock.now
-    held_for(slug, 20, capacity=4, now=t0)  # slots held for 20 s, given back
-    t1 = t0 + 60
-    held = sessions(slug, [f"h{i}" for i in range(4)], now=t1)
-    line = [join(slug, f"w{i}", now=t1 + 1) for i in range(60)]
+    slug, t1, held, line = held_line(make_queue, clock)
     for second in range(2, 8):
         for ticket in line:
             status(slug, ticket, now=t1 + second)
@@ -1641,12 +1648,7 @@ def test_the_tick_carries_its_table_while_the_waits_it_works_out_say_the_same_an
     from .test_budgets import counted
 
     settings.WR_MODEL_SECONDS = 1  # a model every tick: each one carries its table or makes it
-    queue = make_queue(capacity=4, outflow_per_minute=600, burst=5, session_ttl=600)
-    slug, t0 = queue.slug, clock.now
-    held_for(slug, 20, capacity=4, now=t0)  # slots held for 20 s, given back
-    t1 = t0 + 60
-    held = sessions(slug, [f"h{i}" for i in range(4)], now=t1)
-    line = [join(slug, f"w{i}", now=t1 + 1) for i in range(60)]
+    slug, t1, held, line = held_line(make_queue, clock)
     keys = store.queue_keys(slug)
 
     def table() -> tuple[int, int]:  # when the table was made in full, and when it was last written

@@ -214,39 +214,60 @@ local WAITS_MORE, WAITS_PAST = 24, 16
 -- no longer reaches WAITS_PAST places past the line's end, or when it was made in full WAITS_CARRY_MS ago.
 local WAITS_CARRY_MS = 16000
 
--- The old table as places and waits now (nil: none to carry): `moved` fewer places, `age_s` older.
+-- Tables read, kept by their text (a poll of the same second finds it decoded; at most 256 kept): the
+-- tick's now, then place and wait, place and wait, ... (one list: as 'wt' spells it).
+local TABLES, TABLES_KEPT = {}, 0
+
+local function waits_decoded(text)
+  local v = TABLES[text]
+  if not v and text then
+    v = numbers(text, select(2, string.gsub(text, '%S+', '')))
+    if TABLES_KEPT >= 256 then TABLES, TABLES_KEPT = {}, 0 end
+    TABLES[text], TABLES_KEPT = v, TABLES_KEPT + 1
+  end
+  return v
+end
+
+-- The wait at `place` in a decoded table, on the straight line between the places either side; nil past
+-- its last place, or between a known wait and an unknown one (< 0: an unknown wait is answered as such).
+local function table_at(v, place)
+  if place > v[#v - 1] then return nil end
+  local i = 2
+  while v[i] < place do i = i + 2 end  -- the first place at or past `place`
+  local w = v[i + 1]
+  if v[i] > place and i > 2 then
+    local before = v[i - 1]
+    if (before < 0) ~= (w < 0) then return nil end
+    if w >= 0 then w = before + (w - before) * (place - v[i - 2]) / (v[i] - v[i - 2]) end
+  end
+  return w
+end
+
+-- The old table as it stands now (a decoded table; nil: none to carry): `moved` fewer places, `age_s` older.
 local function waits_carried(text, moved, age_s)
-  local v = numbers(text, select(2, string.gsub(text or '', '%S+', '')))
+  local v = waits_decoded(text)
   if not v or #v < 3 or string.find(text, ' %-') then return nil end
-  local places, waits = {}, {}
+  local out = {v[1]}
   for i = 2, #v - 1, 2 do
     local place, wait = v[i] - moved, math.max(0.1, v[i + 1] - age_s)  -- (never unknown by age: '-')
     if place >= 0 then
-      if #places == 0 and place > 0 and i > 2 then  -- the old place that is the head now, on the straight line
+      if #out == 1 and place > 0 and i > 2 then  -- the old place that is the head now, on the straight line
         local a, wa = v[i - 2] - moved, v[i - 1] - age_s
-        places[1], waits[1] = 0, math.max(0.1, wa + (wait - wa) * (0 - a) / (place - a))
+        out[2], out[3] = 0, math.max(0.1, wa + (wait - wa) * (0 - a) / (place - a))
       end
-      places[#places + 1], waits[#waits + 1] = place, wait
+      local k = #out
+      out[k + 1], out[k + 2] = place, wait
     end
   end
-  if #places == 0 then return nil end
-  return places, waits
+  if #out == 1 then return nil end
+  return out
 end
 
-local function carried_at(places, waits, place)
-  local i = 1
-  while places[i] and places[i] < place do i = i + 1 end
-  if not places[i] then return nil end
-  if places[i] == place or i == 1 then return waits[i] end
-  local a, b = places[i - 1], places[i]
-  return waits[i - 1] + (waits[i] - waits[i - 1]) * (place - a) / (b - a)
-end
-
-local function waits_write(now, places, waits, up)
+local function waits_write(now, v, up)
   local out = {string.format('%d', now)}
-  for k = 1, #places do
-    local w = up and math.ceil(waits[k] * 10) or math.floor(waits[k] * 10 + 0.5)
-    out[#out + 1] = string.format('%d %.1f', places[k], w / 10)
+  for i = 2, #v - 1, 2 do
+    local w = up and math.ceil(v[i + 1] * 10) or math.floor(v[i + 1] * 10 + 0.5)
+    out[#out + 1] = string.format('%d %.1f', v[i], w / 10)
   end
   redis.call('HSET', K_ST, 'wt', table.concat(out, ' '))
 end
@@ -274,11 +295,11 @@ local function waits_tabulate(p, st, now, old)
   local made = tonumber(old.wtm)
   local made_at = old.wt and tonumber(string.match(old.wt, '^(%d+)'))
   if made and made_at and now >= made_at and now - made < WAITS_CARRY_MS then
-    local places, waits = waits_carried(old.wt, math.max(0, tonumber(old.wto) or 0), (now - made_at) / 1000)
-    if places and places[#places] >= n - 1 + math.min(WAITS_PAST, math.ceil(n / 2)) then
+    local v = waits_carried(old.wt, math.max(0, tonumber(old.wto) or 0), (now - made_at) / 1000)
+    if v and v[#v - 1] >= n - 1 + math.min(WAITS_PAST, math.ceil(n / 2)) then
       local holds = true
-      for k, place in ipairs({0, math.floor(n / 4), math.floor(n / 2), n - 1, places[#places]}) do
-        local w, c = wait_at(place), carried_at(places, waits, place)
+      for k, place in ipairs({0, math.floor(n / 4), math.floor(n / 2), n - 1, v[#v - 1]}) do
+        local w, c = wait_at(place), table_at(v, place)
         -- (the head's wait moves by a slot's or a token's step, a second or two, and its visitor goes
         -- through in a moment: a looser test there; a third of the three-burst sale's checks failed on it)
         if w < 0 or not c or math.abs(w - c) > (k == 1 and 2 or math.max(1, 0.03 * w)) then
@@ -287,7 +308,7 @@ local function waits_tabulate(p, st, now, old)
         end
       end
       if holds then
-        waits_write(now, places, waits, false)
+        waits_write(now, v, false)
         return
       end
     end
@@ -314,7 +335,9 @@ local function waits_tabulate(p, st, now, old)
       i = i + 1
     end
   end
-  waits_write(now, places, waits, true)
+  local v = {now}
+  for k = 1, #places do v[2 * k], v[2 * k + 1] = places[k], waits[k] end
+  waits_write(now, v, true)
   redis.call('HSET', K_ST, 'wtm', now)
 end
 
@@ -359,34 +382,19 @@ function model_tick(p, st, now, h, waiting, every)
   return true
 end
 
--- Tables read, kept by their text (a poll of the same second finds it decoded; at most 256 kept).
-local TABLES, TABLES_KEPT = {}, 0
-
 -- The wait of a visitor of level 0 at `rank`, from the tick's table; nil when the table does not answer
 -- (the poll works it out). Admissions since the table was made ('wto': everyone they took out of the line,
 -- from its head, admit.lua) moved every place up by as many: the visitor at `rank` now was at rank + wto
 -- then, and has waited the seconds since (the table stays: it was dropped at each admission between two
 -- ticks, and the polls until the next one worked their waits out, ~6 times the Redis time).
 function waits_read(p, st, rank, now)
-  rank = rank + (tonumber(st.wto) or 0)
   local text = st.wt
   if not text or p.state ~= 'open' or (p.shuffle_pending and now < p.starts_at_ms) then return nil end
-  local v = TABLES[text]
-  if not v then
-    v = numbers(text, select(2, string.gsub(text, '%S+', '')))
-    if TABLES_KEPT >= 256 then TABLES, TABLES_KEPT = {}, 0 end
-    TABLES[text], TABLES_KEPT = v, TABLES_KEPT + 1
-  end
+  local v = waits_decoded(text)
   local age = now - v[1]
-  if age < 0 or age > WAITS_FRESH_MS or rank > v[#v - 1] then return nil end
-  local i = 2
-  while v[i] < rank do i = i + 2 end  -- the first place at or past rank
-  local w = v[i + 1]
-  if v[i] > rank then
-    local before = v[i - 1]
-    if (before < 0) ~= (w < 0) then return nil end  -- known on one side only: worked out here
-    if w >= 0 then w = before + (w - before) * (rank - v[i - 2]) / (v[i] - v[i - 2]) end
-  end
+  if age < 0 or age > WAITS_FRESH_MS then return nil end
+  local w = table_at(v, rank + (tonumber(st.wto) or 0))
+  if not w then return nil end
   if w < 0 then return -1 end  -- unknown (estimate_wait: no slot given back yet, a paused start)
   return math.max(1, math.ceil(w - age / 1000))
 end
