@@ -217,6 +217,18 @@ def measure(tickets: int, calls: int, rounds: int = 3) -> dict[str, Any]:
         round((carried + 3 * between) / 4, 2)
     )
     results["status alone, after the tick: the wait read from its table"] = per_call("status", poll_now)
+    # A join into that line (the counters as a sale leaves them: the looks' and the table's texts); its wait
+    # is worked out (a join's always is), at the back of a line that grows by each call.
+    in_line = store.line_count("bench")
+    results["join, open, every slot taken, after the tick: a sale's counters"] = per_call(
+        "join",
+        lambda i: (
+            "join",
+            [*keys.script_keys(), keys.tagged("addr:"), keys.tagged("pow:")],
+            (tokens.visitor_key(f"join:{uuid.uuid4()}"), now_ms, 0, "", 0, 0, 0),
+        ),
+    )
+    assert store.line_count("bench") == in_line + calls * rounds  # each one joined (not 'no_seq', not 'full')
     client.hdel(keys.st, "wt")
     results["status alone, after the tick: the wait worked out (no table)"] = per_call("status", poll_now)
     # The leader's tick, once a second per queue, on the same slots: it looks at 24 of the slots held (each

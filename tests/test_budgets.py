@@ -54,6 +54,9 @@ def test_a_join_is_one_script_within_its_budget(redis_of_its_own, make_queue, cl
     key = tokens.visitor_key("budget-new")
     ran = counted(lambda: services.queue_join(slug=queue.slug, visitor_key=key, now=clock.advance(1)))
     assert ran["fcall"] == 1 and sum(ran.values()) <= 17, ran  # 17 measured on 2026-12-05
+    # The queue's counters read by name (HMGET): those the figures, the model and the placing read. HGETALL
+    # read every one, twice a join, the ticks' texts too (in a sale some 36 fields and 1 KB).
+    assert "hgetall" not in ran and ran["hmget"] >= 2, ran
 
 
 def test_a_tick_runs_its_budget_of_redis_commands_and_next_to_none_for_a_queue_nobody_is_in(

@@ -15,6 +15,15 @@ local MODEL_FIELDS = {
 local FIGURE_FIELDS = {}  -- (built with plain loops: the library's load sees no global, unpack included)
 for i = 1, #POLL_FIELDS do FIGURE_FIELDS[i] = POLL_FIELDS[i] end
 for i = 1, #MODEL_FIELDS do FIGURE_FIELDS[#FIGURE_FIELDS + 1] = MODEL_FIELDS[i] end
+-- A join's (join.lua): those, and the sequence and each level's last priority placement (priority_place).
+-- HGETALL read every counter, the ticks' own texts too: in a sale some 36 fields and 1 KB, twice a join.
+local JOIN_FIELDS = {'seq', 't1', 't2', 't3'}
+for i = 1, #FIGURE_FIELDS do JOIN_FIELDS[#JOIN_FIELDS + 1] = FIGURE_FIELDS[i] end
+-- The figures of a reply (figures()), read again after a join or a round of admissions changed them.
+local REPLY_FIELDS = {
+  'evseq', 'w_lo', 'w_hi', 'svo', 'reported_in_use', 'ema_rate', 'ema_ts', 'ema_service_ms', 'admitted',
+}
+local STATS_OF = {join = JOIN_FIELDS, reply = REPLY_FIELDS}
 
 local function stats_read(fields, t)
   local values = redis.call('HMGET', K_ST, unpack(fields))
@@ -22,8 +31,10 @@ local function stats_read(fields, t)
   return t
 end
 
-function figure_stats()
-  return stats_read(FIGURE_FIELDS, {})
+-- figure_stats(): what the figures and the model read (the tick's table, status.lua's worked-out wait);
+-- figure_stats('join'): a join's; figure_stats('reply'): a reply's figures only.
+function figure_stats(which)
+  return stats_read(which and STATS_OF[which] or FIGURE_FIELDS, {})
 end
 
 -- poll_stats(): the first; poll_stats(st): the model's inputs added to st, a poll's, to work a wait out.

@@ -101,5 +101,5 @@ if token == '' or not model_tick(p, st, now, hazard, waiting, model_every) then
 end
 
 local moves = moves_reply()
-st = hash_table(K_ST)
+st = figure_stats('reply')
 return {'ok', admitted, expired, figures(p, st), moves}

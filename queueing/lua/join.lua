@@ -43,7 +43,7 @@ local name = ARGV[4]
 local p = policy()
 if not p then return {'no_config', {}, {}, {0, {}}} end
 if p.mode == 'stateless' then return {'stateless', {}, {}, {0, {}}} end
-local st = hash_table(K_ST)
+local st = figure_stats('join')
 
 local freed = 0
 local rec = load(vk)
@@ -52,7 +52,7 @@ if rec and rec[R_STATUS] <= ACTIVE then
   local reason = overdue(p, rec, now)
   if reason then
     freed = finish_overdue(tid, rec, reason, now)
-    st = hash_table(K_ST)
+    st = figure_stats('join')
   else
     rec[R_SEEN] = math.max(rec[R_SEEN], math.floor(now / 1000))  -- (a notice's: notice.lua)
     save(vk, rec)
@@ -145,7 +145,7 @@ if K_ADDRESS and p.max_per_address > 0 then
 end
 
 local moves = moves_reply()
-st = hash_table(K_ST)
+st = figure_stats('reply')
 local reply = ticket_reply(tid, rec, rank, est, freed)
 if not admitted then reply[11] = fmt(score) end
 return {'created', reply, figures(p, st), moves}
