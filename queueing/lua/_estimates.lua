@@ -350,19 +350,18 @@ end
 -- to make, the look at the slots held is all). Made at the next tick instead when the table cannot
 -- answer the line as it is: none while polls need one (opened, a line formed, the policy changed since:
 -- config.lua drops it, a new capacity or outflow changes every wait), a wait in it unknown (no slot given
--- back yet: a poll works it out), or the line grown past its last place. A join always works its own
--- wait out on the model's inputs as the last tick left them.
+-- back yet: a poll works it out), the line grown past its last place, or by an eighth since the look (a
+-- burst: a join works its own wait out on the model's inputs as the last tick left them).
 local WAITS_FRESH_MS = 5500  -- (a model every 4 s, and a tick a little late: polls stay on the table)
 
-local function model_due(p, st, now, waiting, made, every)
-  -- (nobody in line: the model is a look at the slots held, and cheap; a burst fills the free slots at its
-  -- joins, and a curve of slots back drawn 3 s before it had those holds begin then: its first second was
-  -- told 2-3 s short in the simulator's three-burst sale)
-  -- (every - half a tick: the beat's ticks come a second apart give or take the worker's delays, and one
-  -- 0.98 s after the last was not due: a quarter of the ticks of the simulator's three-burst sale made no
-  -- model with it made "every tick")
+local function model_due(p, st, now, waiting, made, every, looked)
+  -- (nobody in line: a look at the slots held, cheap; a curve drawn 3 s before a burst took the free slots
+  -- had those holds begin then: told 2-3 s short. Half a tick early: the beat's ticks are a second apart
+  -- give or take, and one 0.98 s after the last was not due: a quarter of "every tick" made no model)
   if waiting == 0 or not made or now < made or now - made > every - TICK_S * 500 then return true end
   if p.state ~= 'open' or (p.shuffle_pending and now < p.starts_at_ms) then return false end
+  -- (a line grown by over an eighth since the last `looked` at it: a burst's seconds each make one)
+  if looked and waiting + (tonumber(st.wto) or 0) - looked > looked / 8 + 2 then return true end
   local text = st.wt
   if not text or string.find(text, ' %-') then return true end  -- none, or an unknown wait ('-1.0')
   local last = tonumber(string.match(text, '(%d+) %S+$'))
@@ -372,8 +371,9 @@ end
 -- The leader's tick: the model made when it is due (the head's sums h saved with the line's then); true
 -- when it was made, false when the tick left it as it was (the caller saves h if it learnt).
 function model_tick(p, st, now, h, waiting, every)
-  local made = st.lj and tonumber(string.match(st.lj, '^%[([^,%]]+)'))  -- the last look's time
-  if not model_due(p, st, now, waiting, made, every) then return false end
+  local made, looked = string.match(st.lj or '', '^%[([^,%]]+),(%d+)')  -- the last look's time, line
+  made, looked = tonumber(made), tonumber(looked)
+  if not model_due(p, st, now, waiting, made, every, looked) then return false end
   local dt = (made and now > made) and math.max(1, (now - made) / 1000) or 1
   silent_look(p, st, now, h, dt, math.max(1, every / 1000))
   returns_look(p, st, now)
