@@ -15,15 +15,20 @@ local MODEL_FIELDS = {
 local FIGURE_FIELDS = {}  -- (built with plain loops: the library's load sees no global, unpack included)
 for i = 1, #POLL_FIELDS do FIGURE_FIELDS[i] = POLL_FIELDS[i] end
 for i = 1, #MODEL_FIELDS do FIGURE_FIELDS[#FIGURE_FIELDS + 1] = MODEL_FIELDS[i] end
--- A join's (join.lua): those, and the sequence and each level's last priority placement (priority_place).
--- HGETALL read every counter, the ticks' own texts too: in a sale some 36 fields and 1 KB, twice a join.
-local JOIN_FIELDS = {'seq', 't1', 't2', 't3'}
-for i = 1, #FIGURE_FIELDS do JOIN_FIELDS[#JOIN_FIELDS + 1] = FIGURE_FIELDS[i] end
--- The figures of a reply (figures()), read again after a join or a round of admissions changed them.
+-- A join's (join.lua; HGETALL read every counter, twice a join: in a sale some 36 fields and 1 KB of the
+-- ticks' texts): its reply's figures, the sequence, each level's last placement (priority_place), 'pri' and
+-- 'wto'; then, on an open queue (a wait worked out), the model's other inputs ('model'). 'reply': the
+-- figures of a reply only, read again after a round of admissions (or a join's) changed them.
 local REPLY_FIELDS = {
   'evseq', 'w_lo', 'w_hi', 'svo', 'reported_in_use', 'ema_rate', 'ema_ts', 'ema_service_ms', 'admitted',
 }
-local STATS_OF = {join = JOIN_FIELDS, reply = REPLY_FIELDS}
+local JOIN_FIELDS, MODEL_REST, joined = {'seq', 't1', 't2', 't3', 'pri', 'wto'}, {}, {}
+for i = 1, #REPLY_FIELDS do JOIN_FIELDS[#JOIN_FIELDS + 1] = REPLY_FIELDS[i] end
+for i = 1, #JOIN_FIELDS do joined[JOIN_FIELDS[i]] = true end
+for i = 1, #MODEL_FIELDS do
+  if not joined[MODEL_FIELDS[i]] then MODEL_REST[#MODEL_REST + 1] = MODEL_FIELDS[i] end
+end
+local STATS_OF = {join = JOIN_FIELDS, model = MODEL_REST, reply = REPLY_FIELDS}
 
 local function stats_read(fields, t)
   local values = redis.call('HMGET', K_ST, unpack(fields))
@@ -32,9 +37,9 @@ local function stats_read(fields, t)
 end
 
 -- figure_stats(): what the figures and the model read (the tick's table, status.lua's worked-out wait);
--- figure_stats('join'): a join's; figure_stats('reply'): a reply's figures only.
-function figure_stats(which)
-  return stats_read(which and STATS_OF[which] or FIGURE_FIELDS, {})
+-- figure_stats(which[, st]): those above (added to st).
+function figure_stats(which, st)
+  return stats_read(which and STATS_OF[which] or FIGURE_FIELDS, st or {})
 end
 
 -- poll_stats(): the first; poll_stats(st): the model's inputs added to st, a poll's, to work a wait out.

@@ -44,6 +44,7 @@ local p = policy()
 if not p then return {'no_config', {}, {}, {0, {}}} end
 if p.mode == 'stateless' then return {'stateless', {}, {}, {0, {}}} end
 local st = figure_stats('join')
+if p.state == 'open' then figure_stats('model', st) end  -- (its wait worked out)
 
 local freed = 0
 local rec = load(vk)
@@ -53,6 +54,7 @@ if rec and rec[R_STATUS] <= ACTIVE then
   if reason then
     freed = finish_overdue(tid, rec, reason, now)
     st = figure_stats('join')
+    if p.state == 'open' then figure_stats('model', st) end
   else
     rec[R_SEEN] = math.max(rec[R_SEEN], math.floor(now / 1000))  -- (a notice's: notice.lua)
     save(vk, rec)
@@ -145,7 +147,7 @@ if K_ADDRESS and p.max_per_address > 0 then
 end
 
 local moves = moves_reply()
-st = figure_stats('reply')
+if admitted then st = figure_stats('reply') elseif moves ~= 0 then st.evseq = moves[1] end
 local reply = ticket_reply(tid, rec, rank, est, freed)
 if not admitted then reply[11] = fmt(score) end
 return {'created', reply, figures(p, st), moves}
