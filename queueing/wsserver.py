@@ -178,10 +178,24 @@ _tasks: set[asyncio.Future[Any]] = set()  # tasks started and not awaited, held 
 
 
 def spawn(awaitable: Awaitable[Any]) -> None:
-    """Run it in a task of its own, held until it ends (the loop keeps only weak references to tasks)."""
+    """Run it in a task of its own, held until it ends (the loop keeps only weak references to tasks).
+    Its outcome is read when it ends: a write to a client that has gone (uvicorn's ClientDisconnected, an
+    OSError: a status sent as its visitor closed) is that visitor's leaving, and says nothing; any other
+    failure is logged once. Unread, asyncio logged each as "Task exception was never retrieved" with its
+    traceback, an error per socket of a crowd that closed during its catch-up, and a handler that keeps
+    records kept the consumer and its socket alive through the traceback's frames."""
     task = asyncio.ensure_future(awaitable)
     _tasks.add(task)
-    task.add_done_callback(_tasks.discard)
+    task.add_done_callback(_ended)
+
+
+def _ended(task: asyncio.Future[Any]) -> None:
+    _tasks.discard(task)
+    if task.cancelled():
+        return
+    failure = task.exception()
+    if failure is not None and not isinstance(failure, OSError):
+        logger.error("a socket's task failed", exc_info=failure)
 
 
 # --- The router -----------------------------------------------------------------------------------------
